@@ -1,0 +1,32 @@
+# Every target creates .venv itself: on a fresh machine `make test` (or `make run`) is all it takes.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install --quiet --constraint constraints.txt
+
+.PHONY: test lint proto clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamp files re-run the install when the dependencies change.
+$(VENV)/.dev: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) --editable '.[dev]'
+	touch $@
+
+test: $(VENV)/.dev
+	$(BIN)/pytest
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Regenerate the committed stubs from proto/rlgate/v1/*.proto (tests/test_proto_drift.py fails when they differ).
+proto: $(VENV)/.dev
+	$(BIN)/python -m grpc_tools.protoc -Iproto \
+		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc \
+		--python_out=proto --grpc_python_out=proto --mypy_out=proto --mypy_grpc_out=proto \
+		proto/rlgate/v1/*.proto
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
