@@ -1,0 +1,275 @@
+"""The one codec between rlgate.v1 messages and Python data: numpy arrays, nested values, gymnasium spaces.
+
+Tensors travel as dtype + shape + raw little-endian bytes in C order. Decoding never copies: the array
+is a read-only view of the message's bytes. Everything decoded from the wire is checked here, and every
+rejection is a `CodecError` whose message names the path and the mismatch, e.g.
+`obs["pos"]: shape (3,) != (2,)`, so a server can hand it to the client as INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from google.protobuf import struct_pb2
+
+from rlgate.v1 import tensor_pb2 as pb
+
+# Largest tensor we accept or produce, in elements and dimensions: guards against shapes that would
+# make numpy allocate absurd amounts before the length check could catch them.
+MAX_ELEMENTS = 1 << 31
+MAX_DIMS = 32
+
+_DTYPES: dict[int, np.dtype] = {
+    pb.DTYPE_BOOL: np.dtype("bool"),
+    pb.DTYPE_INT8: np.dtype("<i1"),
+    pb.DTYPE_INT16: np.dtype("<i2"),
+    pb.DTYPE_INT32: np.dtype("<i4"),
+    pb.DTYPE_INT64: np.dtype("<i8"),
+    pb.DTYPE_UINT8: np.dtype("<u1"),
+    pb.DTYPE_UINT16: np.dtype("<u2"),
+    pb.DTYPE_UINT32: np.dtype("<u4"),
+    pb.DTYPE_UINT64: np.dtype("<u8"),
+    pb.DTYPE_FLOAT16: np.dtype("<f2"),
+    pb.DTYPE_FLOAT32: np.dtype("<f4"),
+    pb.DTYPE_FLOAT64: np.dtype("<f8"),
+}
+# Keyed by the native-order dtype (what numpy hands us); big-endian input is byte-swapped on encode.
+_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in _DTYPES.items()}
+
+
+class CodecError(ValueError):
+    """Data from (or for) the wire does not fit the contract; the message says where and how."""
+
+
+# --- tensors ---------------------------------------------------------------------------------------
+
+
+def to_tensor(array: Any) -> pb.Tensor:
+    """Encode an array (or anything np.asarray takes) as a Tensor message."""
+    array = np.asarray(array)
+    code = _CODES.get(array.dtype.newbyteorder("="))
+    if code is None:
+        raise CodecError(f"dtype {array.dtype} has no wire encoding")
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return pb.Tensor(dtype=code, shape=array.shape, data=array.tobytes(order="C"))
+
+
+def from_tensor(tensor: pb.Tensor, path: str = "tensor") -> np.ndarray:
+    """Decode a Tensor message into a read-only array that shares the message's bytes."""
+    dtype = _DTYPES.get(tensor.dtype)
+    if dtype is None:
+        raise CodecError(f"{path}: unknown dtype {tensor.dtype}")
+    shape = tuple(tensor.shape)
+    if len(shape) > MAX_DIMS:
+        raise CodecError(f"{path}: {len(shape)} dimensions > {MAX_DIMS}")
+    if any(d < 0 for d in shape):
+        raise CodecError(f"{path}: negative dimension in shape {shape}")
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:
+        raise CodecError(f"{path}: shape {shape} has more than {MAX_ELEMENTS} elements")
+    if len(tensor.data) != count * dtype.itemsize:
+        raise CodecError(
+            f"{path}: {len(tensor.data)} data bytes != {count * dtype.itemsize} for shape {shape} "
+            f"of {dtype.name}"
+        )
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+
+
+# --- nested values ----------------------------------------------------------------------------------
+
+
+def to_value(data: Any) -> pb.Value:
+    """Encode an array, or a dict / tuple / list nesting of arrays, as a Value message."""
+    if isinstance(data, Mapping):
+        return pb.Value(dict=pb.ValueDict(items={str(k): to_value(v) for k, v in data.items()}))
+    if isinstance(data, tuple | list):
+        return pb.Value(tuple=pb.ValueTuple(items=[to_value(v) for v in data]))
+    return pb.Value(tensor=to_tensor(data))
+
+
+def from_value(value: pb.Value, path: str = "value") -> Any:
+    """Decode a Value message into arrays nested in dicts and tuples."""
+    kind = value.WhichOneof("kind")
+    if kind == "tensor":
+        return from_tensor(value.tensor, path)
+    if kind == "dict":
+        return {k: from_value(v, f'{path}["{k}"]') for k, v in value.dict.items.items()}
+    if kind == "tuple":
+        return tuple(from_value(v, f"{path}[{i}]") for i, v in enumerate(value.tuple.items))
+    raise CodecError(f"{path}: missing value")
+
+
+# --- infos ------------------------------------------------------------------------------------------
+
+
+def to_struct(info: Mapping[str, Any]) -> struct_pb2.Struct:
+    """Encode an env info dict as a Struct; numpy scalars and arrays become numbers and lists."""
+    struct = struct_pb2.Struct()
+    struct.update({str(k): _jsonable(v) for k, v in info.items()})
+    return struct
+
+
+def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """Decode a Struct into a plain dict (numbers come back as floats, as in JSON)."""
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(struct)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# --- spaces -----------------------------------------------------------------------------------------
+
+
+def space_to_proto(space: gym.Space) -> pb.Space:
+    """Encode a gymnasium space (Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)."""
+    if isinstance(space, gym.spaces.Box):
+        return pb.Space(box=pb.BoxSpace(low=to_tensor(space.low), high=to_tensor(space.high)))
+    if isinstance(space, gym.spaces.Discrete):
+        return pb.Space(discrete=pb.DiscreteSpace(n=int(space.n), start=int(space.start)))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return pb.Space(
+            multi_discrete=pb.MultiDiscreteSpace(nvec=to_tensor(space.nvec), start=to_tensor(space.start))
+        )
+    if isinstance(space, gym.spaces.MultiBinary):
+        return pb.Space(multi_binary=pb.MultiBinarySpace(shape=space.shape))
+    if isinstance(space, gym.spaces.Dict):
+        entries = [pb.DictSpaceEntry(key=k, space=space_to_proto(s)) for k, s in space.spaces.items()]
+        return pb.Space(dict=pb.DictSpace(entries=entries))
+    if isinstance(space, gym.spaces.Tuple):
+        return pb.Space(tuple=pb.TupleSpace(spaces=[space_to_proto(s) for s in space.spaces]))
+    raise CodecError(f"space {space} has no wire encoding")
+
+
+def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
+    """Decode a Space message, rejecting definitions gymnasium would choke on."""
+    kind = msg.WhichOneof("kind")
+    try:
+        if kind == "box":
+            low = from_tensor(msg.box.low, f"{path}.low")
+            high = from_tensor(msg.box.high, f"{path}.high")
+            if low.shape != high.shape or low.dtype != high.dtype:
+                raise CodecError(
+                    f"{path}: low {low.dtype}{low.shape} and high {high.dtype}{high.shape} differ"
+                )
+            if low.dtype == np.bool_ or np.any(low > high):
+                raise CodecError(f"{path}: Box needs a numeric dtype and low <= high")
+            return gym.spaces.Box(low=low, high=high, dtype=low.dtype)
+        if kind == "discrete":
+            if msg.discrete.n <= 0:
+                raise CodecError(f"{path}: Discrete needs n > 0, got {msg.discrete.n}")
+            return gym.spaces.Discrete(msg.discrete.n, start=msg.discrete.start)
+        if kind == "multi_discrete":
+            nvec = from_tensor(msg.multi_discrete.nvec, f"{path}.nvec")
+            start = from_tensor(msg.multi_discrete.start, f"{path}.start")
+            if nvec.dtype.kind not in "iu" or np.any(nvec <= 0) or start.shape != nvec.shape:
+                raise CodecError(
+                    f"{path}: MultiDiscrete needs positive integer nvec and a start of its shape"
+                )
+            return gym.spaces.MultiDiscrete(nvec, dtype=nvec.dtype, start=start)
+        if kind == "multi_binary":
+            shape = tuple(msg.multi_binary.shape)
+            if not shape or any(d <= 0 for d in shape):
+                raise CodecError(f"{path}: MultiBinary needs a positive shape, got {shape}")
+            return gym.spaces.MultiBinary(shape[0] if len(shape) == 1 else list(shape))
+        if kind == "dict":
+            items = [(e.key, space_from_proto(e.space, f'{path}["{e.key}"]')) for e in msg.dict.entries]
+            if len({k for k, _ in items}) != len(items):
+                raise CodecError(f"{path}: Dict has duplicate keys")
+            return gym.spaces.Dict(items)
+        if kind == "tuple":
+            return gym.spaces.Tuple(
+                [space_from_proto(s, f"{path}[{i}]") for i, s in enumerate(msg.tuple.spaces)]
+            )
+    except CodecError:
+        raise
+    except (ValueError, TypeError, AssertionError) as exc:  # gymnasium's own checks
+        raise CodecError(f"{path}: {exc}") from exc
+    raise CodecError(f"{path}: missing space")
+
+
+# --- validation -------------------------------------------------------------------------------------
+
+
+def validate(value: Any, space: gym.Space, *, path: str = "obs", batch_size: int | None = None) -> None:
+    """Check that `value` belongs to `space` (with a leading axis of `batch_size` rows when given).
+
+    Raises CodecError naming the first mismatch. Box values must have the space's exact dtype and no
+    NaN; discrete values must have an integer dtype and lie in range; all values must lie in bounds.
+    """
+    lead = () if batch_size is None else (batch_size,)
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(value, Mapping):
+            raise CodecError(f"{path}: expected a dict, got {_kind(value)}")
+        if set(value) != set(space.spaces):
+            raise CodecError(f"{path}: keys {sorted(value)} != {sorted(space.spaces)}")
+        for key, sub in space.spaces.items():
+            validate(value[key], sub, path=f'{path}["{key}"]', batch_size=batch_size)
+        return
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(value, tuple | list):
+            raise CodecError(f"{path}: expected a tuple, got {_kind(value)}")
+        if len(value) != len(space.spaces):
+            raise CodecError(f"{path}: {len(value)} items != {len(space.spaces)}")
+        for i, sub in enumerate(space.spaces):
+            validate(value[i], sub, path=f"{path}[{i}]", batch_size=batch_size)
+        return
+    if not isinstance(value, np.ndarray):
+        raise CodecError(f"{path}: expected an array, got {_kind(value)}")
+    expected_shape = lead + tuple(space.shape)
+    if value.shape != expected_shape:
+        raise CodecError(f"{path}: shape {value.shape} != {expected_shape}")
+    if isinstance(space, gym.spaces.Box):
+        _check_box(value, space, path)
+    elif isinstance(space, gym.spaces.Discrete):
+        _check_integers(value, path, "Discrete")
+        _check_range(value - space.start, space.n, path, space)
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        _check_integers(value, path, "MultiDiscrete")
+        _check_range(value - space.start, space.nvec, path, space)
+    elif isinstance(space, gym.spaces.MultiBinary):
+        if value.dtype != np.bool_:
+            _check_integers(value, path, "MultiBinary")
+            _check_range(value, 2, path, space)
+    else:
+        raise CodecError(f"{path}: unsupported space {space}")
+
+
+def _check_box(value: np.ndarray, space: gym.spaces.Box, path: str) -> None:
+    if value.dtype != space.dtype:
+        raise CodecError(f"{path}: dtype {value.dtype} != {space.dtype}")
+    if value.dtype.kind == "f" and np.isnan(value).any():
+        raise CodecError(f"{path}: NaN at index {tuple(int(i) for i in np.argwhere(np.isnan(value))[0])}")
+    outside = (value < space.low) | (value > space.high)
+    if outside.any():
+        index = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise CodecError(f"{path}: value {value[index]} at index {index} outside the Box bounds")
+
+
+def _check_integers(value: np.ndarray, path: str, name: str) -> None:
+    if value.dtype.kind not in "iu":
+        raise CodecError(f"{path}: dtype {value.dtype} is not an integer type, as {name} needs")
+
+
+def _check_range(offset: np.ndarray, limit: Any, path: str, space: gym.Space) -> None:
+    outside = (offset < 0) | (offset >= limit)
+    if outside.any():
+        index = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise CodecError(f"{path}: value at index {index} outside {space}")
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
