@@ -1,0 +1,181 @@
+"""`EnvClient`: runs a gymnasium env or vector env against a policy server, one message per step.
+
+A plain env runs as a vector env of one. Sub-envs reset themselves the way gymnasium's vector envs
+do by default (autoreset mode NEXT_STEP), which is what the server expects: after a sub-env's episode
+ends, its next observation is a reset observation. A stream that breaks (server restart, network)
+is re-opened with backoff, and every sub-env starts a fresh episode; the server ships the old ones
+as truncated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import gymnasium as gym
+import numpy as np
+
+from rlgate import codec
+from rlgate.v1 import policy_pb2 as pb
+from rlgate.v1 import policy_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# Codes after which a fresh stream may well succeed; any other error is the client's to fix.
+RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+
+
+@dataclass
+class ClientStats:
+    """What a client did so far."""
+
+    env_steps: int = 0
+    episodes: int = 0
+    reconnects: int = 0
+    model_version: int = -1
+    returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns else None
+
+
+class EnvClient:
+    """Steps `env` with actions from the server at `target` until `max_steps` env steps or `stop()`."""
+
+    def __init__(
+        self,
+        env: gym.Env | gym.vector.VectorEnv,
+        target: str,
+        *,
+        client_id: str | None = None,
+        explore: bool = True,
+        seed: int | None = None,
+        token: str | None = None,
+        tls_ca: Path | None = None,
+        max_backoff_s: float = 5.0,
+        on_step: Callable[[ClientStats], None] | None = None,
+    ) -> None:
+        if not isinstance(env, gym.vector.VectorEnv):
+            env = gym.vector.SyncVectorEnv([lambda: env])
+        mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        if mode != gym.vector.AutoresetMode.NEXT_STEP:
+            raise ValueError(f"vector env autoreset mode is {mode}; rlgate needs AutoresetMode.NEXT_STEP")
+        self.env = env
+        self.target = target
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
+        self.explore = explore
+        self.seed = seed
+        self.stats = ClientStats()
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._credentials = grpc.ssl_channel_credentials(tls_ca.read_bytes()) if tls_ca else None
+        self._max_backoff_s = max_backoff_s
+        self._on_step = on_step
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Finish the current step, send close, and return from run()."""
+        self._stopping = True
+
+    async def run(self, max_steps: int = 0) -> ClientStats:
+        """Run until max_steps env steps (0: until stop()), reconnecting when the stream breaks."""
+        backoff = 0.1
+        while not self._done(max_steps):
+            try:
+                await self._stream(max_steps)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRYABLE:
+                    raise
+                self.stats.reconnects += 1
+                log.warning(
+                    "stream broke (%s: %s); reconnecting in %.1f s", exc.code().name, exc.details(), backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)
+            else:
+                backoff = 0.1
+        return self.stats
+
+    def _done(self, max_steps: int) -> bool:
+        return self._stopping or (max_steps > 0 and self.stats.env_steps >= max_steps)
+
+    async def _stream(self, max_steps: int) -> None:
+        """One stream: hello, then step after step with fresh episodes, then close."""
+        if self._credentials is not None:
+            channel = grpc.aio.secure_channel(self.target, self._credentials)
+        else:
+            channel = grpc.aio.insecure_channel(self.target)
+        async with channel:
+            call = policy_pb2_grpc.PolicyServiceStub(channel).Connect(metadata=self._metadata)
+            await call.write(self._hello())
+            welcome = await self._read(call)
+            self.stats.model_version = welcome.welcome.model_version
+            n = self.env.num_envs
+            obs, _ = self.env.reset(seed=self.seed)
+            self.seed = None  # reconnects continue the env's RNG instead of replaying the same episodes
+            rewards, terminateds, truncateds = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
+            returns = np.zeros(n)
+            while not self._done(max_steps):
+                await call.write(
+                    pb.ClientMessage(
+                        step=pb.Step(
+                            obs=codec.to_value(obs),
+                            reward=codec.to_tensor(rewards),
+                            terminated=codec.to_tensor(terminateds),
+                            truncated=codec.to_tensor(truncateds),
+                        )
+                    )
+                )
+                reply = await self._read(call)
+                self.stats.model_version = reply.actions.model_version
+                actions = codec.from_value(reply.actions.actions, "actions")
+                obs, rewards, terminateds, truncateds, _ = self.env.step(actions)
+                returns += rewards
+                ended = terminateds | truncateds
+                self.stats.returns.extend(returns[ended].tolist())
+                returns[ended] = 0.0  # their next step is a reset (NEXT_STEP autoreset)
+                self.stats.episodes += int(ended.sum())
+                self.stats.env_steps += n
+                if self._on_step is not None:
+                    self._on_step(self.stats)
+            await call.write(pb.ClientMessage(close=pb.Close()))
+            await call.done_writing()
+            await call.code()
+
+    @staticmethod
+    async def _read(call: grpc.aio.StreamStreamCall) -> pb.ServerMessage:
+        reply = await call.read()
+        if reply is grpc.aio.EOF:
+            empty = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, empty, empty, "server ended the stream")
+        return reply
+
+    def _hello(self) -> pb.ClientMessage:
+        return pb.ClientMessage(
+            hello=pb.Hello(
+                client_id=self.client_id,
+                observation_space=codec.space_to_proto(self.env.single_observation_space),
+                action_space=codec.space_to_proto(self.env.single_action_space),
+                num_envs=self.env.num_envs,
+                explore=self.explore,
+            )
+        )
+
+
+def make_env(env_id: str, num_envs: int) -> gym.Env | gym.vector.VectorEnv:
+    """A plain env for one sub-env, else a synchronous vector env (NEXT_STEP autoreset)."""
+    if num_envs == 1:
+        return gym.make(env_id)
+    return gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)])

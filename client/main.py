@@ -1,0 +1,100 @@
+"""`rlgate env`: K env-client processes against one server, with one progress bar for all of them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import queue
+import signal
+import time
+from collections import deque
+
+import numpy as np
+from tqdm import tqdm
+
+from client.env_client import ClientStats, EnvClient, make_env
+from client.settings import ClientSettings
+
+log = logging.getLogger(__name__)
+
+REPORT_EVERY_S = 0.5
+
+
+def run_clients(settings: ClientSettings) -> int:
+    """Start the client processes, show progress, end them all on Ctrl-C; exit code 0 when all succeeded."""
+    context = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
+    reports: mp.Queue = context.Queue()
+    processes = [
+        context.Process(
+            target=_client_process, args=(settings.model_dump(mode="json"), i, reports), daemon=True
+        )
+        for i in range(settings.num_clients)
+    ]
+    for p in processes:
+        p.start()
+    steps = [0] * len(processes)
+    returns: deque[float] = deque(maxlen=100)
+    bar = tqdm(total=settings.max_steps * len(processes) or None, unit="step", disable=not settings.progress)
+    try:
+        while any(p.is_alive() for p in processes) or not reports.empty():
+            try:
+                index, env_steps, new_returns, version = reports.get(timeout=REPORT_EVERY_S)
+            except queue.Empty:
+                continue
+            bar.update(env_steps - steps[index])
+            steps[index] = env_steps
+            returns.extend(new_returns)
+            bar.set_postfix(mean_return=f"{np.mean(returns):.1f}" if returns else "-", model_version=version)
+    except KeyboardInterrupt:
+        log.info("Ctrl-C: stopping %d clients", len(processes))
+        for p in processes:
+            p.terminate()
+    finally:
+        bar.close()
+        for p in processes:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return 0 if all(p.exitcode == 0 for p in processes) else 1
+
+
+def _client_process(settings_data: dict, index: int, reports: mp.Queue) -> None:
+    """One client process: runs until max_steps, SIGTERM or Ctrl-C, then closes its stream cleanly."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = ClientSettings.model_validate(settings_data)
+    n = settings.envs_per_client
+    reported = {"at": 0.0, "episodes": 0}
+
+    def report(stats: ClientStats, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - reported["at"] >= REPORT_EVERY_S:
+            fresh = stats.episodes - reported["episodes"]
+            recent = list(stats.returns)[-fresh:] if fresh else []
+            reports.put((index, stats.env_steps, recent, stats.model_version))
+            reported.update(at=now, episodes=stats.episodes)
+
+    client = EnvClient(
+        make_env(settings.env, n),
+        settings.server,
+        client_id=f"{settings.env}-{index}",
+        explore=settings.explore,
+        seed=None if settings.seed is None else settings.seed + index * n,
+        token=settings.token.get_secret_value() if settings.token else None,
+        tls_ca=settings.tls_ca,
+        on_step=report,
+    )
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, client.stop)
+        await client.run(settings.max_steps)
+
+    asyncio.run(main())
+    report(client.stats, force=True)
+
+
+def main(argv: list[str]) -> int:
+    return run_clients(ClientSettings(_cli_parse_args=argv, _cli_prog_name="rlgate env"))

@@ -1,0 +1,140 @@
+"""Dynamic batching: many sessions' step requests, one forward pass.
+
+Greedy, with no fixed delay: whenever the inference thread is free, the batcher takes every request
+that has arrived (up to `max_batch_size` env steps) and runs it at once. It waits up to `max_wait_us`
+only while more requests are known to be on their way (messages received but still being decoded),
+so a lone client never pays for batching. Requests of sessions that explore and of sessions that act
+greedily go into separate forward passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from episodes import SingleAgentEpisode
+from server.metrics import ServerMetrics
+from server.policy import Policy
+from server.rows import concat_rows, slice_rows
+
+
+@dataclass
+class Request:
+    """One session's step: its observations (rows = sub-envs) and the episodes they belong to."""
+
+    obs: Any
+    episodes: list[SingleAgentEpisode]
+    explore: bool
+    future: asyncio.Future = field(repr=False)
+
+
+class Batcher:
+    """Collects requests from all sessions and runs them through the policy on one inference thread."""
+
+    def __init__(
+        self, policy: Policy, *, max_batch_size: int, max_wait_us: int, metrics: ServerMetrics
+    ) -> None:
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_us / 1e6
+        self.metrics = metrics
+        # Messages received and being decoded: requests known to be on their way.
+        self.arriving = 0
+        self._queue: deque[Request] = deque()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-inference")
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="rlgate-batcher")
+
+    async def stop(self) -> None:
+        """Fail what is still queued and stop the inference thread."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(RuntimeError("server is shutting down"))
+        self._executor.shutdown(wait=True)
+
+    async def compute(self, obs: Any, episodes: list[SingleAgentEpisode], explore: bool) -> dict[str, Any]:
+        """Actions and extra outputs for these rows (same row order), from the next batch."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(Request(obs, episodes, explore, future))
+        self._wakeup.set()
+        return await future
+
+    async def run_in_inference_thread(self, fn: Any, *args: Any) -> Any:
+        """Run fn between batches (e.g. a weight swap), never during one."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                await self._gather_arriving()
+                taken = self._take()
+                try:
+                    results = await loop.run_in_executor(self._executor, self._compute, taken)
+                except Exception as exc:  # a broken batch fails its requests, never the batcher
+                    for request in taken:
+                        if not request.future.done():
+                            request.future.set_exception(exc)
+                    continue
+                for request, result in zip(taken, results, strict=True):
+                    if not request.future.done():  # the client may have gone meanwhile
+                        request.future.set_result(result)
+
+    async def _gather_arriving(self) -> None:
+        """While requests are known to be on their way and the batch is not full, wait up to max_wait."""
+        deadline = time.perf_counter() + self.max_wait_s
+        while self.arriving and self._rows_queued() < self.max_batch_size:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _rows_queued(self) -> int:
+        return sum(len(r.episodes) for r in self._queue)
+
+    def _take(self) -> list[Request]:
+        """Requests for one batch: whole requests, up to max_batch_size rows (at least one request)."""
+        taken = [self._queue.popleft()]
+        rows = len(taken[0].episodes)
+        while self._queue and rows + len(self._queue[0].episodes) <= self.max_batch_size:
+            request = self._queue.popleft()
+            rows += len(request.episodes)
+            taken.append(request)
+        return taken
+
+    def _compute(self, requests: list[Request]) -> list[dict[str, Any]]:
+        """On the inference thread: one forward per explore flag, then each request's slice of rows."""
+        results: list[dict[str, Any] | None] = [None] * len(requests)
+        for explore in (True, False):
+            group = [i for i, r in enumerate(requests) if r.explore == explore]
+            if not group:
+                continue
+            obs = concat_rows([requests[i].obs for i in group])
+            episodes = [e for i in group for e in requests[i].episodes]
+            started = time.perf_counter()
+            outputs = self.policy.compute(obs, episodes, explore)
+            self.metrics.forward_seconds.observe(time.perf_counter() - started)
+            self.metrics.batch_size.observe(len(episodes))
+            start = 0
+            for i in group:
+                stop = start + len(requests[i].episodes)
+                results[i] = slice_rows(outputs, start, stop)
+                start = stop
+        return results  # type: ignore[return-value]

@@ -1,0 +1,28 @@
+"""The `rlgate` command: one subcommand per service; each parses its own settings (env vars, then flags)."""
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module whose `main(argv)` runs it, one-line help). Only commands that exist are listed.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("server.main", "run the inference server"),
+    "env": ("client.main", "run env clients against a server"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to a subcommand; `rlgate SUBCOMMAND --help` lists that subcommand's settings."""
+    parser = argparse.ArgumentParser(
+        prog="rlgate", description="Serve RL policies to remote environments over gRPC, and train them."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        commands.add_parser(name, help=help_text, add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
+    )
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.main(rest) or 0)

@@ -1,0 +1,75 @@
+"""The HTTP side of a service (FastAPI, served by uvicorn on the service's own event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+def build_app(
+    title: str,
+    *,
+    registry: CollectorRegistry,
+    status: Callable[[], dict[str, Any]],
+    ready: Callable[[], str | None],
+) -> FastAPI:
+    """/healthz (alive), /readyz (`ready()` returns None when ready, else the reason), /status, /metrics."""
+    app = FastAPI(title=title, docs_url=None, redoc_url=None)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        reason = ready()
+        if reason is None:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+
+    @app.get("/status")
+    async def status_() -> dict[str, Any]:
+        return status()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn that leaves signals alone: the service that embeds it handles SIGTERM and Ctrl-C."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+class HttpServer:
+    """uvicorn on an already-bound socket, so port 0 works and the real port is known before serving."""
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        self._socket = socket.create_server((host, port), reuse_port=False)
+        self.port: int = self._socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        self._server = _EmbeddedUvicorn(config)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._server.serve(sockets=[self._socket]), name="rlgate-http"
+        )
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._socket.close()

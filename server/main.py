@@ -1,0 +1,180 @@
+"""`rlgate serve`: the inference server, gRPC and HTTP on one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+import grpc
+import gymnasium as gym
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from episodes import SingleAgentEpisode
+from server.auth import TokenInterceptor, server_credentials
+from server.batcher import Batcher
+from server.http import HttpServer, build_app
+from server.metrics import ServerMetrics
+from server.policy import Policy
+from server.service import SERVICE_NAME, PolicyService
+from server.session import SessionSpec
+from server.settings import ServerSettings
+from server.shipping import DirectorySink, episode_end
+
+log = logging.getLogger(__name__)
+
+
+class InferenceServer:
+    """Owns the policy, batcher, sinks, gRPC server and HTTP server of one `rlgate serve` process."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.metrics = ServerMetrics()
+        self.sinks = [DirectorySink(settings.episode_dir)] if settings.episode_dir else []
+        self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)
+        self.policy: Policy | None = None
+        self.batcher: Batcher | None = None
+        self.port = 0
+        self.http_port = 0
+        self._policy_lock = asyncio.Lock()
+        self._health = health.aio.HealthServicer()
+        self._grpc: grpc.aio.Server | None = None
+        self._http: HttpServer | None = None
+
+    async def start(self) -> None:
+        """Bind both ports (0 picks free ones), build the model if its spaces are known, start serving."""
+        s = self.settings
+        if s.env:
+            env = gym.make(s.env)
+            self._set_policy(
+                Policy.create(
+                    env.observation_space,
+                    env.action_space,
+                    metrics=self.metrics,
+                    device=s.device,
+                    seed=s.seed,
+                )
+            )
+            env.close()
+        for sink in self.sinks:
+            sink.start()
+        if not self.sinks:
+            log.warning("episodes are not recorded: set --learner or --episode-dir to keep them")
+        interceptors = []
+        if s.token:
+            reject = self.metrics.rejected.labels("UNAUTHENTICATED").inc
+            interceptors.append(TokenInterceptor(s.token.get_secret_value(), on_reject=reject))
+        limit = s.max_message_bytes
+        self._grpc = grpc.aio.server(
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+        )
+        self._grpc.add_generic_rpc_handlers([self.service.handler()])
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc
+        )
+        address = f"{s.host}:{s.port}"
+        if s.tls_cert and s.tls_key:
+            self.port = self._grpc.add_secure_port(
+                address, server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)
+            )
+        else:
+            self.port = self._grpc.add_insecure_port(address)
+        await self._grpc.start()
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        app = build_app(
+            "rlgate inference server",
+            registry=self.metrics.registry,
+            status=self.status,
+            ready=self._not_ready_reason,
+        )
+        self._http = HttpServer(app, s.host, s.http_port)
+        self._http.start()
+        self.http_port = self._http.port
+        log.info("serving grpc=%s:%d http=%s:%d", s.host, self.port, s.host, self.http_port)
+
+    async def stop(self) -> None:
+        """Graceful stop: NOT_SERVING, refuse new sessions, end open ones at their next message, flush."""
+        self.service.draining = True
+        await self._health.enter_graceful_shutdown()
+        if self._grpc is not None:
+            await self._grpc.stop(self.settings.drain_timeout_s)
+        if self.batcher is not None:
+            await self.batcher.stop()
+        for sink in self.sinks:
+            await sink.stop()
+        if self._http is not None:
+            await self._http.stop()
+        log.info("stopped")
+
+    def status(self) -> dict[str, Any]:
+        policy = self.policy
+        return {
+            "model_version": policy.version if policy else None,
+            "observation_space": str(policy.observation_space) if policy else None,
+            "action_space": str(policy.action_space) if policy else None,
+            "sessions": len(self.service.sessions),
+            "draining": self.service.draining,
+        }
+
+    def _not_ready_reason(self) -> str | None:
+        return "shutting down" if self.service.draining else None
+
+    async def _policy_for(self, spec: SessionSpec) -> tuple[Policy, Batcher]:
+        """The served policy; without one yet, a fresh model for the first session's spaces."""
+        async with self._policy_lock:
+            if self.policy is None:
+                s = self.settings
+                self._set_policy(
+                    Policy.create(
+                        spec.observation_space,
+                        spec.action_space,
+                        metrics=self.metrics,
+                        device=s.device,
+                        seed=s.seed,
+                    )
+                )
+        assert self.policy is not None and self.batcher is not None
+        return self.policy, self.batcher
+
+    def _set_policy(self, policy: Policy) -> None:
+        self.policy = policy
+        self.batcher = Batcher(
+            policy,
+            max_batch_size=self.settings.max_batch_size,
+            max_wait_us=self.settings.max_wait_us,
+            metrics=self.metrics,
+        )
+        self.batcher.start()
+        log.info(
+            "model ready observation_space=%s action_space=%s", policy.observation_space, policy.action_space
+        )
+
+    def _ship(self, episodes: list[SingleAgentEpisode]) -> None:
+        for episode in episodes:
+            self.metrics.episodes.labels(episode_end(episode)).inc()
+        for sink in self.sinks:
+            sink.ship(episodes)
+
+
+async def serve(settings: ServerSettings) -> None:
+    """Run until SIGTERM or Ctrl-C, then stop gracefully."""
+    server = InferenceServer(settings)
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("signal received: draining")
+    await server.stop()
+
+
+def main(argv: list[str]) -> int:
+    settings = ServerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate serve")
+    asyncio.run(serve(settings))
+    return 0

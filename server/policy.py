@@ -1,0 +1,115 @@
+"""The served policy: an RLModule between its env-to-module and module-to-env pipelines.
+
+Everything here runs on the batcher's single inference thread, so a weight swap (also run there)
+always falls between two batches, never inside one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from connectors import ConnectorPipelineV2
+from connectors.builders import build_env_to_module_pipeline, build_module_to_env_pipeline
+from connectors.columns import Columns
+from episodes import SingleAgentEpisode
+from models import ModelConfig, RLModule, build_module, load_weights
+from server.metrics import ServerMetrics
+
+
+class Policy:
+    """Computes actions for a batch of episode rows with one forward pass."""
+
+    def __init__(
+        self,
+        module: RLModule,
+        *,
+        env_to_module: ConnectorPipelineV2,
+        module_to_env: ConnectorPipelineV2,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        metrics: ServerMetrics,
+        version: int = 0,
+    ) -> None:
+        self.module = module
+        self.env_to_module = env_to_module
+        self.module_to_env = module_to_env
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.version = version
+        self._metrics = metrics
+        self._stage = {
+            name: metrics.stage_seconds.labels(name) for name in ("env_to_module", "forward", "module_to_env")
+        }
+        metrics.model_version.set(version)
+
+    @classmethod
+    def create(
+        cls,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        metrics: ServerMetrics,
+        model_config: ModelConfig | None = None,
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> Policy:
+        """A fresh default model (and default pipelines) for these env spaces."""
+        if seed is not None:
+            torch.manual_seed(seed)
+        env_to_module = build_env_to_module_pipeline(observation_space, action_space, device=device)
+        module = build_module(env_to_module.observation_space, action_space, model_config).to(device)
+        module.eval()
+        module_to_env = build_module_to_env_pipeline(observation_space, action_space)
+        return cls(
+            module,
+            env_to_module=env_to_module,
+            module_to_env=module_to_env,
+            observation_space=observation_space,
+            action_space=action_space,
+            metrics=metrics,
+        )
+
+    def compute(self, obs: Any, episodes: list[SingleAgentEpisode], explore: bool) -> dict[str, Any]:
+        """Actions, actions_for_env and extra model outputs as numpy arrays, one row per episode."""
+        shared: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        batch = self.env_to_module(
+            rl_module=self.module,
+            batch={Columns.OBS: obs},
+            episodes=episodes,
+            explore=explore,
+            shared_data=shared,
+        )
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            if explore:
+                outputs = self.module.forward_exploration(batch)
+            else:
+                outputs = self.module.forward_inference(batch)
+        t2 = time.perf_counter()
+        outputs = self.module_to_env(
+            rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
+        )
+        outputs[Columns.MODEL_VERSION] = np.full(len(episodes), self.version, dtype=np.int64)
+        t3 = time.perf_counter()
+        self._stage["env_to_module"].inc(t1 - t0)
+        self._stage["forward"].inc(t2 - t1)
+        self._stage["module_to_env"].inc(t3 - t2)
+        return outputs
+
+    def set_weights(
+        self, version: int, weights: bytes, connector_state: dict[str, Any] | None = None
+    ) -> None:
+        """Swap to a newer model version (call on the inference thread)."""
+        if version <= self.version:
+            return
+        load_weights(self.module, weights)
+        if connector_state:
+            self.env_to_module.set_state(connector_state)
+        self.version = version
+        self._metrics.model_version.set(version)

@@ -1,0 +1,246 @@
+"""`rlgate.v1.PolicyService`: one bidirectional stream per env client.
+
+The handler only decodes, validates and appends to episodes, then hands the rows to the batcher.
+Every failure a client can cause ends that client's stream with a precise status and a message a
+person can act on; nothing it sends can harm another session or the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from connectors.columns import Columns
+from episodes import SingleAgentEpisode
+from rlgate import codec
+from rlgate.codec import CodecError
+from rlgate.v1 import policy_pb2 as pb
+from server.batcher import Batcher
+from server.metrics import ServerMetrics
+from server.policy import Policy
+from server.session import Session, SessionSpec
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "rlgate.v1.PolicyService"
+
+
+class RequestError(Exception):
+    """A client error: ends the stream with this status code and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PolicyService:
+    """Runs client sessions against the policy; `handler()` registers it on a grpc.aio server."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        metrics: ServerMetrics,
+        get_policy: Callable[[SessionSpec], Awaitable[tuple[Policy, Batcher]]],
+        ship: Callable[[list[SingleAgentEpisode]], None],
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.sessions: dict[str, Session] = {}
+        self.draining = False
+        self._get_policy = get_policy
+        self._ship = ship
+        self._stage = {name: metrics.stage_seconds.labels(name) for name in ("decode", "append", "encode")}
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """Requests arrive as raw bytes so that malformed ones get INVALID_ARGUMENT, not INTERNAL."""
+        connect = grpc.stream_stream_rpc_method_handler(
+            self.connect, request_deserializer=None, response_serializer=pb.ServerMessage.SerializeToString
+        )
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Connect": connect})
+
+    async def connect(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+        """Serve one client stream until it closes, fails or idles out."""
+        session: Session | None = None
+        batcher: Batcher | None = None
+        closed = False
+        try:
+            while True:
+                async with asyncio.timeout(self.settings.idle_timeout_s):
+                    raw = await context.read()
+                if raw is grpc.aio.EOF:
+                    return
+                arrived = time.perf_counter()
+                message = _parse(raw)
+                kind = message.WhichOneof("kind")
+                if self.draining:
+                    raise RequestError(
+                        grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one"
+                    )
+                if closed:
+                    raise RequestError(
+                        grpc.StatusCode.FAILED_PRECONDITION, f"{kind} after close: the session is over"
+                    )
+                if kind == "hello":
+                    if session is not None:
+                        raise RequestError(
+                            grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream"
+                        )
+                    session, batcher = await self._open(message.hello)
+                    version = batcher.policy.version
+                    await context.write(
+                        pb.ServerMessage(welcome=pb.Welcome(session_id=session.id, model_version=version))
+                    )
+                elif kind == "step":
+                    if session is None or batcher is None:
+                        raise RequestError(
+                            grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first"
+                        )
+                    await context.write(await self._step(session, batcher, message.step, arrived))
+                    self.metrics.step_latency.observe(time.perf_counter() - arrived)
+                elif kind == "close":
+                    if session is None:
+                        raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "close before hello")
+                    self._end(session)
+                    session, closed = None, True
+                else:
+                    raise RequestError(
+                        grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close"
+                    )
+        except RequestError as exc:
+            await self._abort(context, exc.code, str(exc))
+        except CodecError as exc:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except TimeoutError:
+            message = f"no message for {self.settings.idle_timeout_s:g} s: session closed, episodes shipped"
+            await self._abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, message)
+        except Exception as exc:  # our bug, not the client's: say so, keep serving everyone else
+            log.exception("session failed")
+            await self._abort(context, grpc.StatusCode.INTERNAL, f"server error: {exc}")
+        finally:
+            if session is not None:
+                self._end(session)
+
+    async def _open(self, hello: pb.Hello) -> tuple[Session, Batcher]:
+        if self.draining:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: connect to another one")
+        if len(self.sessions) >= self.settings.max_sessions:
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"server is full: {self.settings.max_sessions} sessions open",
+            )
+        if hello.num_envs < 1:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.num_envs must be at least 1")
+        limit = self.settings.max_envs_per_session
+        if hello.num_envs > limit:
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"hello.num_envs {hello.num_envs} > max_envs_per_session {limit}"
+            )
+        if hello.module_id not in ("", "default"):
+            raise RequestError(
+                grpc.StatusCode.NOT_FOUND, f"unknown module_id {hello.module_id!r}: this server has 'default'"
+            )
+        if not hello.HasField("observation_space") or not hello.HasField("action_space"):
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, "hello needs observation_space and action_space"
+            )
+        spec = SessionSpec(
+            client_id=hello.client_id,
+            observation_space=codec.space_from_proto(hello.observation_space, "hello.observation_space"),
+            action_space=codec.space_from_proto(hello.action_space, "hello.action_space"),
+            num_envs=hello.num_envs,
+            explore=hello.explore,
+        )
+        policy, batcher = await self._get_policy(spec)
+        if spec.observation_space != policy.observation_space or spec.action_space != policy.action_space:
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this server's model is for observation space {policy.observation_space} and action space "
+                f"{policy.action_space}; the client has {spec.observation_space} and {spec.action_space}",
+            )
+        session = Session(
+            spec,
+            rollout_fragment_length=self.settings.rollout_fragment_length,
+            lookback=self.settings.episode_lookback_horizon,
+        )
+        self.sessions[session.id] = session
+        self.metrics.sessions.set(len(self.sessions))
+        log.info("session opened session=%s client=%s num_envs=%d", session.id, spec.client_id, spec.num_envs)
+        return session, batcher
+
+    async def _step(
+        self, session: Session, batcher: Batcher, step: pb.Step, arrived: float
+    ) -> pb.ServerMessage:
+        n = session.spec.num_envs
+        batcher.arriving += 1
+        try:
+            obs = codec.from_value(step.obs, "obs") if step.HasField("obs") else None
+            if obs is None:
+                raise CodecError("obs: missing")
+            codec.validate(obs, session.spec.observation_space, batch_size=n)
+            rewards = _flags(step.reward, "reward", n, "f")
+            terminateds = _flags(step.terminated, "terminated", n, "b")
+            truncateds = _flags(step.truncated, "truncated", n, "b")
+            if step.infos and len(step.infos) != n:
+                raise CodecError(f"infos: {len(step.infos)} items != {n}")
+            infos = [codec.from_struct(s) for s in step.infos] if step.infos else None
+            decoded = time.perf_counter()
+            episodes = session.observe(obs, rewards, terminateds, truncateds, infos)
+        finally:
+            batcher.arriving -= 1
+        appended = time.perf_counter()
+        outputs = await batcher.compute(obs, episodes, session.spec.explore)
+        computed = time.perf_counter()
+        self._ship(session.record(outputs))
+        reply = pb.ServerMessage(
+            actions=pb.Actions(
+                actions=codec.to_value(outputs[Columns.ACTIONS_FOR_ENV]),
+                model_version=int(outputs[Columns.MODEL_VERSION][0]),
+            )
+        )
+        self._stage["decode"].inc(decoded - arrived)
+        self._stage["append"].inc(appended - decoded)
+        self._stage["encode"].inc(time.perf_counter() - computed)
+        self.metrics.env_steps.inc(n)
+        return reply
+
+    def _end(self, session: Session) -> None:
+        self._ship(session.close())
+        self.sessions.pop(session.id, None)
+        self.metrics.sessions.set(len(self.sessions))
+        log.info("session closed session=%s client=%s", session.id, session.spec.client_id)
+
+    async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        self.metrics.rejected.labels(code.name).inc()
+        log.info("rejected code=%s peer=%s message=%s", code.name, context.peer(), message)
+        await context.abort(code, message)
+
+
+def _parse(raw: bytes) -> pb.ClientMessage:
+    try:
+        return pb.ClientMessage.FromString(raw)
+    except DecodeError as exc:
+        raise RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"not a valid rlgate.v1.ClientMessage: {exc}"
+        ) from exc
+
+
+def _flags(tensor: Any, name: str, n: int, kind: str) -> np.ndarray:
+    """Decode reward (kind "f": float, no NaN) or terminated / truncated (kind "b": bool), shape [n]."""
+    value = codec.from_tensor(tensor, name)
+    if value.shape != (n,):
+        raise CodecError(f"{name}: shape {value.shape} != ({n},)")
+    if value.dtype.kind != kind:
+        expected = "float32 or float64" if kind == "f" else "bool"
+        raise CodecError(f"{name}: dtype {value.dtype} is not {expected}")
+    if kind == "f" and np.isnan(value).any():
+        raise CodecError(f"{name}: NaN at index {int(np.argmax(np.isnan(value)))}")
+    return value

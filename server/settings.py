@@ -1,0 +1,66 @@
+"""Settings of the inference server: environment variables `RLGATE_*`, overridden by `rlgate serve` flags."""
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerSettings(BaseSettings):
+    """Every knob of `rlgate serve`: `RLGATE_MAX_BATCH_SIZE=64` equals `--max-batch-size 64`."""
+
+    model_config = SettingsConfigDict(env_prefix="RLGATE_", cli_kebab_case=True, cli_implicit_flags=True)
+
+    host: str = Field(
+        "127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers)."
+    )
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one (logged at start).")
+    http_port: int = Field(
+        8000, ge=0, le=65535, description="HTTP port for /healthz /readyz /status /metrics."
+    )
+    env: str | None = Field(
+        None, description="Gymnasium env id whose spaces the model is built for; unset: the first session's."
+    )
+    checkpoint: Path | None = Field(None, description="Serve the policy in this checkpoint directory.")
+    learner: str | None = Field(
+        None, description="host:port of the learner: episodes go there and weights come from there."
+    )
+    episode_dir: Path | None = Field(
+        None, description="Also write every shipped episode as an rlgate.v1.Episode file here (offline data)."
+    )
+    spool_dir: Path = Field(
+        Path("spool"),
+        description="Episodes waiting for the learner's ack are kept here, so a crash loses none.",
+    )
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Torch device of the forward pass.")
+    seed: int | None = Field(None, description="Seed for the fresh model's weights and for action sampling.")
+    max_batch_size: int = Field(256, ge=1, description="Most env steps in one forward pass.")
+    max_wait_us: int = Field(
+        200,
+        ge=0,
+        description="Longest a batch waits for requests known to be on their way (never a fixed delay).",
+    )
+    max_sessions: int = Field(1024, ge=1, description="Open sessions allowed; more get RESOURCE_EXHAUSTED.")
+    max_envs_per_session: int = Field(1024, ge=1, description="Most sub-envs one session may declare.")
+    max_message_bytes: int = Field(16 << 20, ge=1024, description="Largest gRPC message accepted or sent.")
+    idle_timeout_s: float = Field(
+        300.0, gt=0, description="A session silent this long is closed; its episodes ship as truncated."
+    )
+    rollout_fragment_length: int = Field(
+        200, ge=1, description="A running episode is cut and shipped every this many steps."
+    )
+    episode_lookback_horizon: int = Field(
+        1, ge=0, description="Steps of lookback kept when an episode is cut."
+    )
+    drain_timeout_s: float = Field(10.0, ge=0, description="On SIGTERM, how long open sessions may finish.")
+    token: SecretStr | None = Field(
+        None, description="Bearer token every gRPC call must carry (unset: none)."
+    )
+    tls_cert: Path | None = Field(
+        None, description="PEM certificate chain; with tls_key, gRPC is served over TLS."
+    )
+    tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
+    tls_client_ca: Path | None = Field(
+        None, description="PEM CA that client certificates must chain to (mTLS)."
+    )
