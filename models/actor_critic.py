@@ -1,0 +1,93 @@
+"""The default module: an actor-critic (RLlib's DefaultPPOTorchRLModule), and `build_module`."""
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from connectors.columns import Columns
+from models.catalog import action_distribution, build_encoder
+from models.config import ModelConfig
+from models.distributions import DiagGaussian, Distribution
+from models.networks import MLP, LSTMEncoder
+from models.rl_module import RLModule
+
+
+class ActorCriticModule(RLModule):
+    """Encoder -> policy head and value head; value computed in the same forward (VF_PREDS).
+
+    Stateless: an MLP or CNN encoder, and a separate value encoder unless `vf_share_layers`.
+    With `use_lstm`: that encoder then an LSTM, shared by both heads; state {"h": [cell], "c": [cell]}.
+    The LSTM runs over every step of a zero-padded [B, T] batch; the learner masks the padding (LOSS_MASK).
+    Box actions: ACTION_DIST_INPUTS = concat(mean, log_std), log_std clamped to +-log_std_clip_param.
+    """
+
+    def __init__(
+        self, observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig
+    ) -> None:
+        super().__init__(observation_space, action_space, model_config)
+        self._dist_cls, num_logits = action_distribution(action_space)
+        self._stateful = model_config.use_lstm
+        encoder = build_encoder(observation_space, model_config)
+        self.encoder = LSTMEncoder(encoder, model_config.lstm_cell_size) if self._stateful else encoder
+        shared = self._stateful or model_config.vf_share_layers
+        self.vf_encoder = None if shared else build_encoder(observation_space, model_config)
+
+        self._gaussian = self._dist_cls is DiagGaussian
+        free_log_std = self._gaussian and model_config.free_log_std
+        self.log_std = nn.Parameter(torch.zeros(num_logits // 2)) if free_log_std else None
+        self._log_std_clip = model_config.log_std_clip_param
+        head = (self.encoder.out_dim, model_config.head_fcnet_hiddens, model_config.head_fcnet_activation)
+        self.pi = MLP(*head, out_dim=num_logits // 2 if free_log_std else num_logits, out_gain=0.01)
+        self.vf = MLP(*head, out_dim=1, out_gain=1.0)
+
+    def _action_dist_inputs(self, features: torch.Tensor) -> torch.Tensor:
+        logits = self.pi(features)
+        if not self._gaussian:
+            return logits
+        if self.log_std is None:
+            mean, log_std = logits.chunk(2, dim=-1)
+        else:
+            mean, log_std = logits, self.log_std.expand_as(logits)
+        return torch.cat([mean, log_std.clamp(-self._log_std_clip, self._log_std_clip)], dim=-1)
+
+    def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        obs = batch[Columns.OBS]
+        if self._stateful:
+            features, state_out = self.encoder(obs, batch[Columns.STATE_IN])
+            return {
+                Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features),
+                Columns.VF_PREDS: self.vf(features).squeeze(-1),
+                Columns.STATE_OUT: state_out,
+            }
+        features = self.encoder(obs)
+        vf_features = features if self.vf_encoder is None else self.vf_encoder(obs)
+        return {
+            Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features),
+            Columns.VF_PREDS: self.vf(vf_features).squeeze(-1),
+        }
+
+    def compute_values(self, batch: dict[str, Any]) -> torch.Tensor:
+        obs = batch[Columns.OBS]
+        if self._stateful:
+            features, _ = self.encoder(obs, batch[Columns.STATE_IN])
+        else:
+            features = (self.encoder if self.vf_encoder is None else self.vf_encoder)(obs)
+        return self.vf(features).squeeze(-1)
+
+    def get_initial_state(self) -> dict[str, torch.Tensor]:
+        if not self._stateful:
+            return {}
+        zeros = torch.zeros(self.encoder.out_dim, device=self.vf.out.weight.device)
+        return {"h": zeros, "c": zeros.clone()}
+
+    def get_train_action_dist_cls(self) -> type[Distribution]:
+        return self._dist_cls
+
+
+def build_module(
+    observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig | None = None
+) -> RLModule:
+    """Build the default actor-critic for these spaces; unsupported spaces raise ValueError."""
+    return ActorCriticModule(observation_space, action_space, model_config or ModelConfig())

@@ -1,0 +1,63 @@
+"""The default catalog: which encoder fits an observation space, which distribution an action space."""
+
+import gymnasium as gym
+import numpy as np
+
+from models.config import ConvFilter, ModelConfig
+from models.distributions import Categorical, DiagGaussian, Distribution, MultiCategorical
+from models.networks import CNN, MLP
+
+# RLlib's default Conv2D stacks by square image size. The 11x11 layers use "valid" padding (as RLlib's
+# old VisionNetwork did), so those stacks end at 1x1x256 features instead of 11x11x256.
+DEFAULT_CONV_FILTERS: dict[int, tuple[ConvFilter, ...]] = {
+    96: ((16, 8, 4), (32, 4, 2), (256, 11, 2, "valid")),
+    84: ((16, 8, 4), (32, 4, 2), (256, 11, 1, "valid")),
+    64: ((32, 4, 2), (64, 4, 2), (128, 4, 2), (256, 4, 2)),
+    42: ((16, 4, 2), (32, 4, 2), (256, 11, 1, "valid")),
+    10: ((16, 5, 2), (32, 5, 2)),
+}
+
+
+def build_encoder(observation_space: gym.Space, config: ModelConfig) -> MLP | CNN:
+    """An MLP for a 1-D Box, a CNN for an image Box (H, W, C); any other space raises ValueError."""
+    if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1:
+        return MLP(observation_space.shape[0], config.fcnet_hiddens, config.fcnet_activation)
+    if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3:
+        shape = observation_space.shape
+        filters = config.conv_filters or DEFAULT_CONV_FILTERS.get(shape[0] if shape[0] == shape[1] else 0)
+        if filters is None:
+            raise ValueError(
+                f"No default conv_filters for image observations of shape {shape}: set "
+                f"ModelConfig.conv_filters, e.g. [[16, 4, 2], [32, 4, 2]] (defaults exist for square "
+                f"images of {sorted(DEFAULT_CONV_FILTERS)} pixels)."
+            )
+        return CNN(shape, filters, config.conv_activation, scale=observation_space.dtype == np.uint8)
+    raise ValueError(
+        f"The default model does not support the observation space {observation_space}: it takes a 1-D "
+        f"Box (MLP encoder) or an image Box of shape (H, W, C) (CNN encoder). Add the FlattenObservations "
+        f"connector to the env-to-module pipeline, which flattens Dict, Tuple, Discrete, MultiBinary, "
+        f"MultiDiscrete and multi-dimensional Box observations into a 1-D Box, and build the module for "
+        f"the pipeline's output observation space."
+    )
+
+
+def action_distribution(action_space: gym.Space) -> tuple[type[Distribution], int]:
+    """The distribution class for an action space and the number of logits it takes."""
+    if isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0:
+        return Categorical, int(action_space.n)
+    if (
+        isinstance(action_space, gym.spaces.MultiDiscrete)
+        and action_space.nvec.ndim == 1
+        and not action_space.start.any()
+    ):
+        return MultiCategorical.bind(action_space.nvec.tolist()), int(action_space.nvec.sum())
+    if (
+        isinstance(action_space, gym.spaces.Box)
+        and len(action_space.shape) == 1
+        and np.issubdtype(action_space.dtype, np.floating)
+    ):
+        return DiagGaussian, 2 * action_space.shape[0]
+    raise ValueError(
+        f"The default model does not support the action space {action_space}: it takes Discrete and "
+        f"1-D MultiDiscrete (both starting at 0) and 1-D float Box action spaces."
+    )

@@ -1,0 +1,146 @@
+"""Building blocks of the default models: MLP, CNN and LSTM encoders, with cleanrl's orthogonal init.
+
+The forwards call torch functions directly instead of one nn.Module per layer: on small CPU batches
+(the inference server's hot path) the per-module call overhead costs more than the matmuls.
+"""
+
+import math
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.config import Activation, ConvFilter
+
+HIDDEN_GAIN = math.sqrt(2)
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "tanh": torch.tanh,
+    "relu": torch.relu,
+    "swish": F.silu,
+    "silu": F.silu,
+    "elu": F.elu,
+    "linear": lambda x: x,
+}
+
+
+def _init(layer: nn.Module, gain: float) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class MLP(nn.Module):
+    """Linear layers, activated after each hidden layer; an optional linear output layer.
+
+    Inputs of any numeric dtype are cast to float32. `out_gain` scales the output layer's init
+    (cleanrl: 0.01 for a policy head, 1.0 for a value head).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        hiddens: Sequence[int],
+        activation: Activation,
+        out_dim: int | None = None,
+        out_gain: float = 1.0,
+    ) -> None:
+        super().__init__()
+        dims = [in_dim, *hiddens]
+        self.hidden = nn.ModuleList(_init(nn.Linear(a, b), HIDDEN_GAIN) for a, b in pairwise(dims))
+        self.out = None if out_dim is None else _init(nn.Linear(dims[-1], out_dim), out_gain)
+        self.out_dim = dims[-1] if out_dim is None else out_dim
+        self._act = _ACTIVATIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        for layer in self.hidden:
+            x = self._act(F.linear(x, layer.weight, layer.bias))
+        if self.out is not None:
+            x = F.linear(x, self.out.weight, self.out.bias)
+        return x
+
+
+def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else size
+
+
+def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
+    """TensorFlow's "same" padding: (pad before, pad after, output size) along one dimension."""
+    out = math.ceil(size / stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2, out
+
+
+class CNN(nn.Module):
+    """Conv2D stack over channels-last images [N, H, W, C], flattened to [N, features].
+
+    uint8 images (`scale=True`) are scaled to [0, 1].
+    """
+
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int],
+        filters: Sequence[ConvFilter],
+        activation: Activation,
+        scale: bool,
+    ) -> None:
+        super().__init__()
+        height, width, channels = image_shape
+        convs, pads = [], []
+        for spec in filters:
+            out_channels, kernel, stride = spec[:3]
+            padding = spec[3] if len(spec) == 4 else "same"
+            (kh, kw), (sh, sw) = _pair(kernel), _pair(stride)
+            if padding == "same":
+                top, bottom, height = _same_padding(height, kh, sh)
+                left, right, width = _same_padding(width, kw, sw)
+                pads.append((left, right, top, bottom))
+            else:
+                height, width = (height - kh) // sh + 1, (width - kw) // sw + 1
+                pads.append((0, 0, 0, 0))
+            if height < 1 or width < 1:
+                raise ValueError(f"conv_filters {list(filters)} shrink the image {image_shape} to nothing")
+            convs.append(_init(nn.Conv2d(channels, out_channels, (kh, kw), (sh, sw)), HIDDEN_GAIN))
+            channels = out_channels
+        self.convs = nn.ModuleList(convs)
+        self._pads = pads
+        self._act = _ACTIVATIONS[activation]
+        self._scale = scale
+        self.out_dim = height * width * channels
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.permute(0, 3, 1, 2).float()
+        if self._scale:
+            x = x / 255.0
+        for conv, pad in zip(self.convs, self._pads, strict=True):
+            x = self._act(conv(F.pad(x, pad) if any(pad) else x))
+        return x.flatten(1)
+
+
+class LSTMEncoder(nn.Module):
+    """A feed-forward encoder (MLP or CNN) per time step, then one LSTM layer.
+
+    forward(obs [B, T, ...], state {"h": [B, cell], "c": [B, cell]}) -> (features [B, T, cell], state out).
+    """
+
+    def __init__(self, base: MLP | CNN, cell_size: int) -> None:
+        super().__init__()
+        self.base = base
+        self.lstm = nn.LSTM(base.out_dim, cell_size, batch_first=True)
+        for name, param in self.lstm.named_parameters():
+            if name.startswith("weight"):
+                nn.init.orthogonal_(param, 1.0)
+            else:
+                nn.init.zeros_(param)
+        self.out_dim = cell_size
+
+    def forward(
+        self, obs: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        batch, time = obs.shape[:2]
+        x = self.base(obs.flatten(0, 1)).unflatten(0, (batch, time))
+        x, (h, c) = self.lstm(x, (state["h"].unsqueeze(0), state["c"].unsqueeze(0)))
+        return x, {"h": h.squeeze(0), "c": c.squeeze(0)}

@@ -1,0 +1,36 @@
+"""Module weights as safetensors bytes: what the learner publishes and servers load (never pickle)."""
+
+import safetensors.torch
+from safetensors import SafetensorError
+from torch import nn
+
+
+def weights_to_bytes(module: nn.Module) -> bytes:
+    """Serialize the module's state_dict (parameters and buffers) as safetensors."""
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()}
+    return safetensors.torch.save(tensors)
+
+
+def load_weights(module: nn.Module, data: bytes) -> None:
+    """Load safetensors bytes into the module in place.
+
+    Raises ValueError, naming the tensors, unless the bytes hold exactly the module's tensors with the
+    same shapes and dtypes; the module is left untouched then.
+    """
+    try:
+        tensors = safetensors.torch.load(data)
+    except SafetensorError as error:
+        raise ValueError(f"Weights are not valid safetensors bytes: {error}") from error
+    expected = module.state_dict()
+    missing = sorted(expected.keys() - tensors.keys())
+    unexpected = sorted(tensors.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"Weights do not fit the module: missing keys {missing}, unexpected {unexpected}")
+    for name, tensor in tensors.items():
+        want = expected[name]
+        if tensor.shape != want.shape or tensor.dtype != want.dtype:
+            raise ValueError(
+                f"Weights do not fit the module: {name!r} is {tensor.dtype}{list(tensor.shape)}, "
+                f"the module has {want.dtype}{list(want.shape)}"
+            )
+    module.load_state_dict(tensors, strict=True)
