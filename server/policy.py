@@ -87,10 +87,7 @@ class Policy:
         )
         t1 = time.perf_counter()
         with torch.inference_mode():
-            if explore:
-                outputs = self.module.forward_exploration(batch)
-            else:
-                outputs = self.module.forward_inference(batch)
+            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
         t2 = time.perf_counter()
         outputs = self.module_to_env(
             rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
