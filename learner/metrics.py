@@ -1,0 +1,27 @@
+"""Prometheus metrics of the learner, in a registry of its own."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class LearnerMetrics:
+    """Training progress and data flow, as scraped from the learner's /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.model_version = Gauge("rlgate_learner_model_version", "Latest published model version.", registry=r)
+        self.episodes = Counter("rlgate_learner_episodes", "Episode chunks accepted for training.", registry=r)
+        self.env_steps = Counter("rlgate_learner_env_steps", "Env steps consumed by updates.", registry=r)
+        self.duplicates = Counter(
+            "rlgate_learner_duplicates", "Chunks dropped as already seen (episode id, chunk index).", registry=r
+        )
+        self.stale = Counter("rlgate_learner_stale_steps", "Env steps dropped for exceeding max_staleness.", registry=r)
+        self.staleness = Gauge(
+            "rlgate_learner_staleness", "Mean versions between acting and training, last update.", registry=r
+        )
+        self.mean_return = Gauge("rlgate_learner_mean_return", "Mean return of the last 20 episodes.", registry=r)
+        self.episodes_per_s = Gauge("rlgate_learner_episodes_per_second", "Episodes finished per second.", registry=r)
+        self.policy_loss = Gauge("rlgate_learner_policy_loss", "PPO clipped surrogate loss, last update.", registry=r)
+        self.vf_loss = Gauge("rlgate_learner_vf_loss", "Value loss, last update.", registry=r)
+        self.entropy = Gauge("rlgate_learner_entropy", "Mean policy entropy, last update.", registry=r)
+        self.kl = Gauge("rlgate_learner_kl", "Mean KL(old || new) over the last update.", registry=r)
