@@ -127,7 +127,8 @@ class EnvClient:
             self.seed = None  # reconnects continue the env's RNG instead of replaying the same episodes
             rewards, terminateds, truncateds = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
             returns = np.zeros(n)
-            while not self._done(max_steps):
+            resetting = np.zeros(n, bool)  # sub-envs whose next env.step() only resets them
+            while True:
                 await call.write(
                     pb.ClientMessage(
                         step=pb.Step(
@@ -140,14 +141,16 @@ class EnvClient:
                 )
                 reply = await self._read(call)
                 self.stats.model_version = reply.actions.model_version
+                if self._done(max_steps):  # the last step's outcome is sent: the server records it
+                    break
                 actions = codec.from_value(reply.actions.actions, "actions")
                 obs, rewards, terminateds, truncateds, _ = self.env.step(actions)
                 returns += rewards
-                ended = terminateds | truncateds
-                self.stats.returns.extend(returns[ended].tolist())
-                returns[ended] = 0.0  # their next step is a reset (NEXT_STEP autoreset)
-                self.stats.episodes += int(ended.sum())
-                self.stats.env_steps += n
+                self.stats.env_steps += int(n - resetting.sum())  # transitions; a reset is not an env step
+                resetting = terminateds | truncateds
+                self.stats.returns.extend(returns[resetting].tolist())
+                returns[resetting] = 0.0
+                self.stats.episodes += int(resetting.sum())
                 if self._on_step is not None:
                     self._on_step(self.stats)
             await call.write(pb.ClientMessage(close=pb.Close()))

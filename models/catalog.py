@@ -18,6 +18,11 @@ DEFAULT_CONV_FILTERS: dict[int, tuple[ConvFilter, ...]] = {
 }
 
 
+def encodes(observation_space: gym.Space) -> bool:
+    """Whether the default encoders take this space as it is (else: add FlattenObservations first)."""
+    return isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) in (1, 3)
+
+
 def build_encoder(observation_space: gym.Space, config: ModelConfig) -> MLP | CNN:
     """An MLP for a 1-D Box, a CNN for an image Box (H, W, C); any other space raises ValueError."""
     if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1:

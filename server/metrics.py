@@ -14,7 +14,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.env_steps = Counter(
-            "rlgate_env_steps", "Env steps received (one per sub-env per message).", registry=r
+            "rlgate_env_steps", "Env steps received (transitions; reset observations do not count).", registry=r
         )
         self.sessions = Gauge("rlgate_sessions", "Open client sessions.", registry=r)
         self.batch_size = Histogram(

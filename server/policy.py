@@ -16,8 +16,10 @@ import torch
 from connectors import ConnectorPipelineV2
 from connectors.builders import build_env_to_module_pipeline, build_module_to_env_pipeline
 from connectors.columns import Columns
+from connectors.env_to_module.flatten_observations import FlattenObservations
 from episodes import SingleAgentEpisode
 from models import ModelConfig, RLModule, build_module, load_weights
+from models.catalog import encodes
 from server.metrics import ServerMetrics
 
 
@@ -58,10 +60,17 @@ class Policy:
         device: str = "cpu",
         seed: int | None = None,
     ) -> Policy:
-        """A fresh default model (and default pipelines) for these env spaces."""
+        """A fresh default model and the default pipelines for these env spaces.
+
+        Observations the default encoders cannot take as they are (Dict, Tuple, Discrete, ...) are
+        flattened by a FlattenObservations piece first, so every gymnasium space works out of the box.
+        """
         if seed is not None:
             torch.manual_seed(seed)
-        env_to_module = build_env_to_module_pipeline(observation_space, action_space, device=device)
+        flatten = None if encodes(observation_space) else (lambda _obs, _act: FlattenObservations())
+        env_to_module = build_env_to_module_pipeline(
+            observation_space, action_space, env_to_module_connector=flatten, device=device
+        )
         module = build_module(env_to_module.observation_space, action_space, model_config).to(device)
         module.eval()
         module_to_env = build_module_to_env_pipeline(observation_space, action_space)

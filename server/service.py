@@ -193,7 +193,7 @@ class PolicyService:
                 raise CodecError(f"infos: {len(step.infos)} items != {n}")
             infos = [codec.from_struct(s) for s in step.infos] if step.infos else None
             decoded = time.perf_counter()
-            episodes = session.observe(obs, rewards, terminateds, truncateds, infos)
+            episodes, steps = session.observe(obs, rewards, terminateds, truncateds, infos)
         finally:
             batcher.arriving -= 1
         appended = time.perf_counter()
@@ -209,7 +209,7 @@ class PolicyService:
         self._stage["decode"].inc(decoded - arrived)
         self._stage["append"].inc(appended - decoded)
         self._stage["encode"].inc(time.perf_counter() - computed)
-        self.metrics.env_steps.inc(n)
+        self.metrics.env_steps.inc(steps)
         return reply
 
     def _end(self, session: Session) -> None:

@@ -50,7 +50,6 @@ class Session:
         self.id = uuid.uuid4().hex
         self.spec = spec
         self.episodes: list[SingleAgentEpisode | None] = [None] * spec.num_envs
-        self._chunk_index = [0] * spec.num_envs
         self._outputs: dict[str, Any] | None = None
         self._fragment = rollout_fragment_length
         self._lookback = lookback
@@ -62,15 +61,23 @@ class Session:
         terminateds: np.ndarray,
         truncateds: np.ndarray,
         infos: list[dict] | None,
-    ) -> list[SingleAgentEpisode]:
-        """Append one step of every sub-env; return the episodes, row by row, the next actions are for."""
+    ) -> tuple[list[SingleAgentEpisode], int]:
+        """Append one step of every sub-env.
+
+        Returns the episodes, row by row, that the next actions are for, and how many env steps
+        (transitions, not reset observations) were appended.
+        """
         outputs = self._outputs
         current: list[SingleAgentEpisode] = []
+        steps = 0
         for i, episode in enumerate(self.episodes):
             row_obs = row(obs, i)
             info = infos[i] if infos else {}
             if episode is None or episode.is_done or outputs is None:
-                episode = self._new_episode(i)
+                episode = SingleAgentEpisode(
+                    observation_space=self.spec.observation_space, action_space=self.spec.action_space
+                )
+                self.episodes[i] = episode
                 episode.add_env_reset(observation=row_obs, infos=info)
             else:
                 episode.add_env_step(
@@ -82,8 +89,9 @@ class Session:
                     truncated=bool(truncateds[i]),
                     extra_model_outputs={k: row(outputs[k], i) for k in RECORDED_OUTPUTS if k in outputs},
                 )
+                steps += 1
             current.append(episode)
-        return current
+        return current, steps
 
     def record(self, outputs: dict[str, Any]) -> list[SingleAgentEpisode]:
         """Keep this step's actions and outputs (rows = sub-envs); return the chunks now due for shipping."""
@@ -96,10 +104,7 @@ class Session:
                 due.append(episode)
             elif len(episode) >= self._fragment:
                 due.append(episode)
-                successor = episode.cut(len_lookback_buffer=self._lookback)
-                self._chunk_index[i] += 1
-                successor.custom_data["chunk_index"] = self._chunk_index[i]
-                self.episodes[i] = successor
+                self.episodes[i] = episode.cut(len_lookback_buffer=self._lookback)  # chunk_index + 1
         return due
 
     def close(self) -> list[SingleAgentEpisode]:
@@ -111,13 +116,3 @@ class Session:
                 unfinished.append(episode)
         self.episodes = [None] * self.spec.num_envs
         return unfinished
-
-    def _new_episode(self, i: int) -> SingleAgentEpisode:
-        self._chunk_index[i] = 0
-        episode = SingleAgentEpisode(
-            observation_space=self.spec.observation_space,
-            action_space=self.spec.action_space,
-        )
-        episode.custom_data["chunk_index"] = 0
-        self.episodes[i] = episode
-        return episode

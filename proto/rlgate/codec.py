@@ -85,6 +85,8 @@ def from_tensor(tensor: pb.Tensor, path: str = "tensor") -> np.ndarray:
 
 def to_value(data: Any) -> pb.Value:
     """Encode an array, or a dict / tuple / list nesting of arrays, as a Value message."""
+    if isinstance(data, np.ndarray):  # the common case first: cheaper than the abstract Mapping check
+        return pb.Value(tensor=to_tensor(data))
     if isinstance(data, Mapping):
         return pb.Value(dict=pb.ValueDict(items={str(k): to_value(v) for k, v in data.items()}))
     if isinstance(data, tuple | list):

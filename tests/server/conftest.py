@@ -1,59 +1,15 @@
-"""A real inference server on 127.0.0.1 port 0, tiny deterministic envs, and raw stream helpers."""
+"""Fixtures: real inference servers on 127.0.0.1 port 0, stopped at teardown."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import grpc
-import gymnasium as gym
-import numpy as np
 import pytest
 
-from client.env_client import ClientStats, EnvClient
-from rlgate import codec
-from rlgate.v1 import policy_pb2 as pb
 from server.main import InferenceServer
 from server.settings import ServerSettings
-
-CONNECT = "/rlgate.v1.PolicyService/Connect"
-
-
-class SpaceEnv(gym.Env):
-    """Deterministic env for any spaces: seeded observations, fixed episode length, checks every action.
-
-    Each step pays reward 1; the episode terminates after `length` steps. An action outside the action
-    space raises, so a test fails when the server sends one (e.g. an unclipped Box action).
-    """
-
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, length: int = 5) -> None:
-        self.observation_space = observation_space
-        self.action_space = action_space
-        self.length = length
-        self._t = 0
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
-        super().reset(seed=seed)
-        self.observation_space.seed(int(self.np_random.integers(1 << 31)))
-        self._t = 0
-        return self.observation_space.sample(), {}
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
-        if not self.action_space.contains(
-            np.asarray(action, dtype=self.action_space.dtype)
-            if isinstance(self.action_space, gym.spaces.Box)
-            else action
-        ):
-            raise AssertionError(f"action {action!r} is not in {self.action_space}")
-        self._t += 1
-        return self.observation_space.sample(), 1.0, self._t >= self.length, False, {}
-
-
-BOX4 = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-DISCRETE2 = gym.spaces.Discrete(2)
 
 
 @pytest.fixture
@@ -85,79 +41,3 @@ async def server_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitabl
 @pytest.fixture
 async def server(server_factory: Callable[..., Awaitable[InferenceServer]]) -> InferenceServer:
     return await server_factory()
-
-
-def target(server: InferenceServer) -> str:
-    return f"127.0.0.1:{server.port}"
-
-
-@asynccontextmanager
-async def running_client(client: EnvClient) -> AsyncIterator[asyncio.Task[ClientStats]]:
-    """Run an EnvClient in the background; stop it (and re-raise its error, if any) on exit."""
-    task = asyncio.create_task(client.run())
-    try:
-        yield task
-    finally:
-        client.stop()
-        await asyncio.wait_for(task, 10)
-
-
-async def wait_for_steps(client: EnvClient, at_least: int, timeout: float = 10.0) -> None:
-    """Wait until the client has made `at_least` env steps (bounded in time, not a sleep)."""
-    async with asyncio.timeout(timeout):
-        while client.stats.env_steps < at_least:
-            await asyncio.sleep(0.005)
-
-
-class RawStream:
-    """A Connect stream driven by hand, for sending exactly what a test wants (even invalid bytes)."""
-
-    def __init__(self, server: InferenceServer, metadata: tuple = ()) -> None:
-        self.channel = grpc.aio.insecure_channel(
-            target(server), options=[("grpc.max_send_message_length", 64 << 20)]
-        )
-        self.call = self.channel.stream_stream(
-            CONNECT, request_serializer=None, response_deserializer=pb.ServerMessage.FromString
-        )(metadata=metadata)
-
-    async def send(self, message: pb.ClientMessage | bytes) -> None:
-        await self.call.write(message if isinstance(message, bytes) else message.SerializeToString())
-
-    async def recv(self) -> pb.ServerMessage:
-        return await asyncio.wait_for(self.call.read(), 10)
-
-    async def status(self) -> tuple[grpc.StatusCode, str]:
-        """The stream's final status (waits for the server to end it)."""
-        code = await asyncio.wait_for(self.call.code(), 10)
-        return code, await self.call.details()
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-
-def hello(
-    observation_space: gym.Space = BOX4,
-    action_space: gym.Space = DISCRETE2,
-    num_envs: int = 1,
-    explore: bool = True,
-) -> pb.ClientMessage:
-    return pb.ClientMessage(
-        hello=pb.Hello(
-            client_id="raw",
-            observation_space=codec.space_to_proto(observation_space),
-            action_space=codec.space_to_proto(action_space),
-            num_envs=num_envs,
-            explore=explore,
-        )
-    )
-
-
-def step(obs: Any, n: int = 1, reward: Any = None, terminated: Any = None) -> pb.ClientMessage:
-    return pb.ClientMessage(
-        step=pb.Step(
-            obs=codec.to_value(obs),
-            reward=codec.to_tensor(np.zeros(n) if reward is None else reward),
-            terminated=codec.to_tensor(np.zeros(n, bool) if terminated is None else terminated),
-            truncated=codec.to_tensor(np.zeros(n, bool)),
-        )
-    )

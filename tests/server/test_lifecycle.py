@@ -16,8 +16,18 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import BOX4, DISCRETE2, RawStream, SpaceEnv, hello, running_client, step, target, wait_for_steps
-from test_end_to_end import shipped
+from support.servers import (
+    BOX4,
+    DISCRETE2,
+    RawStream,
+    SpaceEnv,
+    hello,
+    running_client,
+    shipped,
+    step,
+    target,
+    wait_for_steps,
+)
 
 from client.env_client import EnvClient
 
@@ -85,9 +95,7 @@ async def test_long_episodes_are_cut_into_chunks_with_lookback(server_factory, t
 async def test_clients_reconnect_on_their_own_after_a_server_restart(server_factory):
     first = await server_factory()
     port = first.port
-    client = EnvClient(
-        SpaceEnv(BOX4, DISCRETE2, length=10**6), f"127.0.0.1:{port}", seed=0, max_backoff_s=0.2
-    )
+    client = EnvClient(SpaceEnv(BOX4, DISCRETE2, length=10**6), f"127.0.0.1:{port}", seed=0, max_backoff_s=0.2)
     async with running_client(client):
         await wait_for_steps(client, 10)
         await first.stop()
@@ -179,9 +187,7 @@ def test_tls_and_token_together(tmp_path):
         )
         await server.start()
         try:
-            client = EnvClient(
-                SpaceEnv(BOX4, DISCRETE2), f"localhost:{server.port}", tls_ca=cert, token="t0k", seed=0
-            )
+            client = EnvClient(SpaceEnv(BOX4, DISCRETE2), f"localhost:{server.port}", tls_ca=cert, token="t0k", seed=0)
             assert (await asyncio.wait_for(client.run(max_steps=5), 20)).env_steps == 5
             plain = EnvClient(
                 SpaceEnv(BOX4, DISCRETE2), f"localhost:{server.port}", token="t0k", seed=0, max_backoff_s=0.05

@@ -1,0 +1,134 @@
+"""The default env-to-module, module-to-env and learner pipelines (RLlib's AlgorithmConfig builders)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+import torch
+
+from connectors.common import (
+    AddObservationsFromEpisodesToBatch,
+    AddStatesFromEpisodesToBatch,
+    AddTimeDimToBatchAndZeroPad,
+    BatchIndividualItems,
+    NumpyToTensor,
+    TensorToNumpy,
+)
+from connectors.connector_pipeline_v2 import ConnectorPipelineV2
+from connectors.connector_v2 import ConnectorV2
+from connectors.learner import (
+    AddColumnsFromEpisodesToTrainBatch,
+    AddOneTsToEpisodesAndTruncate,
+    GeneralAdvantageEstimation,
+)
+from connectors.module_to_env import (
+    GetActions,
+    ListifyDataForVectorEnv,
+    NormalizeAndClipActions,
+    RemoveSingleTsTimeRankFromBatch,
+    UnBatchToIndividualItems,
+)
+
+#: A user hook, like RLlib's `env_to_module_connector`: (observation space, action space) -> piece(s).
+ConnectorHook = Callable[[gym.Space, gym.Space], ConnectorV2 | list[ConnectorV2]]
+
+
+def _user_pieces(
+    hook: ConnectorHook | None, observation_space: gym.Space, action_space: gym.Space
+) -> list[ConnectorV2]:
+    if hook is None:
+        return []
+    pieces = hook(observation_space, action_space)
+    return list(pieces) if isinstance(pieces, list | tuple) else [pieces]
+
+
+def build_env_to_module_pipeline(
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    *,
+    env_to_module_connector: ConnectorHook | None = None,
+    add_default_connectors: bool = True,
+    device: torch.device | str = "cpu",
+) -> ConnectorPipelineV2:
+    """[user pieces] -> AddObservationsFromEpisodesToBatch -> AddTimeDimToBatchAndZeroPad ->
+    AddStatesFromEpisodesToBatch -> BatchIndividualItems -> NumpyToTensor(device).
+
+    Its output observation space (`pipeline.observation_space`) is the one to build the module for.
+    """
+    pipeline = ConnectorPipelineV2(
+        observation_space,
+        action_space,
+        connectors=_user_pieces(env_to_module_connector, observation_space, action_space),
+    )
+    if add_default_connectors:
+        pipeline.append(AddObservationsFromEpisodesToBatch())
+        pipeline.append(AddTimeDimToBatchAndZeroPad())
+        pipeline.append(AddStatesFromEpisodesToBatch())
+        pipeline.append(BatchIndividualItems())
+        pipeline.append(NumpyToTensor(device=device))
+    return pipeline
+
+
+def build_module_to_env_pipeline(
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    *,
+    module_to_env_connector: ConnectorHook | None = None,
+    add_default_connectors: bool = True,
+    normalize_actions: bool = True,
+    clip_actions: bool = False,
+) -> ConnectorPipelineV2:
+    """GetActions -> TensorToNumpy -> UnBatchToIndividualItems -> RemoveSingleTsTimeRankFromBatch ->
+    [user pieces] -> NormalizeAndClipActions -> ListifyDataForVectorEnv.
+
+    `normalize_actions` and `clip_actions` have RLlib's AlgorithmConfig defaults.
+    """
+    pipeline = ConnectorPipelineV2(
+        observation_space,
+        action_space,
+        connectors=_user_pieces(module_to_env_connector, observation_space, action_space),
+    )
+    if add_default_connectors:
+        pipeline.prepend(RemoveSingleTsTimeRankFromBatch())
+        pipeline.prepend(UnBatchToIndividualItems())
+        pipeline.prepend(TensorToNumpy())
+        pipeline.prepend(GetActions())
+        pipeline.append(NormalizeAndClipActions(normalize_actions=normalize_actions, clip_actions=clip_actions))
+        pipeline.append(ListifyDataForVectorEnv())
+    return pipeline
+
+
+def build_learner_pipeline(
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    *,
+    learner_connector: ConnectorHook | None = None,
+    add_default_connectors: bool = True,
+    device: torch.device | str = "cpu",
+    gae: tuple[float, float] | None = None,
+) -> ConnectorPipelineV2:
+    """[user pieces] -> AddObservationsFromEpisodesToBatch -> AddColumnsFromEpisodesToTrainBatch ->
+    AddTimeDimToBatchAndZeroPad -> AddStatesFromEpisodesToBatch -> BatchIndividualItems -> NumpyToTensor.
+
+    `gae=(gamma, lambda_)` adds PPO's pieces (with the defaults): AddOneTsToEpisodesAndTruncate first
+    and GeneralAdvantageEstimation(gamma, lambda_) last. The spaces are the env-to-module pipeline's
+    output spaces (what the episodes hold after its pieces wrote back).
+    """
+    pipeline = ConnectorPipelineV2(
+        observation_space,
+        action_space,
+        connectors=_user_pieces(learner_connector, observation_space, action_space),
+    )
+    if add_default_connectors:
+        pipeline.append(AddObservationsFromEpisodesToBatch(as_learner_connector=True))
+        pipeline.append(AddColumnsFromEpisodesToTrainBatch())
+        pipeline.append(AddTimeDimToBatchAndZeroPad(as_learner_connector=True))
+        pipeline.append(AddStatesFromEpisodesToBatch(as_learner_connector=True))
+        pipeline.append(BatchIndividualItems())
+        pipeline.append(NumpyToTensor(device=device))
+        if gae is not None:
+            gamma, lambda_ = gae
+            pipeline.prepend(AddOneTsToEpisodesAndTruncate())
+            pipeline.append(GeneralAdvantageEstimation(gamma=gamma, lambda_=lambda_))
+    return pipeline

@@ -1,0 +1,58 @@
+"""AddObservationsFromEpisodesToBatch: the OBS column, gathered from the episodes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+
+from connectors.columns import Columns
+from connectors.connector_v2 import ConnectorV2, make_episode_keys_unique
+
+if TYPE_CHECKING:
+    from episodes import SingleAgentEpisode
+    from models import RLModule
+
+
+class AddObservationsFromEpisodesToBatch(ConnectorV2):
+    """Add each episode's latest observation (env-to-module) or all its observations (learner) as OBS.
+
+    A batch that already has OBS is left alone: the batched fast path (the server passes the latest
+    observations as one array) and pieces such as FrameStacking that build OBS themselves.
+    As a learner connector, each episode adds `len(episode)` observations (the final one is left out)
+    as one batched item, and episodes sharing an id (chunks of one episode) are given unique ids first.
+    """
+
+    def __init__(
+        self,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
+        *,
+        as_learner_connector: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self._as_learner_connector = as_learner_connector
+
+    def __call__(
+        self,
+        *,
+        rl_module: RLModule | None,
+        batch: dict[str, Any],
+        episodes: list[SingleAgentEpisode],
+        explore: bool | None = None,
+        shared_data: dict | None = None,
+        metrics: dict | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        if Columns.OBS in batch:
+            return batch
+        if not self._as_learner_connector:
+            for episode in episodes:
+                self.add_batch_item(batch, Columns.OBS, episode.get_observations(-1), episode)
+            return batch
+        make_episode_keys_unique(episodes)
+        for episode in episodes:
+            observations = episode.get_observations(slice(0, len(episode)))
+            self.add_n_batch_items(batch, Columns.OBS, observations, len(episode), episode)
+        return batch

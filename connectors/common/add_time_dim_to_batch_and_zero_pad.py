@@ -1,0 +1,86 @@
+"""AddTimeDimToBatchAndZeroPad: the time axis a stateful module expects."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+
+from connectors.batching import BatchedNdArray, batch_items, is_batched
+from connectors.columns import Columns
+from connectors.connector_v2 import ConnectorV2
+from connectors.zero_padding import create_mask_and_seq_lens, split_and_zero_pad
+from episodes.tree import map_structure
+
+if TYPE_CHECKING:
+    from episodes import SingleAgentEpisode
+    from models import RLModule
+
+
+class AddTimeDimToBatchAndZeroPad(ConnectorV2):
+    """Give every column a time axis when the module is stateful (a no-op for stateless modules).
+
+    Env-to-module: a time axis of 1 ([B, ...] -> [B, 1, ...]), and
+    `shared_data["_added_single_ts_time_rank"]` so that module-to-env's RemoveSingleTsTimeRankFromBatch
+    takes it off again.
+    Learner: each episode's steps are cut into sequences of `rl_module.model_config.max_seq_len` steps,
+    the last one zero-padded, and SEQ_LENS [N] plus LOSS_MASK [N, T] (False on padding; unless an earlier
+    piece added LOSS_MASK already) are added.
+    """
+
+    def __init__(
+        self,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
+        *,
+        as_learner_connector: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self._as_learner_connector = as_learner_connector
+
+    def __call__(
+        self,
+        *,
+        rl_module: RLModule | None,
+        batch: dict[str, Any],
+        episodes: list[SingleAgentEpisode],
+        explore: bool | None = None,
+        shared_data: dict | None = None,
+        metrics: dict | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        if rl_module is None or not rl_module.is_stateful() or Columns.STATE_IN in batch:
+            return batch
+        if self._as_learner_connector:
+            self._zero_pad(rl_module.model_config.max_seq_len, batch, episodes, shared_data)
+        else:
+            for column, data in batch.items():
+                if is_batched(data):
+                    batch[column] = map_structure(lambda a: np.expand_dims(a, 1), data)
+                else:
+                    self.foreach_batch_item_change_in_place(batch, column, _add_single_ts)
+            shared_data["_added_single_ts_time_rank"] = True
+        return batch
+
+    def _zero_pad(
+        self, max_seq_len: int, batch: dict[str, Any], episodes: list[SingleAgentEpisode], shared_data: dict
+    ) -> None:
+        for column, data in batch.items():
+            if column == Columns.INFOS:
+                continue
+            for key, items in data.items():
+                sequences = split_and_zero_pad(batch_items(items), max_seq_len)
+                data[key] = [map_structure(lambda a: a.view(BatchedNdArray), sequences)]
+        add_loss_mask = not shared_data.get("_added_loss_mask_for_valid_episode_ts")
+        for episode in episodes:
+            mask, seq_lens = create_mask_and_seq_lens(len(episode), max_seq_len)
+            self.add_n_batch_items(batch, Columns.SEQ_LENS, seq_lens, len(seq_lens), episode)
+            if add_loss_mask:
+                self.add_n_batch_items(batch, Columns.LOSS_MASK, mask, len(mask), episode)
+
+
+def _add_single_ts(item: Any, *ids: Any) -> Any:
+    # An item that already has a batch axis gets the time axis after it.
+    return map_structure(lambda a: np.expand_dims(a, 1 if isinstance(a, BatchedNdArray) else 0), item)

@@ -1,0 +1,170 @@
+"""ConnectorPipelineV2: connector pieces run one after the other; itself a ConnectorV2, so pipelines nest."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+
+from connectors.connector_v2 import ConnectorV2
+
+if TYPE_CHECKING:
+    from episodes import SingleAgentEpisode
+    from models import RLModule
+
+Anchor = str | type
+
+
+class ConnectorPipelineV2(ConnectorV2):
+    """An editable sequence of connector pieces (RLlib's ConnectorPipelineV2, stricter where RLlib is lax).
+
+    - Editing: `append`, `prepend`, `insert_before`, `insert_after` and `remove` find an anchor piece by
+      class or class name and raise ValueError when there is none (RLlib 2.60 silently appends). Piece
+      names (class names) are unique within a pipeline: adding a second piece of a name raises ValueError.
+    - Indexing: `pipeline[i]` (position), `pipeline["Name"]` or `pipeline[Class]` (the piece of that name
+      or class; KeyError when absent).
+    - Spaces: the input spaces flow through every piece (re-propagated after each edit); the pipeline's
+      output spaces are those of its last piece.
+    - State: `get_state()` is `{piece name: piece state}` for the stateful pieces; `set_state` and
+      `merge_states` pair states with pieces by that name (never by position).
+    - Timing: when `metrics` (a plain dict) is given, each call adds the seconds spent in each piece to
+      `metrics[piece name]` (a nested pipeline adds its total under its own name, and its pieces' times
+      under theirs).
+    """
+
+    def __init__(
+        self,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
+        *,
+        connectors: list[ConnectorV2] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.connectors: list[ConnectorV2] = []
+        for connector in connectors or []:
+            self._check_new(connector)
+            self.connectors.append(connector)
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+
+    def __call__(
+        self,
+        *,
+        rl_module: RLModule | None,
+        batch: dict[str, Any],
+        episodes: list[SingleAgentEpisode],
+        explore: bool | None = None,
+        shared_data: dict | None = None,
+        metrics: dict | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        shared_data = {} if shared_data is None else shared_data
+        for connector in self.connectors:
+            start = time.perf_counter()
+            batch = connector(
+                rl_module=rl_module,
+                batch=batch,
+                episodes=episodes,
+                explore=explore,
+                shared_data=shared_data,
+                metrics=metrics,
+                **kwargs,
+            )
+            if metrics is not None:
+                metrics[connector.name] = metrics.get(connector.name, 0.0) + time.perf_counter() - start
+            if not isinstance(batch, dict):
+                raise TypeError(f"{connector.name} returned {type(batch).__name__}, not the batch dict")
+        return batch
+
+    # --- editing ----------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.connectors)
+
+    def __getitem__(self, key: int | Anchor) -> ConnectorV2:
+        if isinstance(key, int):
+            return self.connectors[key]
+        return self.connectors[self._index(key, error=KeyError)]
+
+    def append(self, connector: ConnectorV2) -> None:
+        """Add `connector` at the end."""
+        self._insert(len(self.connectors), connector)
+
+    def prepend(self, connector: ConnectorV2) -> None:
+        """Add `connector` at the start."""
+        self._insert(0, connector)
+
+    def insert_before(self, name_or_class: Anchor, connector: ConnectorV2) -> ConnectorV2:
+        """Insert `connector` before the piece `name_or_class`, and return that piece."""
+        index = self._index(name_or_class)
+        self._insert(index, connector)
+        return self.connectors[index + 1]
+
+    def insert_after(self, name_or_class: Anchor, connector: ConnectorV2) -> ConnectorV2:
+        """Insert `connector` after the piece `name_or_class`, and return that piece."""
+        index = self._index(name_or_class)
+        self._insert(index + 1, connector)
+        return self.connectors[index]
+
+    def remove(self, name_or_class: Anchor) -> ConnectorV2:
+        """Remove the piece `name_or_class` and return it."""
+        removed = self.connectors.pop(self._index(name_or_class))
+        self._propagate_spaces()
+        return removed
+
+    def _index(self, name_or_class: Anchor, error: type[Exception] = ValueError) -> int:
+        for index, connector in enumerate(self.connectors):
+            if connector.name == name_or_class or type(connector) is name_or_class:
+                return index
+        raise error(f"no connector piece {name_or_class!r} in the pipeline ({self._names()})")
+
+    def _insert(self, index: int, connector: ConnectorV2) -> None:
+        self._check_new(connector)
+        self.connectors.insert(index, connector)
+        self._propagate_spaces()
+
+    def _check_new(self, connector: ConnectorV2) -> None:
+        if not isinstance(connector, ConnectorV2):
+            raise TypeError(f"a pipeline holds ConnectorV2 pieces, not {type(connector).__name__}")
+        if any(c.name == connector.name for c in self.connectors):
+            raise ValueError(f"the pipeline already has a piece named {connector.name!r} ({self._names()})")
+
+    def _names(self) -> str:
+        return " -> ".join(c.name for c in self.connectors) or "empty"
+
+    # --- spaces -----------------------------------------------------------------------------------------
+
+    def _recompute_spaces(self) -> None:
+        self._propagate_spaces()
+
+    def _propagate_spaces(self) -> None:
+        obs_space, act_space = self.input_observation_space, self.input_action_space
+        for connector in self.connectors:
+            connector._set_input_spaces(obs_space, act_space)
+            obs_space, act_space = connector.observation_space, connector.action_space
+        self._observation_space, self._action_space = obs_space, act_space
+
+    # --- state ------------------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        states = {c.name: c.get_state() for c in self.connectors}
+        return {name: state for name, state in states.items() if state}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for name, piece_state in state.items():
+            self[name].set_state(piece_state)
+
+    def reset_state(self) -> None:
+        for connector in self.connectors:
+            connector.reset_state()
+
+    def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        merged = {}
+        for connector in self.connectors:
+            piece_states = [state[connector.name] for state in states if connector.name in state]
+            if piece_states:
+                merged[connector.name] = connector.merge_states(piece_states)
+        return merged
+
+    def __str__(self) -> str:
+        return f"{self.name}({self._names()})"

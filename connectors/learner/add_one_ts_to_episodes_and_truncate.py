@@ -1,0 +1,84 @@
+"""AddOneTsToEpisodesAndTruncate: one extra step per episode, so the value of its final observation
+can be computed in the same forward pass as the others (PPO's bootstrap value)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from connectors.columns import Columns
+from connectors.connector_v2 import ConnectorV2, make_episode_keys_unique
+
+if TYPE_CHECKING:
+    from episodes import SingleAgentEpisode
+    from models import RLModule
+
+
+class AddOneTsToEpisodesAndTruncate(ConnectorV2):
+    """Append to every episode one step (RLlib's PPO learner piece; it changes the episodes in place).
+
+    The step repeats the final observation, info, action and extra model outputs with reward 0, and an
+    episode that is not terminated is marked truncated (so is an unfinished chunk). Adds per step:
+    LOSS_MASK (False on the extra step), TERMINATEDS and TRUNCATEDS (the episode's flags, after that
+    marking, on its last real step; False elsewhere, also on the extra step). GeneralAdvantageEstimation
+    then bootstraps a truncated episode with the value of the extra step (the final observation's) and a
+    terminated one with 0. Undo it with
+    `remove_last_ts_from_episodes_and_restore_truncateds(episodes, orig_truncateds)`; the original flags are
+    in `shared_data["orig_truncateds"]`.
+    """
+
+    def __call__(
+        self,
+        *,
+        rl_module: RLModule | None,
+        batch: dict[str, Any],
+        episodes: list[SingleAgentEpisode],
+        explore: bool | None = None,
+        shared_data: dict | None = None,
+        metrics: dict | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        make_episode_keys_unique(episodes)
+        orig_truncateds = []
+        for episode in episodes:
+            n = len(episode)
+            orig_truncateds.append(episode.is_truncated)
+            _add_one_ts_and_truncate(episode)
+            self.add_n_batch_items(batch, Columns.LOSS_MASK, np.arange(n + 1) < n, n + 1, episode)
+            for column, flag in (
+                (Columns.TERMINATEDS, episode.is_terminated),
+                (Columns.TRUNCATEDS, episode.is_truncated),
+            ):
+                flags = np.zeros(n + 1, dtype=bool)
+                if n:
+                    flags[n - 1] = flag
+                self.add_n_batch_items(batch, column, flags, n + 1, episode)
+        shared_data["_added_loss_mask_for_valid_episode_ts"] = True
+        shared_data["orig_truncateds"] = orig_truncateds
+        return batch
+
+
+def _add_one_ts_and_truncate(episode: SingleAgentEpisode) -> None:
+    episode.observations.append(episode.get_observations(-1))
+    episode.infos.append(episode.get_infos(-1))
+    episode.actions.append(episode.get_actions(-1))
+    episode.rewards.append(0.0)
+    for buffer in episode.extra_model_outputs.values():
+        buffer.append(buffer.get(-1))
+    episode.t += 1
+    if not episode.is_done:
+        episode.is_truncated = True
+
+
+def remove_last_ts_from_episodes_and_restore_truncateds(
+    episodes: list[SingleAgentEpisode], orig_truncateds: list[bool]
+) -> None:
+    """Undo AddOneTsToEpisodesAndTruncate: drop the extra step and restore the truncated flags."""
+    for episode, truncated in zip(episodes, orig_truncateds, strict=True):
+        for buffer in (episode.observations, episode.infos, episode.actions, episode.rewards):
+            buffer.pop()
+        for buffer in episode.extra_model_outputs.values():
+            buffer.pop()
+        episode.t -= 1
+        episode.is_truncated = truncated

@@ -1,0 +1,7 @@
+"""FrameStackingLearner: FrameStacking in a learner pipeline (as RLlib names it)."""
+
+from functools import partial
+
+from connectors.common.frame_stacking import FrameStacking
+
+FrameStackingLearner = partial(FrameStacking, as_learner_connector=True)

@@ -1,0 +1,43 @@
+"""GetActions: actions sampled from the module's action distribution inputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from connectors.columns import Columns
+from connectors.connector_v2 import ConnectorV2
+
+if TYPE_CHECKING:
+    from episodes import SingleAgentEpisode
+    from models import RLModule
+
+
+class GetActions(ConnectorV2):
+    """Write ACTIONS (and, when exploring, ACTION_LOGP) from ACTION_DIST_INPUTS, unless ACTIONS exist.
+
+    Exploring: a sample of the module's exploration distribution. Otherwise: the deterministic (greedy)
+    action of its inference distribution. Works on the whole [B, ...] tensor at once.
+    """
+
+    def __call__(
+        self,
+        *,
+        rl_module: RLModule | None,
+        batch: dict[str, Any],
+        episodes: list[SingleAgentEpisode],
+        explore: bool | None = None,
+        shared_data: dict | None = None,
+        metrics: dict | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        if Columns.ACTIONS in batch or Columns.ACTION_DIST_INPUTS not in batch:
+            return batch
+        if explore:
+            dist = rl_module.get_exploration_action_dist_cls().from_logits(batch[Columns.ACTION_DIST_INPUTS])
+            batch[Columns.ACTIONS] = dist.sample()
+            if Columns.ACTION_LOGP not in batch:
+                batch[Columns.ACTION_LOGP] = dist.logp(batch[Columns.ACTIONS])
+        else:
+            dist = rl_module.get_inference_action_dist_cls().from_logits(batch[Columns.ACTION_DIST_INPUTS])
+            batch[Columns.ACTIONS] = dist.to_deterministic().sample()
+        return batch

@@ -1,0 +1,38 @@
+"""ListifyDataForVectorEnv: per-episode module outputs back into one [num envs, ...] array per column."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from connectors.batching import batch_items, is_batched
+from connectors.connector_v2 import ConnectorV2
+
+if TYPE_CHECKING:
+    from episodes import SingleAgentEpisode
+    from models import RLModule
+
+
+class ListifyDataForVectorEnv(ConnectorV2):
+    """Stack each per-episode column, in episode order, into a [B, ...] array; batched columns stay.
+
+    The output is the same on both paths: a dict of [B, ...] arrays (STATE_OUT a dict of them) whose row
+    i belongs to episodes[i]. RLlib stacks only ACTIONS and ACTIONS_FOR_ENV and keeps the other columns
+    as lists; indexing a row works the same on either.
+    """
+
+    def __call__(
+        self,
+        *,
+        rl_module: RLModule | None,
+        batch: dict[str, Any],
+        episodes: list[SingleAgentEpisode],
+        explore: bool | None = None,
+        shared_data: dict | None = None,
+        metrics: dict | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        for column, data in batch.items():
+            if not is_batched(data):
+                items = data if isinstance(data, list) else [item for items in data.values() for item in items]
+                batch[column] = batch_items(items)
+        return batch

@@ -1,0 +1,93 @@
+"""NormalizeAndClipActions: ACTIONS_FOR_ENV, the module's actions made fit for the env's Box bounds."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+
+from connectors.batching import is_batched
+from connectors.columns import Columns
+from connectors.connector_v2 import ConnectorV2
+from episodes.space_utils import space_struct
+from episodes.tree import map_structure
+
+if TYPE_CHECKING:
+    from episodes import SingleAgentEpisode
+    from models import RLModule
+
+
+def unsquash_action(action: Any, space: gym.Space) -> Any:
+    """Map actions from [-1, 1] to the bounds of each bounded float Box leaf (then clip); shift int Boxes.
+
+    Works on one action or a batch (leading axis) of them.
+    """
+
+    def unsquash(a: Any, sub: gym.Space) -> Any:
+        if not isinstance(sub, gym.spaces.Box) or not (sub.is_bounded("both")):
+            return a
+        if np.issubdtype(sub.dtype, np.floating):
+            a = sub.low + (np.asarray(a) + 1.0) * (sub.high - sub.low) / 2.0
+            return np.clip(a, sub.low, sub.high).astype(sub.dtype, copy=False)
+        return (sub.low + np.asarray(a)).astype(sub.dtype, copy=False)
+
+    return map_structure(unsquash, action, space_struct(space))
+
+
+def clip_action(action: Any, space: gym.Space) -> Any:
+    """Clip the Box leaves of one action or a batch of them to their bounds."""
+
+    def clip(a: Any, sub: gym.Space) -> Any:
+        return np.clip(a, sub.low, sub.high) if isinstance(sub, gym.spaces.Box) else a
+
+    return map_structure(clip, action, space_struct(space))
+
+
+class NormalizeAndClipActions(ConnectorV2):
+    """Write ACTIONS_FOR_ENV: unsquashed (`normalize_actions`) or clipped (`clip_actions`) ACTIONS.
+
+    ACTIONS stay raw (they go into the episode; the learner's logp needs them); ACTIONS_FOR_ENV go to the
+    env. Unlike RLlib, ACTIONS_FOR_ENV is always written (the same object as ACTIONS when neither flag is
+    set), so a caller never needs a fallback. Batched ACTIONS are transformed in one vectorised step.
+    """
+
+    def __init__(
+        self,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
+        *,
+        normalize_actions: bool,
+        clip_actions: bool,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self.normalize_actions = normalize_actions
+        self.clip_actions = clip_actions
+
+    def __call__(
+        self,
+        *,
+        rl_module: RLModule | None,
+        batch: dict[str, Any],
+        episodes: list[SingleAgentEpisode],
+        explore: bool | None = None,
+        shared_data: dict | None = None,
+        metrics: dict | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        actions = batch[Columns.ACTIONS]
+        if not (self.normalize_actions or self.clip_actions):
+            batch[Columns.ACTIONS_FOR_ENV] = actions
+        elif is_batched(actions):
+            batch[Columns.ACTIONS_FOR_ENV] = self._for_env(actions)
+        else:
+            batch[Columns.ACTIONS_FOR_ENV] = {
+                key: [self._for_env(action) for action in items] for key, items in actions.items()
+            }
+        return batch
+
+    def _for_env(self, action: Any) -> Any:
+        if self.normalize_actions:
+            return unsquash_action(action, self.action_space)
+        return clip_action(action, self.action_space)

@@ -1,0 +1,147 @@
+"""SingleAgentEpisode <-> rlgate.v1.Episode: columnar, one tensor (or nested value) per column.
+
+Every column travels with its lookback: observations and infos have `len_lookback_buffer + len + 1`
+rows, actions, rewards and extra model outputs `len_lookback_buffer + len`. Nested (Dict/Tuple) data
+travels as a nested Value of tensors. The extra model output `Columns.MODEL_VERSION` travels in the
+`model_versions` field (int64), the others in `extra_model_outputs`. The episode's `chunk_index`
+attribute travels in `chunk_index`. Infos travel only when at least one is non-empty (as Structs, so
+numbers come back as floats); `custom_data` does not travel.
+
+Decoding builds numpy-mode buffers straight from the decoded arrays (read-only views of the message's
+bytes; appending or setting copies first), with no per-step Python work except for infos.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from connectors.columns import Columns
+from episodes.infinite_lookback_buffer import InfiniteLookbackBuffer
+from episodes.single_agent_episode import SingleAgentEpisode
+from episodes.tree import flatten
+from rlgate.codec import CodecError, from_struct, from_tensor, from_value, to_struct, to_tensor, to_value
+from rlgate.v1 import episode_pb2
+
+
+def episode_to_proto(episode: SingleAgentEpisode) -> episode_pb2.Episode:
+    """Encode an episode (list or numpy mode, lookback included) as an Episode message.
+
+    Raises ValueError if the columns have different lookbacks or inconsistent lengths.
+    """
+    episode.validate()
+    lookback = episode.rewards.lookback
+    columns = {
+        "observations": episode.observations,
+        "infos": episode.infos,
+        "actions": episode.actions,
+        **episode.extra_model_outputs,
+    }
+    uneven = {name: buffer.lookback for name, buffer in columns.items() if buffer.lookback != lookback}
+    if uneven:
+        raise ValueError(f"episode {episode.id_}: lookbacks {uneven} differ from the rewards' {lookback}")
+
+    extra = dict(episode.extra_model_outputs)
+    versions = extra.pop(Columns.MODEL_VERSION, None)
+    infos = episode.infos.data
+    return episode_pb2.Episode(
+        id=episode.id_,
+        chunk_index=episode.chunk_index,
+        observations=to_value(_batched(episode.observations)),
+        actions=to_value(_batched(episode.actions)),
+        rewards=to_tensor(_batched(episode.rewards)),
+        extra_model_outputs={key: to_value(_batched(buffer)) for key, buffer in extra.items()},
+        terminated=episode.is_terminated,
+        truncated=episode.is_truncated,
+        t_started=episode.t_started,
+        len_lookback_buffer=lookback,
+        model_versions=None if versions is None else to_tensor(_batched(versions).astype(np.int64)),
+        infos=[to_struct(info) for info in infos] if any(infos) else None,
+        agent_id=_text(episode.agent_id),
+        module_id=_text(episode.module_id),
+        multi_agent_episode_id=_text(episode.multi_agent_episode_id),
+    )
+
+
+def episode_from_proto(
+    msg: episode_pb2.Episode,
+    observation_space: gym.Space | None = None,
+    action_space: gym.Space | None = None,
+) -> SingleAgentEpisode:
+    """Decode an Episode message into a numpy-mode SingleAgentEpisode with the given spaces attached.
+
+    Checks the columns' lengths against each other (not the values against the spaces); raises
+    CodecError naming the column on any mismatch. Dict data comes back in the space's key order.
+    """
+    lookback = msg.len_lookback_buffer
+    observations = _in_space_order(from_value(msg.observations, "observations"), observation_space)
+    actions = _in_space_order(from_value(msg.actions, "actions"), action_space)
+    rewards = from_tensor(msg.rewards, "rewards")
+    extra = {key: from_value(value, f"extra_model_outputs[{key!r}]") for key, value in msg.extra_model_outputs.items()}
+    if msg.HasField("model_versions"):
+        extra[Columns.MODEL_VERSION] = from_tensor(msg.model_versions, "model_versions")
+
+    n_rows = _rows(rewards, "rewards")
+    if rewards.ndim != 1:
+        raise CodecError(f"rewards: shape {rewards.shape} is not one reward per step")
+    if lookback > n_rows:
+        raise CodecError(f"len_lookback_buffer {lookback} > {n_rows} rows of rewards")
+    n_obs = _rows(observations, "observations")
+    infos = [from_struct(info) for info in msg.infos] if msg.infos else [{} for _ in range(n_obs)]
+    _rows(actions, "actions")
+    for key, value in extra.items():
+        _rows(value, f"extra_model_outputs[{key!r}]")
+    try:
+        episode = SingleAgentEpisode(
+            msg.id,
+            observations=InfiniteLookbackBuffer(observations, lookback),
+            observation_space=observation_space,
+            infos=InfiniteLookbackBuffer(infos, lookback),
+            actions=InfiniteLookbackBuffer(actions, lookback),
+            action_space=action_space,
+            rewards=InfiniteLookbackBuffer(rewards, lookback),
+            extra_model_outputs={key: InfiniteLookbackBuffer(value, lookback) for key, value in extra.items()},
+            terminated=msg.terminated,
+            truncated=msg.truncated,
+            t_started=msg.t_started,
+            agent_id=msg.agent_id or None,
+            module_id=msg.module_id or None,
+            multi_agent_episode_id=msg.multi_agent_episode_id or None,
+        )
+    except ValueError as exc:
+        raise CodecError(str(exc)) from exc
+    episode.chunk_index = msg.chunk_index
+    return episode
+
+
+def _batched(buffer: InfiniteLookbackBuffer) -> Any:
+    """All of a buffer's data (lookback included) as arrays, without changing the buffer."""
+    if not buffer.finalized:
+        buffer = InfiniteLookbackBuffer(buffer.data, space=buffer.space)
+        buffer.finalize()
+    return buffer.data
+
+
+def _in_space_order(data: Any, space: gym.Space | None) -> Any:
+    """Dicts re-keyed in the space's key order (a protobuf map keeps none); other data unchanged."""
+    if isinstance(space, gym.spaces.Dict) and isinstance(data, dict):
+        order = {key: i for i, key in enumerate(space.spaces)}
+        keys = sorted(data, key=lambda key: order.get(key, len(order)))
+        return {key: _in_space_order(data[key], space.spaces.get(key)) for key in keys}
+    if isinstance(space, gym.spaces.Tuple) and isinstance(data, tuple) and len(data) == len(space.spaces):
+        return tuple(_in_space_order(item, sub) for item, sub in zip(data, space.spaces, strict=True))
+    return data
+
+
+def _rows(column: Any, path: str) -> int:
+    """The common length of the leading (time) axis of every array in `column`."""
+    lengths = {leaf.shape[0] if leaf.ndim else None for leaf in flatten(column)}
+    if len(lengths) != 1 or None in lengths:
+        raise CodecError(f"{path}: arrays need one common leading (time) axis, got lengths {lengths}")
+    return lengths.pop()
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)

@@ -1,0 +1,65 @@
+"""What lookback buffers need from gymnasium spaces: leaf structure, fill values and one-hot encoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from episodes.tree import map_structure
+
+
+def space_struct(space: gym.Space | None) -> Any:
+    """The nesting of a Dict/Tuple space with its leaf spaces as leaves (the space itself if flat)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: space_struct(sub) for key, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(space_struct(sub) for sub in space.spaces)
+    return space
+
+
+def fill_for_space(
+    space: gym.Space, fill: Any, batch_size: int | None = None, *, one_hot_discrete: bool = False
+) -> Any:
+    """An item (or a batch of `batch_size` items) of `space` with every value set to `fill`.
+
+    With `one_hot_discrete`, Discrete and MultiDiscrete leaves take their one-hot shape, so `fill=0`
+    gives zero-hot vectors (all slots zero), as RLlib does.
+    """
+    lead = () if batch_size is None else (batch_size,)
+
+    def leaf(sub: gym.Space) -> np.ndarray:
+        if one_hot_discrete and isinstance(sub, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+            return np.full((*lead, _one_hot_depth(sub)), fill, dtype=np.float32)
+        return np.full((*lead, *sub.shape), fill, dtype=sub.dtype)
+
+    return map_structure(leaf, space_struct(space))
+
+
+def one_hot(data: Any, struct: Any) -> Any:
+    """One-hot encode the Discrete and MultiDiscrete leaves of `data` (float32; other leaves unchanged).
+
+    `data` is an item or a batch (leading axis) of the space whose `space_struct` is `struct`.
+    """
+    if struct is None:
+        raise ValueError("one_hot_discrete=True needs a buffer with a gymnasium space")
+
+    def convert(value: Any, sub: gym.Space) -> Any:
+        if isinstance(sub, gym.spaces.Discrete):
+            return np.eye(int(sub.n), dtype=np.float32)[np.asarray(value) - sub.start]
+        if isinstance(sub, gym.spaces.MultiDiscrete):
+            value = np.asarray(value) - sub.start
+            flat_nvec = sub.nvec.reshape(-1)
+            flat = value.reshape(*value.shape[: value.ndim - sub.nvec.ndim], flat_nvec.size)
+            parts = [np.eye(int(n), dtype=np.float32)[flat[..., i]] for i, n in enumerate(flat_nvec)]
+            return np.concatenate(parts, axis=-1)
+        return value
+
+    return map_structure(convert, data, struct)
+
+
+def _one_hot_depth(space: gym.spaces.Discrete | gym.spaces.MultiDiscrete) -> int:
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    return int(np.sum(space.nvec))
