@@ -10,6 +10,7 @@ as truncated.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections import deque
@@ -36,6 +37,10 @@ RETRYABLE = frozenset(
         grpc.StatusCode.ABORTED,
     }
 )
+
+# A target like dns:///inference:50051 resolves to every replica; round_robin spreads streams over them
+# (each stream, once open, stays on its replica, so its episodes never move).
+CHANNEL_OPTIONS = (("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),)
 
 
 @dataclass
@@ -114,9 +119,9 @@ class EnvClient:
     async def _stream(self, max_steps: int) -> None:
         """One stream: hello, then step after step with fresh episodes, then close."""
         if self._credentials is not None:
-            channel = grpc.aio.secure_channel(self.target, self._credentials)
+            channel = grpc.aio.secure_channel(self.target, self._credentials, options=CHANNEL_OPTIONS)
         else:
-            channel = grpc.aio.insecure_channel(self.target)
+            channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
         async with channel:
             call = policy_pb2_grpc.PolicyServiceStub(channel).Connect(metadata=self._metadata)
             await call.write(self._hello())

@@ -23,6 +23,7 @@ REPORT_EVERY_S = 0.5
 
 def run_clients(settings: ClientSettings) -> int:
     """Start the client processes, show progress, end them all on Ctrl-C; exit code 0 when all succeeded."""
+    signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` and `kill` end the clients like Ctrl-C does
     context = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
     reports: mp.Queue = context.Queue()
     processes = [
@@ -58,6 +59,10 @@ def run_clients(settings: ClientSettings) -> int:
                 p.kill()
                 p.join()
     return 0 if all(p.exitcode == 0 for p in processes) else 1
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _client_process(settings_data: dict, index: int, reports: mp.Queue) -> None:

@@ -26,8 +26,8 @@ def load_weights(module: nn.Module, data: bytes) -> None:
     unexpected = sorted(tensors.keys() - expected.keys())
     if missing or unexpected:
         raise ValueError(f"Weights do not fit the module: missing keys {missing}, unexpected {unexpected}")
-    for name, tensor in tensors.items():
-        want = expected[name]
+    for name, want in expected.items():  # the module's order: the first mismatch named is deterministic
+        tensor = tensors[name]
         if tensor.shape != want.shape or tensor.dtype != want.dtype:
             raise ValueError(
                 f"Weights do not fit the module: {name!r} is {tensor.dtype}{list(tensor.shape)}, "

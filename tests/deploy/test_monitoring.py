@@ -1,0 +1,105 @@
+"""deploy/prometheus.yml and deploy/grafana: they scrape the ports the services serve on, and the
+dashboard queries metrics the code exports (and parse as PromQL where promtool is installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from learner.metrics import LearnerMetrics
+from server.metrics import ServerMetrics
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+PROMETHEUS = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+GRAFANA = DEPLOY / "grafana"
+DASHBOARD = json.loads((GRAFANA / "dashboards" / "rlgate.json").read_text())
+DATASOURCES = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+DASHBOARD_PROVIDERS = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "rlgate.yml").read_text())
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not on PATH")
+
+
+def exported_sample_names() -> set[str]:
+    """Every sample name the server and learner registries expose (prometheus_client's suffixes added)."""
+    suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
+    families = [*ServerMetrics().registry.collect(), *LearnerMetrics().registry.collect()]
+    return {family.name + suffix for family in families for suffix in suffixes[family.type]}
+
+
+def dashboard_queries() -> list[str]:
+    return [target["expr"] for panel in DASHBOARD["panels"] for target in panel["targets"]]
+
+
+def scrape_config(job: str) -> dict[str, Any]:
+    (config,) = [config for config in PROMETHEUS["scrape_configs"] if config["job_name"] == job]
+    return config
+
+
+def test_prometheus_scrapes_every_service_on_its_http_port(containers: dict) -> None:
+    learner, inference = containers["learner"].settings, containers["inference"].settings
+    assert scrape_config("learner")["static_configs"] == [{"targets": [f"learner:{learner.http_port}"]}]
+    (replicas,) = scrape_config("inference")["dns_sd_configs"]
+    assert replicas["names"] == ["inference"]  # one A record per replica, so scaling needs no change here
+    assert replicas["type"] == "A"
+    assert replicas["port"] == inference.http_port
+
+
+@needs_promtool
+def test_promtool_accepts_the_prometheus_config() -> None:
+    result = subprocess.run([PROMTOOL, "check", "config", DEPLOY / "prometheus.yml"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+def test_dashboard_queries_are_promql(tmp_path: Path) -> None:
+    """promtool parses each query as a recording rule ($__rate_interval is Grafana's, so it is filled in)."""
+    rules = [
+        {"record": f"rlgate:query{i}", "expr": query.replace("$__rate_interval", "1m")}
+        for i, query in enumerate(dashboard_queries())
+    ]
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run([PROMTOOL, "check", "rules", path], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_queries_name_exported_metrics() -> None:
+    named = {name for query in dashboard_queries() for name in re.findall(r"\brlgate_\w+", query)}
+    assert named <= exported_sample_names(), named - exported_sample_names()
+    # What an operator looks at first: steps/s, batch size, latency, return, model version.
+    assert {
+        "rlgate_env_steps_total",
+        "rlgate_batch_size_bucket",
+        "rlgate_step_latency_seconds_bucket",
+        "rlgate_learner_mean_return",
+        "rlgate_model_version",
+        "rlgate_learner_model_version",
+    } <= named
+
+
+def test_dashboard_uses_the_provisioned_datasource() -> None:
+    (datasource,) = DATASOURCES["datasources"]
+    assert datasource["url"] == "http://prometheus:9090"
+    for panel in DASHBOARD["panels"]:
+        for source in (panel["datasource"], *(target["datasource"] for target in panel["targets"])):
+            assert source == {"type": datasource["type"], "uid": datasource["uid"]}, panel["title"]
+
+
+def test_grafana_mounts_what_it_provisions(services: dict[str, dict[str, Any]]) -> None:
+    """The provider's folder is where compose mounts deploy/grafana/dashboards; the home dashboard is in it."""
+    grafana = services["grafana"]
+    mounts = dict(volume.split(":")[:2] for volume in grafana["volumes"])
+    dashboards = Path(mounts["./grafana/dashboards"])
+    (provider,) = DASHBOARD_PROVIDERS["providers"]
+    assert Path(provider["options"]["path"]) == dashboards
+    assert Path(mounts["./grafana/provisioning"]) == Path("/etc/grafana/provisioning")
+    home = Path(grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"])
+    assert home.parent == dashboards
+    assert (GRAFANA / "dashboards" / home.name).is_file()
