@@ -104,9 +104,7 @@ class EnvClient:
                 if exc.code() not in RETRYABLE:
                     raise
                 self.stats.reconnects += 1
-                log.warning(
-                    "stream broke (%s: %s); reconnecting in %.1f s", exc.code().name, exc.details(), backoff
-                )
+                log.warning("stream broke (%s: %s); reconnecting in %.1f s", exc.code().name, exc.details(), backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff_s)
             else:

@@ -27,9 +27,7 @@ def run_clients(settings: ClientSettings) -> int:
     context = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
     reports: mp.Queue = context.Queue()
     processes = [
-        context.Process(
-            target=_client_process, args=(settings.model_dump(mode="json"), i, reports), daemon=True
-        )
+        context.Process(target=_client_process, args=(settings.model_dump(mode="json"), i, reports), daemon=True)
         for i in range(settings.num_clients)
     ]
     for p in processes:

@@ -17,12 +17,8 @@ class ClientSettings(BaseSettings):
     )
     env: str = Field("CartPole-v1", description="Gymnasium env id to run.")
     num_clients: int = Field(1, ge=1, description="Client processes, each with its own stream.")
-    envs_per_client: int = Field(
-        1, ge=1, description="Sub-envs per client (>1: a vector env, one message for all)."
-    )
-    max_steps: int = Field(
-        0, ge=0, description="Env steps each client runs before it stops (0: until Ctrl-C)."
-    )
+    envs_per_client: int = Field(1, ge=1, description="Sub-envs per client (>1: a vector env, one message for all).")
+    max_steps: int = Field(0, ge=0, description="Env steps each client runs before it stops (0: until Ctrl-C).")
     seed: int | None = Field(None, description="Seed of the first sub-env; the others count up from it.")
     explore: bool = Field(True, description="Ask for sampled actions (training) rather than greedy ones.")
     token: SecretStr | None = Field(None, description="Bearer token the server expects.")

@@ -15,25 +15,15 @@ class LearnerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RLGATE_", cli_kebab_case=True, cli_implicit_flags=True)
 
-    host: str = Field(
-        "127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers)."
-    )
-    port: int = Field(
-        50052, ge=0, le=65535, description="gRPC port of the LearnerService; 0 picks a free one."
-    )
-    http_port: int = Field(
-        8001, ge=0, le=65535, description="HTTP port for / /healthz /readyz /status /metrics."
-    )
+    host: str = Field("127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers).")
+    port: int = Field(50052, ge=0, le=65535, description="gRPC port of the LearnerService; 0 picks a free one.")
+    http_port: int = Field(8001, ge=0, le=65535, description="HTTP port for / /healthz /readyz /status /metrics.")
     env: str | None = Field(
         None, description="Gymnasium env id whose spaces the model is built for; unset: the first episodes'."
     )
-    checkpoint_dir: Path = Field(
-        Path("checkpoints"), description="Where checkpoints are written and resumed from."
-    )
+    checkpoint_dir: Path = Field(Path("checkpoints"), description="Where checkpoints are written and resumed from.")
     checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every this many updates.")
-    resume: bool = Field(
-        True, description="Start from the latest checkpoint in checkpoint_dir, if there is one."
-    )
+    resume: bool = Field(True, description="Start from the latest checkpoint in checkpoint_dir, if there is one.")
     seed: int | None = Field(None, description="Seed for the initial weights and minibatch shuffling.")
     fcnet_hiddens: list[int] = Field([64, 64], description="Hidden layer sizes of the policy and value MLPs.")
     train_batch_size: int = Field(512, ge=1, description="Env steps per PPO update.")
@@ -52,10 +42,6 @@ class LearnerSettings(BaseSettings):
         ge=0,
         description="Steps chosen by a model more than this many versions old are dropped (and counted).",
     )
-    token: SecretStr | None = Field(
-        None, description="Bearer token every gRPC call must carry (unset: none)."
-    )
-    tls_cert: Path | None = Field(
-        None, description="PEM certificate chain; with tls_key, gRPC is served over TLS."
-    )
+    token: SecretStr | None = Field(None, description="Bearer token every gRPC call must carry (unset: none).")
+    tls_cert: Path | None = Field(None, description="PEM certificate chain; with tls_key, gRPC is served over TLS.")
     tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")

@@ -23,9 +23,7 @@ class ActorCriticModule(RLModule):
     Box actions: ACTION_DIST_INPUTS = concat(mean, log_std), log_std clamped to +-log_std_clip_param.
     """
 
-    def __init__(
-        self, observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig
-    ) -> None:
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig) -> None:
         super().__init__(observation_space, action_space, model_config)
         self._dist_cls, num_logits = action_distribution(action_space)
         self._stateful = model_config.use_lstm

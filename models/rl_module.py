@@ -21,9 +21,7 @@ class RLModule(nn.Module, abc.ABC):
     and exploration distributions are the train one (callers use `to_deterministic()` for greedy actions).
     """
 
-    def __init__(
-        self, observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig
-    ) -> None:
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig) -> None:
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space

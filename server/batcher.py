@@ -35,9 +35,7 @@ class Request:
 class Batcher:
     """Collects requests from all sessions and runs them through the policy on one inference thread."""
 
-    def __init__(
-        self, policy: Policy, *, max_batch_size: int, max_wait_us: int, metrics: ServerMetrics
-    ) -> None:
+    def __init__(self, policy: Policy, *, max_batch_size: int, max_wait_us: int, metrics: ServerMetrics) -> None:
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_us / 1e6

@@ -21,8 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, help_text) in COMMANDS.items():
         commands.add_parser(name, help=help_text, add_help=False)
     args, rest = parser.parse_known_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.main(rest) or 0)

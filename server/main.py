@@ -73,14 +73,10 @@ class InferenceServer:
         )
         self._grpc.add_generic_rpc_handlers([self.service.handler()])
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc
-        )
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         address = f"{s.host}:{s.port}"
         if s.tls_cert and s.tls_key:
-            self.port = self._grpc.add_secure_port(
-                address, server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)
-            )
+            self.port = self._grpc.add_secure_port(address, server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca))
         else:
             self.port = self._grpc.add_insecure_port(address)
         await self._grpc.start()
@@ -150,9 +146,7 @@ class InferenceServer:
             metrics=self.metrics,
         )
         self.batcher.start()
-        log.info(
-            "model ready observation_space=%s action_space=%s", policy.observation_space, policy.action_space
-        )
+        log.info("model ready observation_space=%s action_space=%s", policy.observation_space, policy.action_space)
 
     def _ship(self, episodes: list[SingleAgentEpisode]) -> None:
         for episode in episodes:

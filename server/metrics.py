@@ -32,12 +32,8 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.episodes = Counter(
-            "rlgate_episodes", "Episode chunks shipped, by how they ended.", ["end"], registry=r
-        )
-        self.model_version = Gauge(
-            "rlgate_model_version", "Version of the model answering requests.", registry=r
-        )
+        self.episodes = Counter("rlgate_episodes", "Episode chunks shipped, by how they ended.", ["end"], registry=r)
+        self.model_version = Gauge("rlgate_model_version", "Version of the model answering requests.", registry=r)
         self.stage_seconds = Counter(
             "rlgate_stage_seconds",
             "Server time spent per stage (decode, append, env_to_module, forward, module_to_env, encode).",

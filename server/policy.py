@@ -108,9 +108,7 @@ class Policy:
         self._stage["module_to_env"].inc(t3 - t2)
         return outputs
 
-    def set_weights(
-        self, version: int, weights: bytes, connector_state: dict[str, Any] | None = None
-    ) -> None:
+    def set_weights(self, version: int, weights: bytes, connector_state: dict[str, Any] | None = None) -> None:
         """Swap to a newer model version (call on the inference thread)."""
         if version <= self.version:
             return

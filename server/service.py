@@ -81,18 +81,12 @@ class PolicyService:
                 message = _parse(raw)
                 kind = message.WhichOneof("kind")
                 if self.draining:
-                    raise RequestError(
-                        grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one"
-                    )
+                    raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one")
                 if closed:
-                    raise RequestError(
-                        grpc.StatusCode.FAILED_PRECONDITION, f"{kind} after close: the session is over"
-                    )
+                    raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"{kind} after close: the session is over")
                 if kind == "hello":
                     if session is not None:
-                        raise RequestError(
-                            grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream"
-                        )
+                        raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
                     session, batcher = await self._open(message.hello)
                     version = batcher.policy.version
                     await context.write(
@@ -100,9 +94,7 @@ class PolicyService:
                     )
                 elif kind == "step":
                     if session is None or batcher is None:
-                        raise RequestError(
-                            grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first"
-                        )
+                        raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
                     await context.write(await self._step(session, batcher, message.step, arrived))
                     self.metrics.step_latency.observe(time.perf_counter() - arrived)
                 elif kind == "close":
@@ -111,9 +103,7 @@ class PolicyService:
                     self._end(session)
                     session, closed = None, True
                 else:
-                    raise RequestError(
-                        grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close"
-                    )
+                    raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close")
         except RequestError as exc:
             await self._abort(context, exc.code, str(exc))
         except CodecError as exc:
@@ -141,17 +131,14 @@ class PolicyService:
         limit = self.settings.max_envs_per_session
         if hello.num_envs > limit:
             raise RequestError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"hello.num_envs {hello.num_envs} > max_envs_per_session {limit}"
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"hello.num_envs {hello.num_envs} > max_envs_per_session {limit}"
             )
         if hello.module_id not in ("", "default"):
             raise RequestError(
                 grpc.StatusCode.NOT_FOUND, f"unknown module_id {hello.module_id!r}: this server has 'default'"
             )
         if not hello.HasField("observation_space") or not hello.HasField("action_space"):
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT, "hello needs observation_space and action_space"
-            )
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello needs observation_space and action_space")
         spec = SessionSpec(
             client_id=hello.client_id,
             observation_space=codec.space_from_proto(hello.observation_space, "hello.observation_space"),
@@ -176,9 +163,7 @@ class PolicyService:
         log.info("session opened session=%s client=%s num_envs=%d", session.id, spec.client_id, spec.num_envs)
         return session, batcher
 
-    async def _step(
-        self, session: Session, batcher: Batcher, step: pb.Step, arrived: float
-    ) -> pb.ServerMessage:
+    async def _step(self, session: Session, batcher: Batcher, step: pb.Step, arrived: float) -> pb.ServerMessage:
         n = session.spec.num_envs
         batcher.arriving += 1
         try:
@@ -228,9 +213,7 @@ def _parse(raw: bytes) -> pb.ClientMessage:
     try:
         return pb.ClientMessage.FromString(raw)
     except DecodeError as exc:
-        raise RequestError(
-            grpc.StatusCode.INVALID_ARGUMENT, f"not a valid rlgate.v1.ClientMessage: {exc}"
-        ) from exc
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid rlgate.v1.ClientMessage: {exc}") from exc
 
 
 def _flags(tensor: Any, name: str, n: int, kind: str) -> np.ndarray:

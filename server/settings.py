@@ -12,13 +12,9 @@ class ServerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RLGATE_", cli_kebab_case=True, cli_implicit_flags=True)
 
-    host: str = Field(
-        "127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers)."
-    )
+    host: str = Field("127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers).")
     port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one (logged at start).")
-    http_port: int = Field(
-        8000, ge=0, le=65535, description="HTTP port for /healthz /readyz /status /metrics."
-    )
+    http_port: int = Field(8000, ge=0, le=65535, description="HTTP port for /healthz /readyz /status /metrics.")
     env: str | None = Field(
         None, description="Gymnasium env id whose spaces the model is built for; unset: the first session's."
     )
@@ -50,17 +46,9 @@ class ServerSettings(BaseSettings):
     rollout_fragment_length: int = Field(
         200, ge=1, description="A running episode is cut and shipped every this many steps."
     )
-    episode_lookback_horizon: int = Field(
-        1, ge=0, description="Steps of lookback kept when an episode is cut."
-    )
+    episode_lookback_horizon: int = Field(1, ge=0, description="Steps of lookback kept when an episode is cut.")
     drain_timeout_s: float = Field(10.0, ge=0, description="On SIGTERM, how long open sessions may finish.")
-    token: SecretStr | None = Field(
-        None, description="Bearer token every gRPC call must carry (unset: none)."
-    )
-    tls_cert: Path | None = Field(
-        None, description="PEM certificate chain; with tls_key, gRPC is served over TLS."
-    )
+    token: SecretStr | None = Field(None, description="Bearer token every gRPC call must carry (unset: none).")
+    tls_cert: Path | None = Field(None, description="PEM certificate chain; with tls_key, gRPC is served over TLS.")
     tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
-    tls_client_ca: Path | None = Field(
-        None, description="PEM CA that client certificates must chain to (mTLS)."
-    )
+    tls_client_ca: Path | None = Field(None, description="PEM CA that client certificates must chain to (mTLS).")

@@ -74,8 +74,7 @@ def from_tensor(tensor: pb.Tensor, path: str = "tensor") -> np.ndarray:
         raise CodecError(f"{path}: shape {shape} has more than {MAX_ELEMENTS} elements")
     if len(tensor.data) != count * dtype.itemsize:
         raise CodecError(
-            f"{path}: {len(tensor.data)} data bytes != {count * dtype.itemsize} for shape {shape} "
-            f"of {dtype.name}"
+            f"{path}: {len(tensor.data)} data bytes != {count * dtype.itemsize} for shape {shape} of {dtype.name}"
         )
     return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
 
@@ -143,9 +142,7 @@ def space_to_proto(space: gym.Space) -> pb.Space:
     if isinstance(space, gym.spaces.Discrete):
         return pb.Space(discrete=pb.DiscreteSpace(n=int(space.n), start=int(space.start)))
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return pb.Space(
-            multi_discrete=pb.MultiDiscreteSpace(nvec=to_tensor(space.nvec), start=to_tensor(space.start))
-        )
+        return pb.Space(multi_discrete=pb.MultiDiscreteSpace(nvec=to_tensor(space.nvec), start=to_tensor(space.start)))
     if isinstance(space, gym.spaces.MultiBinary):
         return pb.Space(multi_binary=pb.MultiBinarySpace(shape=space.shape))
     if isinstance(space, gym.spaces.Dict):
@@ -164,9 +161,7 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
             low = from_tensor(msg.box.low, f"{path}.low")
             high = from_tensor(msg.box.high, f"{path}.high")
             if low.shape != high.shape or low.dtype != high.dtype:
-                raise CodecError(
-                    f"{path}: low {low.dtype}{low.shape} and high {high.dtype}{high.shape} differ"
-                )
+                raise CodecError(f"{path}: low {low.dtype}{low.shape} and high {high.dtype}{high.shape} differ")
             if low.dtype == np.bool_ or np.any(low > high):
                 raise CodecError(f"{path}: Box needs a numeric dtype and low <= high")
             return gym.spaces.Box(low=low, high=high, dtype=low.dtype)
@@ -178,9 +173,7 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
             nvec = from_tensor(msg.multi_discrete.nvec, f"{path}.nvec")
             start = from_tensor(msg.multi_discrete.start, f"{path}.start")
             if nvec.dtype.kind not in "iu" or np.any(nvec <= 0) or start.shape != nvec.shape:
-                raise CodecError(
-                    f"{path}: MultiDiscrete needs positive integer nvec and a start of its shape"
-                )
+                raise CodecError(f"{path}: MultiDiscrete needs positive integer nvec and a start of its shape")
             return gym.spaces.MultiDiscrete(nvec, dtype=nvec.dtype, start=start)
         if kind == "multi_binary":
             shape = tuple(msg.multi_binary.shape)
@@ -193,9 +186,7 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
                 raise CodecError(f"{path}: Dict has duplicate keys")
             return gym.spaces.Dict(items)
         if kind == "tuple":
-            return gym.spaces.Tuple(
-                [space_from_proto(s, f"{path}[{i}]") for i, s in enumerate(msg.tuple.spaces)]
-            )
+            return gym.spaces.Tuple([space_from_proto(s, f"{path}[{i}]") for i, s in enumerate(msg.tuple.spaces)])
     except CodecError:
         raise
     except (ValueError, TypeError, AssertionError) as exc:  # gymnasium's own checks

@@ -44,9 +44,7 @@ def test_stateless_shapes(obs_space: gym.Space, action: str, sample_obs: Callabl
 
 @pytest.mark.parametrize("obs_space", [FLAT_OBS, IMAGE_OBS], ids=["mlp", "cnn"])
 @pytest.mark.parametrize("action", ACTION_SPACES)
-def test_lstm_shapes(
-    obs_space: gym.Space, action: str, sample_obs: Callable, initial_state: Callable
-) -> None:
+def test_lstm_shapes(obs_space: gym.Space, action: str, sample_obs: Callable, initial_state: Callable) -> None:
     action_space, num_logits = ACTION_SPACES[action]
     module = build_module(obs_space, action_space, ModelConfig(use_lstm=True, lstm_cell_size=16))
     assert module.is_stateful()

@@ -67,9 +67,7 @@ def test_multi_categorical_matches_sum_of_categoricals() -> None:
     assert (actions >= 0).all() and (actions[:, 0] < 3).all() and (actions[:, 1] < 2).all()
     refs = [TorchCategorical(logits=logits[:, :3]), TorchCategorical(logits=logits[:, 3:])]
     others = [TorchCategorical(logits=other[:, :3]), TorchCategorical(logits=other[:, 3:])]
-    torch.testing.assert_close(
-        dist.logp(actions), refs[0].log_prob(actions[:, 0]) + refs[1].log_prob(actions[:, 1])
-    )
+    torch.testing.assert_close(dist.logp(actions), refs[0].log_prob(actions[:, 0]) + refs[1].log_prob(actions[:, 1]))
     torch.testing.assert_close(dist.entropy(), refs[0].entropy() + refs[1].entropy())
     torch.testing.assert_close(
         dist.kl(dist_cls.from_logits(other)),

@@ -28,9 +28,7 @@ def test_round_trip_into_fresh_module(sample_obs: Callable) -> None:
     torch.manual_seed(2)
     fresh = build_module(OBS, gym.spaces.Box(-1.0, 1.0, (3,), np.float32), config)
     obs = sample_obs(OBS, 5)
-    assert not torch.allclose(
-        _outputs(fresh, obs)[Columns.VF_PREDS], _outputs(trained, obs)[Columns.VF_PREDS]
-    )
+    assert not torch.allclose(_outputs(fresh, obs)[Columns.VF_PREDS], _outputs(trained, obs)[Columns.VF_PREDS])
     data = weights_to_bytes(trained)
     assert isinstance(data, bytes) and data[8:9] == b"{"  # safetensors: u64 header length, JSON header
     load_weights(fresh, data)

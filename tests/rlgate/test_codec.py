@@ -41,9 +41,7 @@ def leaf_spaces() -> st.SearchStrategy[gym.Space]:
         st.integers(1, 100),
     )
     image = st.builds(lambda shape: gym.spaces.Box(0, 255, shape=shape, dtype=np.uint8), shapes)
-    discrete = st.builds(
-        lambda n, start: gym.spaces.Discrete(n, start=start), st.integers(1, 50), st.integers(-5, 5)
-    )
+    discrete = st.builds(lambda n, start: gym.spaces.Discrete(n, start=start), st.integers(1, 50), st.integers(-5, 5))
     multi_discrete = st.builds(
         lambda nvec: gym.spaces.MultiDiscrete(nvec), st.lists(st.integers(1, 9), min_size=1, max_size=4)
     )
@@ -146,9 +144,7 @@ def test_unencodable_dtypes_are_rejected():
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(nested_spaces(), st.integers(1, 4), st.integers(0, 2**16))
 def test_space_and_value_round_trip_and_validate(space, n, seed):
-    decoded_space = codec.space_from_proto(
-        pb.Space.FromString(codec.space_to_proto(space).SerializeToString())
-    )
+    decoded_space = codec.space_from_proto(pb.Space.FromString(codec.space_to_proto(space).SerializeToString()))
     assert decoded_space == space
     if isinstance(space, gym.spaces.Dict):
         assert list(decoded_space.spaces) == list(space.spaces)  # key order survives
@@ -225,17 +221,13 @@ MALFORMED_SPACES = [
     (pb.Space(discrete=pb.DiscreteSpace(n=0)), "Discrete needs n > 0"),
     (
         pb.Space(
-            box=pb.BoxSpace(
-                low=codec.to_tensor(np.zeros(2, np.float32)), high=codec.to_tensor(np.zeros(3, np.float32))
-            )
+            box=pb.BoxSpace(low=codec.to_tensor(np.zeros(2, np.float32)), high=codec.to_tensor(np.zeros(3, np.float32)))
         ),
         "low float32.*differ",
     ),
     (
         pb.Space(
-            box=pb.BoxSpace(
-                low=codec.to_tensor(np.ones(2, np.float32)), high=codec.to_tensor(np.zeros(2, np.float32))
-            )
+            box=pb.BoxSpace(low=codec.to_tensor(np.ones(2, np.float32)), high=codec.to_tensor(np.zeros(2, np.float32)))
         ),
         "low <= high",
     ),

@@ -22,9 +22,7 @@ def test_committed_stubs_match_the_protos(tmp_path: Path) -> None:
         tmp_path / "proto",
         ignore=shutil.ignore_patterns(*[f"*{s}" for s in GENERATED_SUFFIXES]),
     )
-    protos = sorted(
-        str(p.relative_to(tmp_path / "proto")) for p in (tmp_path / "proto/rlgate/v1").glob("*.proto")
-    )
+    protos = sorted(str(p.relative_to(tmp_path / "proto")) for p in (tmp_path / "proto/rlgate/v1").glob("*.proto"))
     subprocess.run(
         [
             sys.executable,
@@ -44,9 +42,7 @@ def test_committed_stubs_match_the_protos(tmp_path: Path) -> None:
         capture_output=True,
     )
     fresh = {
-        p.name: p.read_text()
-        for p in (tmp_path / "proto/rlgate/v1").iterdir()
-        if p.name.endswith(GENERATED_SUFFIXES)
+        p.name: p.read_text() for p in (tmp_path / "proto/rlgate/v1").iterdir() if p.name.endswith(GENERATED_SUFFIXES)
     }
     committed = {p.name: p.read_text() for p in STUBS.iterdir() if p.name.endswith(GENERATED_SUFFIXES)}
     assert sorted(fresh) == sorted(committed), "stub files differ from the protos: run `make proto`"
