@@ -4,15 +4,23 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: test lint proto clean
+.PHONY: run test lint proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Stamp files re-run the install when the dependencies change.
+$(VENV)/.run: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) --editable .
+	touch $@
+
 $(VENV)/.dev: $(BIN)/python pyproject.toml constraints.txt
 	$(PIP) --editable '.[dev]'
 	touch $@
+
+# The main job: learner + inference server + env clients on this machine, until CartPole is solved.
+run: $(VENV)/.run
+	$(BIN)/rlgate up --env CartPole-v1
 
 test: $(VENV)/.dev
 	$(BIN)/pytest

@@ -70,7 +70,7 @@ class EnvClient:
         seed: int | None = None,
         token: str | None = None,
         tls_ca: Path | None = None,
-        max_backoff_s: float = 5.0,
+        max_backoff_s: float = 1.0,
         on_step: Callable[[ClientStats], None] | None = None,
     ) -> None:
         if not isinstance(env, gym.vector.VectorEnv):

@@ -5,6 +5,11 @@ that has arrived (up to `max_batch_size` env steps) and runs it at once. It wait
 only while more requests are known to be on their way (messages received but still being decoded),
 so a lone client never pays for batching. Requests of sessions that explore and of sessions that act
 greedily go into separate forward passes.
+
+With `steps_per_version` set, the batcher pauses once that many env steps came in under one model
+version, until the next version arrives (`new_version()`): sampling then runs at the learner's pace,
+as on-policy training wants, instead of piling up stale data. While paused it calls `flush()` on every
+wake-up, so that every step taken so far reaches the learner, which therefore never waits for data.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +41,20 @@ class Request:
 class Batcher:
     """Collects requests from all sessions and runs them through the policy on one inference thread."""
 
-    def __init__(self, policy: Policy, *, max_batch_size: int, max_wait_us: int, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        max_batch_size: int,
+        max_wait_us: int,
+        metrics: ServerMetrics,
+        steps_per_version: int = 0,
+        flush: Callable[[], None] = lambda: None,
+    ) -> None:
         self.policy = policy
+        self.steps_per_version = steps_per_version
+        self._flush = flush
+        self._steps_in_version = 0
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_us / 1e6
         self.metrics = metrics
@@ -61,12 +79,26 @@ class Batcher:
                 request.future.set_exception(RuntimeError("server is shutting down"))
         self._executor.shutdown(wait=True)
 
-    async def compute(self, obs: Any, episodes: list[SingleAgentEpisode], explore: bool) -> dict[str, Any]:
-        """Actions and extra outputs for these rows (same row order), from the next batch."""
+    async def compute(
+        self, obs: Any, episodes: list[SingleAgentEpisode], explore: bool, env_steps: int = 0
+    ) -> dict[str, Any]:
+        """Actions and extra outputs for these rows (same row order), from the next batch.
+
+        `env_steps` is how many transitions the request's message completed (for steps_per_version).
+        """
+        self._steps_in_version += env_steps
         future = asyncio.get_running_loop().create_future()
         self._queue.append(Request(obs, episodes, explore, future))
         self._wakeup.set()
         return await future
+
+    def new_version(self) -> None:
+        """The policy has a new model version: count steps afresh, and resume if paused."""
+        self._steps_in_version = 0
+        self._wakeup.set()
+
+    def paused(self) -> bool:
+        return 0 < self.steps_per_version <= self._steps_in_version
 
     async def run_in_inference_thread(self, fn: Any, *args: Any) -> Any:
         """Run fn between batches (e.g. a weight swap), never during one."""
@@ -77,7 +109,10 @@ class Batcher:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._queue:
+            if self.paused():
+                self._flush()
+                continue
+            while self._queue and not self.paused():
                 await self._gather_arriving()
                 taken = self._take()
                 try:
@@ -90,6 +125,8 @@ class Batcher:
                 for request, result in zip(taken, results, strict=True):
                     if not request.future.done():  # the client may have gone meanwhile
                         request.future.set_result(result)
+            if self.paused():
+                self._flush()
 
     async def _gather_arriving(self) -> None:
         """While requests are known to be on their way and the batch is not full, wait up to max_wait."""

@@ -9,6 +9,9 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("server.main", "run the inference server"),
     "env": ("client.main", "run env clients against a server"),
+    "learn": ("learner.main", "run the learner: trains on the servers' episodes, pushes weights"),
+    "up": ("server.up", "train locally: learner, server and env clients as processes, until a return is reached"),
+    "bench": ("bench.main", "measure throughput and latency against in-process and bare-gRPC floors"),
 }
 
 

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 from typing import Any
 
 import grpc
 import gymnasium as gym
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from episodes import SingleAgentEpisode
+from learner import checkpoint
+from models import ModelConfig
+from rlgate import codec
+from rlgate.v1 import learner_pb2
 from server.auth import TokenInterceptor, server_credentials
 from server.batcher import Batcher
 from server.http import HttpServer, build_app
+from server.learner_link import LearnerLink
 from server.metrics import ServerMetrics
 from server.policy import Policy
-from server.service import SERVICE_NAME, PolicyService
+from server.service import SERVICE_NAME, PolicyService, RequestError
 from server.session import SessionSpec
 from server.settings import ServerSettings
 from server.shipping import DirectorySink, episode_end
@@ -32,7 +39,17 @@ class InferenceServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.metrics = ServerMetrics()
-        self.sinks = [DirectorySink(settings.episode_dir)] if settings.episode_dir else []
+        self.files = DirectorySink(settings.episode_dir) if settings.episode_dir else None
+        self.learner: LearnerLink | None = None
+        if settings.learner:
+            self.learner = LearnerLink(
+                settings.learner,
+                settings.spool_dir / settings.server_id,
+                server_id=settings.server_id,
+                on_weights=self._apply_weights,
+                current_version=lambda: self.policy.version if self.policy else -1,
+                token=settings.token.get_secret_value() if settings.token else None,
+            )
         self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)
         self.policy: Policy | None = None
         self.batcher: Batcher | None = None
@@ -46,21 +63,33 @@ class InferenceServer:
     async def start(self) -> None:
         """Bind both ports (0 picks free ones), build the model if its spaces are known, start serving."""
         s = self.settings
-        if s.env:
+        torch.set_num_threads(s.torch_threads)
+        if s.checkpoint:
+            found = checkpoint.load(s.checkpoint)
+            self._set_policy(
+                Policy.create(
+                    found.observation_space,
+                    found.action_space,
+                    metrics=self.metrics,
+                    model_config=found.model_config,
+                    weights=found.weights,
+                    version=found.version,
+                    device=s.device,
+                )
+            )
+        elif s.env and not s.learner:
             env = gym.make(s.env)
             self._set_policy(
                 Policy.create(
-                    env.observation_space,
-                    env.action_space,
-                    metrics=self.metrics,
-                    device=s.device,
-                    seed=s.seed,
+                    env.observation_space, env.action_space, metrics=self.metrics, device=s.device, seed=s.seed
                 )
             )
             env.close()
-        for sink in self.sinks:
-            sink.start()
-        if not self.sinks:
+        if self.files is not None:
+            self.files.start()
+        if self.learner is not None:
+            self.learner.start()
+        if self.files is None and self.learner is None:
             log.warning("episodes are not recorded: set --learner or --episode-dir to keep them")
         interceptors = []
         if s.token:
@@ -101,8 +130,10 @@ class InferenceServer:
             await self._grpc.stop(self.settings.drain_timeout_s)
         if self.batcher is not None:
             await self.batcher.stop()
-        for sink in self.sinks:
-            await sink.stop()
+        if self.files is not None:
+            await self.files.stop()
+        if self.learner is not None:
+            await self.learner.stop(self.settings.drain_timeout_s)
         if self._http is not None:
             await self._http.stop()
         log.info("stopped")
@@ -114,15 +145,22 @@ class InferenceServer:
             "observation_space": str(policy.observation_space) if policy else None,
             "action_space": str(policy.action_space) if policy else None,
             "sessions": len(self.service.sessions),
+            "env_steps": self.metrics.env_steps._value.get(),
             "draining": self.service.draining,
         }
 
     def _not_ready_reason(self) -> str | None:
-        return "shutting down" if self.service.draining else None
+        if self.service.draining:
+            return "shutting down"
+        if self.policy is None and self.learner is not None:
+            return "no model yet: waiting for the learner's first weights"
+        return None
 
     async def _policy_for(self, spec: SessionSpec) -> tuple[Policy, Batcher]:
         """The served policy; without one yet, a fresh model for the first session's spaces."""
         async with self._policy_lock:
+            if self.policy is None and self.learner is not None:
+                raise RequestError(grpc.StatusCode.UNAVAILABLE, "no model yet: waiting for the learner's first weights")
             if self.policy is None:
                 s = self.settings
                 self._set_policy(
@@ -141,6 +179,8 @@ class InferenceServer:
         self.policy = policy
         self.batcher = Batcher(
             policy,
+            steps_per_version=self.settings.steps_per_version if self.learner else 0,
+            flush=self._flush_sessions,
             max_batch_size=self.settings.max_batch_size,
             max_wait_us=self.settings.max_wait_us,
             metrics=self.metrics,
@@ -148,11 +188,36 @@ class InferenceServer:
         self.batcher.start()
         log.info("model ready observation_space=%s action_space=%s", policy.observation_space, policy.action_space)
 
+    def _flush_sessions(self) -> None:
+        for session in self.service.sessions.values():
+            self._ship(session.flush())
+
     def _ship(self, episodes: list[SingleAgentEpisode]) -> None:
         for episode in episodes:
             self.metrics.episodes.labels(episode_end(episode)).inc()
-        for sink in self.sinks:
-            sink.ship(episodes)
+        for sink in (self.files, self.learner):
+            if sink is not None:
+                sink.ship(episodes)
+
+    async def _apply_weights(self, weights: learner_pb2.Weights) -> None:
+        """A new version from the learner: the first builds the policy, later ones swap between batches."""
+        if self.policy is None:
+            policy = await asyncio.to_thread(
+                Policy.create,
+                codec.space_from_proto(weights.observation_space),
+                codec.space_from_proto(weights.action_space),
+                metrics=self.metrics,
+                model_config=ModelConfig.from_dict(json.loads(weights.model_config_json)),
+                weights=weights.safetensors,
+                version=weights.version,
+                device=self.settings.device,
+                seed=self.settings.seed,
+            )
+            async with self._policy_lock:
+                self._set_policy(policy)
+        elif self.batcher is not None:
+            await self.batcher.run_in_inference_thread(self.policy.set_weights, weights.version, weights.safetensors)
+            self.batcher.new_version()
 
 
 async def serve(settings: ServerSettings) -> None:

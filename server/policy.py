@@ -23,6 +23,19 @@ from models.catalog import encodes
 from server.metrics import ServerMetrics
 
 
+def build_env_to_module(
+    observation_space: gym.Space, action_space: gym.Space, *, device: str = "cpu"
+) -> ConnectorPipelineV2:
+    """The default env-to-module pipeline; its output observation space is the module's.
+
+    Observations the default encoders cannot take as they are (Dict, Tuple, Discrete, ...) are
+    flattened by a FlattenObservations piece first, so every gymnasium space works out of the box.
+    The learner builds its module through this too, so both sides agree on the module's spaces.
+    """
+    flatten = None if encodes(observation_space) else (lambda _obs, _act: FlattenObservations())
+    return build_env_to_module_pipeline(observation_space, action_space, env_to_module_connector=flatten, device=device)
+
+
 class Policy:
     """Computes actions for a batch of episode rows with one forward pass."""
 
@@ -57,30 +70,27 @@ class Policy:
         *,
         metrics: ServerMetrics,
         model_config: ModelConfig | None = None,
+        weights: bytes | None = None,
+        version: int = 0,
         device: str = "cpu",
         seed: int | None = None,
     ) -> Policy:
-        """A fresh default model and the default pipelines for these env spaces.
-
-        Observations the default encoders cannot take as they are (Dict, Tuple, Discrete, ...) are
-        flattened by a FlattenObservations piece first, so every gymnasium space works out of the box.
-        """
+        """The default pipelines and model for these env spaces: fresh, or with these weights."""
         if seed is not None:
             torch.manual_seed(seed)
-        flatten = None if encodes(observation_space) else (lambda _obs, _act: FlattenObservations())
-        env_to_module = build_env_to_module_pipeline(
-            observation_space, action_space, env_to_module_connector=flatten, device=device
-        )
-        module = build_module(env_to_module.observation_space, action_space, model_config).to(device)
-        module.eval()
-        module_to_env = build_module_to_env_pipeline(observation_space, action_space)
+        env_to_module = build_env_to_module(observation_space, action_space, device=device)
+        module = build_module(env_to_module.observation_space, action_space, model_config)
+        if weights is not None:
+            load_weights(module, weights)
+        module.to(device).eval()
         return cls(
             module,
             env_to_module=env_to_module,
-            module_to_env=module_to_env,
+            module_to_env=build_module_to_env_pipeline(observation_space, action_space),
             observation_space=observation_space,
             action_space=action_space,
             metrics=metrics,
+            version=version,
         )
 
     def compute(self, obs: Any, episodes: list[SingleAgentEpisode], explore: bool) -> dict[str, Any]:

@@ -182,7 +182,7 @@ class PolicyService:
         finally:
             batcher.arriving -= 1
         appended = time.perf_counter()
-        outputs = await batcher.compute(obs, episodes, session.spec.explore)
+        outputs = await batcher.compute(obs, episodes, session.spec.explore, steps)
         computed = time.perf_counter()
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(

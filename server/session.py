@@ -12,6 +12,7 @@ Episodes that ended, and long ones cut every `rollout_fragment_length` steps, co
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,16 +97,28 @@ class Session:
     def record(self, outputs: dict[str, Any]) -> list[SingleAgentEpisode]:
         """Keep this step's actions and outputs (rows = sub-envs); return the chunks now due for shipping."""
         self._outputs = outputs
-        due = []
+        return self._take_done() + self._cut(lambda episode: len(episode) >= self._fragment)
+
+    def flush(self) -> list[SingleAgentEpisode]:
+        """Ship every step taken so far: ended episodes, and running ones cut now (their successors go on)."""
+        return self._take_done() + self._cut(lambda episode: len(episode) > 0)
+
+    def _take_done(self) -> list[SingleAgentEpisode]:
+        """Ended episodes leave their slot (the sub-env's next observation starts a new one)."""
+        done = []
         for i, episode in enumerate(self.episodes):
-            if episode is None:
-                continue
-            if episode.is_done:
-                due.append(episode)
-            elif len(episode) >= self._fragment:
-                due.append(episode)
+            if episode is not None and episode.is_done:
+                done.append(episode)
+                self.episodes[i] = None
+        return done
+
+    def _cut(self, due: Callable[[SingleAgentEpisode], bool]) -> list[SingleAgentEpisode]:
+        chunks = []
+        for i, episode in enumerate(self.episodes):
+            if episode is not None and not episode.is_done and due(episode):
+                chunks.append(episode)
                 self.episodes[i] = episode.cut(len_lookback_buffer=self._lookback)  # chunk_index + 1
-        return due
+        return chunks
 
     def close(self) -> list[SingleAgentEpisode]:
         """End the session: every running episode with at least one step is cut off as truncated."""

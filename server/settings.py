@@ -1,5 +1,6 @@
 """Settings of the inference server: environment variables `RLGATE_*`, overridden by `rlgate serve` flags."""
 
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -22,12 +23,26 @@ class ServerSettings(BaseSettings):
     learner: str | None = Field(
         None, description="host:port of the learner: episodes go there and weights come from there."
     )
+    steps_per_version: int = Field(
+        0,
+        ge=0,
+        description="With a learner: pause after this many env steps under one model version until the next "
+        "arrives, so sampling keeps pace with training (set to the learner's train_batch_size divided by the "
+        "number of servers); 0: never pause (fully asynchronous).",
+    )
     episode_dir: Path | None = Field(
         None, description="Also write every shipped episode as an rlgate.v1.Episode file here (offline data)."
     )
     spool_dir: Path = Field(
         Path("spool"),
         description="Episodes waiting for the learner's ack are kept here, so a crash loses none.",
+    )
+    server_id: str = Field(
+        default_factory=socket.gethostname,
+        description="Name of this server towards the learner; its spool lives in spool_dir/server_id.",
+    )
+    torch_threads: int = Field(
+        1, ge=1, description="Torch intra-op threads for the forward pass (1 avoids thread stalls on tiny batches)."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Torch device of the forward pass.")
     seed: int | None = Field(None, description="Seed for the fresh model's weights and for action sampling.")

@@ -1,0 +1,171 @@
+"""Checkpoints on disk: everything needed to resume training, or to serve the policy with no learner.
+
+Layout of `DIR/v000042/`: `weights.safetensors` (the module), `optimizer.safetensors` (Adam's
+moment tensors) and `connector_state.safetensors` (e.g. MeanStdFilter statistics; keys are
+`/`-joined paths), and `metadata.json` (version, spaces, model config, optimizer hyper-parameters,
+the ids of trained episode chunks). `DIR/latest` names the newest one. No pickle anywhere: a
+checkpoint from an untrusted source can at worst fail to load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from google.protobuf import json_format
+from safetensors.numpy import load as load_numpy
+from safetensors.numpy import save as save_numpy
+from safetensors.torch import load as load_torch
+from safetensors.torch import save as save_torch
+
+from models import ModelConfig
+from rlgate import codec
+from rlgate.v1 import tensor_pb2
+
+LATEST = "latest"
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: plain data, from which a server or learner builds its module."""
+
+    version: int
+    observation_space: gym.Space  # the env's spaces (the module's follow from the env-to-module pipeline)
+    action_space: gym.Space
+    model_config: ModelConfig
+    weights: bytes
+    connector_state: dict[str, Any]
+    optimizer_state: dict[str, Any] | None
+    trained_chunks: list[str]
+
+
+def save(
+    directory: Path,
+    *,
+    version: int,
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    model_config: ModelConfig,
+    weights: bytes,
+    optimizer: torch.optim.Optimizer | None = None,
+    connector_state: dict[str, Any] | None = None,
+    trained_chunks: list[str] | None = None,
+) -> Path:
+    """Write checkpoint `version` atomically (temp dir, then rename) and point `latest` at it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"v{version:06d}"
+    tmp = directory / f".tmp-v{version:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    (tmp / "weights.safetensors").write_bytes(weights)
+    (tmp / "connector_state.safetensors").write_bytes(save_numpy(_flatten(connector_state or {})))
+    metadata: dict[str, Any] = {
+        "version": version,
+        "observation_space": _space_json(observation_space),
+        "action_space": _space_json(action_space),
+        "model_config": model_config.to_dict(),
+        "trained_chunks": trained_chunks or [],
+    }
+    if optimizer is not None:
+        tensors, metadata["optimizer"] = _optimizer_to_tensors(optimizer)
+        (tmp / "optimizer.safetensors").write_bytes(save_torch(tensors))
+    (tmp / "metadata.json").write_text(json.dumps(metadata))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    (directory / f".{LATEST}").write_text(final.name)
+    os.replace(directory / f".{LATEST}", directory / LATEST)
+    return final
+
+
+def latest(directory: Path) -> Path | None:
+    """The newest checkpoint in `directory` (or `directory` itself if it is one), else None."""
+    if (directory / "metadata.json").exists():
+        return directory
+    pointer = directory / LATEST
+    if pointer.exists() and (directory / pointer.read_text().strip() / "metadata.json").exists():
+        return directory / pointer.read_text().strip()
+    return None
+
+
+def load(path: Path) -> Checkpoint:
+    """Load a checkpoint directory written by `save` (or a folder whose `latest` points to one)."""
+    found = latest(path)
+    if found is None:
+        raise FileNotFoundError(f"no checkpoint in {path}: expected metadata.json or a 'latest' pointer")
+    metadata = json.loads((found / "metadata.json").read_text())
+    optimizer_state = None
+    if "optimizer" in metadata:
+        tensors = load_torch((found / "optimizer.safetensors").read_bytes())
+        optimizer_state = _optimizer_from_tensors(tensors, metadata["optimizer"])
+    return Checkpoint(
+        version=int(metadata["version"]),
+        observation_space=_space_from_json(metadata["observation_space"]),
+        action_space=_space_from_json(metadata["action_space"]),
+        model_config=ModelConfig.from_dict(metadata["model_config"]),
+        weights=(found / "weights.safetensors").read_bytes(),
+        connector_state=_unflatten(load_numpy((found / "connector_state.safetensors").read_bytes())),
+        optimizer_state=optimizer_state,
+        trained_chunks=list(metadata.get("trained_chunks", [])),
+    )
+
+
+def _space_json(space: gym.Space) -> dict[str, Any]:
+    return json_format.MessageToDict(codec.space_to_proto(space))
+
+
+def _space_from_json(data: dict[str, Any]) -> gym.Space:
+    return codec.space_from_proto(json_format.ParseDict(data, tensor_pb2.Space()))
+
+
+def _optimizer_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer state dict into tensors (safetensors) and plain values (JSON)."""
+    state = optimizer.state_dict()
+    tensors = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for param_id, param_state in state["state"].items():
+        for key, value in param_state.items():
+            if torch.is_tensor(value):
+                tensors[f"{param_id}/{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(param_id), {})[key] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        param_id, key = name.split("/", 1)
+        state.setdefault(int(param_id), {})[key] = value
+    for param_id, values in meta["scalars"].items():
+        state.setdefault(int(param_id), {}).update(values)
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
+    """Nested dicts of arrays -> {"a/b/c": array}."""
+    flat = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{path}/"))
+        else:
+            flat[path] = np.ascontiguousarray(np.asarray(value))
+    return flat
+
+
+def _unflatten(flat: dict[str, np.ndarray]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = tree
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return tree

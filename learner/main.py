@@ -1,0 +1,318 @@
+"""`rlgate learn`: the learner service, gRPC (LearnerService) and HTTP on one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import gymnasium as gym
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from learner import checkpoint
+from learner.intake import Intake
+from learner.metrics import LearnerMetrics
+from learner.page import PAGE
+from learner.settings import LearnerSettings
+from learner.trainer import Trainer
+from models import ModelConfig, build_module, load_weights, weights_to_bytes
+from rlgate import codec
+from rlgate.v1 import learner_pb2, learner_pb2_grpc
+from server.auth import TokenInterceptor, server_credentials
+from server.http import HttpServer, build_app
+from server.policy import build_env_to_module
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "rlgate.v1.LearnerService"
+# Throughput samples kept for the live page (one per update).
+HISTORY = 2000
+
+
+class Learner(learner_pb2_grpc.LearnerServiceServicer):
+    """Takes episode chunks, trains on them, publishes every new version to the watching servers."""
+
+    def __init__(self, settings: LearnerSettings) -> None:
+        self.settings = settings
+        self.metrics = LearnerMetrics()
+        env_spaces, model_config, weights, version, optimizer_state, trained = self._initial_state()
+        self.observation_space, self.action_space = env_spaces
+        self.model_config = model_config
+        module_obs_space = build_env_to_module(*env_spaces).observation_space
+        module = build_module(module_obs_space, self.action_space, model_config)
+        if weights is not None:
+            load_weights(module, weights)
+        module.eval()
+        self.trainer = Trainer(module, settings, version=version, optimizer_state=optimizer_state)
+        self.intake = Intake(
+            settings.checkpoint_dir / "intake", module_obs_space, self.action_space, trained=set(trained)
+        )
+        self.weights = self._weights_message()
+        self.last_update: dict[str, Any] = {}
+        self.history: list[dict[str, float]] = []
+        self.started = time.time()
+        self._published = asyncio.Condition()
+        # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
+        self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-trainer")
+        self._data = asyncio.Event()
+        self.metrics.model_version.set(version)
+
+    def _initial_state(self) -> tuple[tuple[gym.Space, gym.Space], ModelConfig, bytes | None, int, Any, list[str]]:
+        s = self.settings
+        found = checkpoint.latest(s.checkpoint_dir) if s.resume else None
+        if found is not None:
+            ckpt = checkpoint.load(found)
+            log.info("resuming from checkpoint %s version=%d", found, ckpt.version)
+            spaces = (ckpt.observation_space, ckpt.action_space)
+            return spaces, ckpt.model_config, ckpt.weights, ckpt.version, ckpt.optimizer_state, ckpt.trained_chunks
+        if s.env is None:
+            raise SystemExit(f"no checkpoint in {s.checkpoint_dir}: set --env to build a fresh model for that env")
+        env = gym.make(s.env)
+        spaces = (env.observation_space, env.action_space)
+        env.close()
+        if s.seed is not None:
+            import torch
+
+            torch.manual_seed(s.seed)
+        return spaces, ModelConfig(fcnet_hiddens=tuple(s.fcnet_hiddens)), None, 0, None, []
+
+    # --- gRPC ---------------------------------------------------------------------------------------
+
+    async def SubmitEpisodes(
+        self, request_iterator: AsyncIterator[learner_pb2.EpisodeBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[learner_pb2.EpisodeAck]:
+        async for batch in request_iterator:
+            try:
+                ack = self.intake.accept(batch)  # on the loop: intake state is only ever touched here
+            except (codec.CodecError, ValueError) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch {batch.seq}: {exc}")
+            self.metrics.duplicates.inc(ack.duplicates)
+            self.metrics.episodes.inc(ack.accepted)
+            if self.intake.pending_steps >= self.settings.train_batch_size:
+                self._data.set()
+            yield ack
+
+    async def WatchWeights(
+        self, request: learner_pb2.WatchWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[learner_pb2.Weights]:
+        version = request.after_version
+        while True:
+            async with self._published:
+                await self._published.wait_for(lambda v=version: self.weights.version > v)
+                weights = self.weights
+            version = weights.version
+            yield weights
+
+    async def GetStatus(
+        self, request: learner_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> learner_pb2.LearnerStatus:
+        mean = self.mean_return()
+        return learner_pb2.LearnerStatus(
+            model_version=self.trainer.version,
+            env_steps_trained=int(self.metrics.env_steps._value.get()),
+            episodes_received=int(self.metrics.episodes._value.get()),
+            duplicates=self.intake.duplicates,
+            stale_dropped=int(self.metrics.stale._value.get()),
+            mean_return=mean if mean is not None else float("nan"),
+        )
+
+    # --- training -----------------------------------------------------------------------------------
+
+    async def train_forever(self) -> None:
+        """Update whenever train_batch_size env steps are pending; publish; checkpoint every N updates."""
+        while True:
+            await self._data.wait()
+            self._data.clear()
+            if self.intake.pending_steps < self.settings.train_batch_size:
+                continue
+            await self.train_once()
+
+    async def train_once(self) -> None:
+        episodes = self.intake.take()
+        started = time.perf_counter()
+        stats = await self._in_trainer_thread(self.trainer.update, episodes)
+        self.last_update = {**stats, "seconds": time.perf_counter() - started, "version": self.trainer.version}
+        self._record(stats)
+        await self._publish()
+        if self.trainer.version % self.settings.checkpoint_every == 0:
+            await self.save_checkpoint()
+        log.info(
+            "update version=%d env_steps=%d mean_return=%s kl=%.4f",
+            self.trainer.version,
+            stats["env_steps"],
+            self.mean_return(),
+            stats.get("kl", 0.0),
+        )
+
+    async def save_checkpoint(self) -> Path:
+        """Write a checkpoint (on the trainer thread, so never during an update), then drop intake files."""
+        keys, files = self.intake.checkpoint_state()
+        path = await self._in_trainer_thread(self._write_checkpoint, keys)
+        self.intake.checkpointed(keys, files)
+        log.info("checkpoint %s", path)
+        return path
+
+    def _write_checkpoint(self, trained_chunks: list[str]) -> Path:
+        return checkpoint.save(
+            self.settings.checkpoint_dir,
+            version=self.trainer.version,
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+            model_config=self.model_config,
+            weights=weights_to_bytes(self.trainer.module),
+            optimizer=self.trainer.optimizer,
+            trained_chunks=trained_chunks,
+        )
+
+    async def _in_trainer_thread(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._trainer_thread, fn, *args)
+
+    async def _publish(self) -> None:
+        weights = await self._in_trainer_thread(self._weights_message)
+        async with self._published:
+            self.weights = weights
+            self._published.notify_all()
+        self.metrics.model_version.set(weights.version)
+
+    def _weights_message(self) -> learner_pb2.Weights:
+        return learner_pb2.Weights(
+            version=self.trainer.version,
+            safetensors=weights_to_bytes(self.trainer.module),
+            observation_space=codec.space_to_proto(self.observation_space),
+            action_space=codec.space_to_proto(self.action_space),
+            model_config_json=json.dumps(self.model_config.to_dict()),
+        )
+
+    def _record(self, stats: dict[str, Any]) -> None:
+        m = self.metrics
+        m.env_steps.inc(stats["env_steps"])
+        m.stale.inc(stats["stale_steps"])
+        m.staleness.set(stats["staleness"])
+        for gauge, key in (
+            (m.policy_loss, "policy_loss"),
+            (m.vf_loss, "vf_loss"),
+            (m.entropy, "entropy"),
+            (m.kl, "kl"),
+        ):
+            if key in stats:
+                gauge.set(stats[key])
+        mean = self.mean_return()
+        if mean is not None:
+            m.mean_return.set(mean)
+        elapsed = time.time() - self.started
+        m.episodes_per_s.set(self.intake.episodes_finished / max(elapsed, 1e-9))
+        self.history.append({"t": elapsed, "env_steps": m.env_steps._value.get(), "version": self.trainer.version})
+        del self.history[:-HISTORY]
+
+    def mean_return(self) -> float | None:
+        returns = self.intake.returns
+        return sum(returns) / len(returns) if returns else None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "model_version": self.trainer.version,
+            "env_steps_trained": self.metrics.env_steps._value.get(),
+            "episodes": self.intake.episodes_finished,
+            "mean_return": self.mean_return(),
+            "pending_steps": self.intake.pending_steps,
+            "duplicates": self.intake.duplicates,
+            "stale_steps": self.metrics.stale._value.get(),
+            "last_update": self.last_update,
+            "uptime_s": time.time() - self.started,
+            "returns": [[t - self.started, r] for t, r in self.intake.return_history[-HISTORY:]],
+            "throughput": self.history,
+        }
+
+
+class LearnerServer:
+    """The `rlgate learn` process: the Learner behind a grpc.aio server and a FastAPI app."""
+
+    def __init__(self, settings: LearnerSettings) -> None:
+        self.settings = settings
+        self.learner = Learner(settings)
+        self.port = 0
+        self.http_port = 0
+        self._health = health.aio.HealthServicer()
+        self._grpc: grpc.aio.Server | None = None
+        self._http: HttpServer | None = None
+        self._trainer_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        interceptors = [TokenInterceptor(s.token.get_secret_value())] if s.token else []
+        self._grpc = grpc.aio.server(
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)],
+        )
+        learner_pb2_grpc.add_LearnerServiceServicer_to_server(self.learner, self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
+        address = f"{s.host}:{s.port}"
+        if s.tls_cert and s.tls_key:
+            self.port = self._grpc.add_secure_port(address, server_credentials(s.tls_cert, s.tls_key))
+        else:
+            self.port = self._grpc.add_insecure_port(address)
+        await self._grpc.start()
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        app = build_app(
+            "rlgate learner", registry=self.learner.metrics.registry, status=self.learner.status, ready=lambda: None
+        )
+
+        @app.get("/", include_in_schema=False)
+        async def page() -> Any:
+            from fastapi.responses import HTMLResponse
+
+            return HTMLResponse(PAGE)
+
+        self._http = HttpServer(app, s.host, s.http_port)
+        self._http.start()
+        self.http_port = self._http.port
+        self._trainer_task = asyncio.get_running_loop().create_task(self.learner.train_forever(), name="trainer")
+        log.info(
+            "learning grpc=%s:%d http=%s:%d version=%d",
+            s.host,
+            self.port,
+            s.host,
+            self.http_port,
+            self.learner.trainer.version,
+        )
+
+    async def stop(self) -> None:
+        """Stop taking data, write a final checkpoint, stop serving."""
+        await self._health.enter_graceful_shutdown()
+        if self._trainer_task is not None:
+            self._trainer_task.cancel()
+            await asyncio.gather(self._trainer_task, return_exceptions=True)
+        if self._grpc is not None:
+            await self._grpc.stop(1.0)
+        path = await self.learner.save_checkpoint()
+        log.info("stopped; final checkpoint %s", path)
+        if self._http is not None:
+            await self._http.stop()
+
+
+async def learn(settings: LearnerSettings) -> None:
+    """Run until SIGTERM or Ctrl-C, then stop cleanly."""
+    server = LearnerServer(settings)
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    await server.stop()
+
+
+def main(argv: list[str]) -> int:
+    settings = LearnerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate learn")
+    asyncio.run(learn(settings))
+    return 0

@@ -1,0 +1,72 @@
+"""The training step: episode chunks -> learner pipeline (with GAE) -> PPO epochs -> version + 1."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from connectors.builders import build_learner_pipeline
+from connectors.columns import Columns
+from episodes import SingleAgentEpisode
+from learner.ppo import PPOConfig, ppo_update
+from learner.settings import LearnerSettings
+from models import RLModule
+
+
+class Trainer:
+    """Owns the module being trained, its optimizer and the learner pipeline."""
+
+    def __init__(
+        self,
+        module: RLModule,
+        settings: LearnerSettings,
+        *,
+        version: int = 0,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
+        self.module = module
+        self.version = version
+        self.max_staleness = settings.max_staleness
+        self.optimizer = torch.optim.Adam(module.parameters(), lr=settings.lr, eps=1e-5)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+        self.pipeline = build_learner_pipeline(
+            module.observation_space, module.action_space, gae=(settings.gamma, settings.lambda_)
+        )
+        self.config = PPOConfig(
+            minibatch_size=settings.minibatch_size,
+            num_epochs=settings.num_epochs,
+            clip_param=settings.clip_param,
+            vf_clip_param=settings.vf_clip_param,
+            vf_loss_coeff=settings.vf_loss_coeff,
+            entropy_coeff=settings.entropy_coeff,
+            grad_clip=settings.grad_clip,
+        )
+        self._rng = np.random.default_rng(settings.seed)
+
+    @property
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        return self.module.observation_space, self.module.action_space
+
+    def update(self, episodes: list[SingleAgentEpisode]) -> dict[str, Any]:
+        """One PPO update on these chunks; steps chosen more than max_staleness versions ago don't count."""
+        batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data={})
+        mask = batch[Columns.LOSS_MASK].bool()
+        real_steps = int(mask.sum())
+        staleness = torch.zeros_like(mask, dtype=torch.float32)
+        if Columns.MODEL_VERSION in batch:
+            staleness = (self.version - batch.pop(Columns.MODEL_VERSION)).float()
+            mask = mask & (staleness <= self.max_staleness)
+        batch[Columns.LOSS_MASK] = mask
+        used = int(mask.sum())
+        stats = ppo_update(self.module, self.optimizer, batch, self.config, self._rng) if used else {}
+        self.version += 1
+        return {
+            **stats,
+            "env_steps": real_steps,
+            "stale_steps": real_steps - used,
+            "staleness": float(staleness[batch[Columns.LOSS_MASK]].mean()) if used else 0.0,
+        }

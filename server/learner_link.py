@@ -1,0 +1,189 @@
+"""The server's link to the learner: episode chunks out (spooled until acknowledged), weights in.
+
+Shipping is at least once: `ship()` only queues; a writer task encodes the chunks into an
+`EpisodeBatch` file in the spool directory; a sender task streams spool files to `SubmitEpisodes` and
+deletes each only when its ack arrives. A broken stream is re-opened with backoff and every unacked
+file is sent again (the learner drops duplicates by episode id and chunk index). A server that is
+killed keeps its spool on disk and sends it after restart; only chunks still in memory are lost,
+and `stop()` says how many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+from episodes import SingleAgentEpisode
+from episodes.codec import episode_to_proto
+from rlgate.v1 import learner_pb2, learner_pb2_grpc
+from server.auth import bearer_metadata
+
+log = logging.getLogger(__name__)
+
+SUBMIT = "/rlgate.v1.LearnerService/SubmitEpisodes"
+# Batches sent but not yet acknowledged, at most.
+MAX_IN_FLIGHT = 32
+MAX_BACKOFF_S = 2.0
+
+
+class LearnerLink:
+    """Ships episode chunks to the learner through an on-disk spool, and feeds its weights to `on_weights`."""
+
+    def __init__(
+        self,
+        target: str,
+        spool_dir: Path,
+        *,
+        server_id: str,
+        on_weights: Callable[[learner_pb2.Weights], Awaitable[None]],
+        current_version: Callable[[], int],
+        token: str | None = None,
+    ) -> None:
+        self.target = target
+        self.spool_dir = spool_dir
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self.server_id = server_id
+        self.acked = 0
+        self._on_weights = on_weights
+        self._current_version = current_version
+        self._metadata = bearer_metadata(token)
+        self._queue: list[SingleAgentEpisode] = []
+        self._queued = asyncio.Event()
+        self._spooled = asyncio.Event()
+        existing = self.spooled()
+        self._next_seq = int(existing[-1].stem) + 1 if existing else 0
+        self._tasks: list[asyncio.Task] = []
+        self._channel = grpc.aio.insecure_channel(
+            target,
+            options=[("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)],
+        )
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.spooled():
+            log.info("spool holds %d batches from before: sending them first", len(self.spooled()))
+            self._spooled.set()
+        self._tasks = [
+            loop.create_task(self._write_forever(), name="spool-writer"),
+            loop.create_task(self._retry(self._send), name="episode-sender"),
+            loop.create_task(self._retry(self._watch), name="weights-watcher"),
+        ]
+
+    def ship(self, episodes: list[SingleAgentEpisode]) -> None:
+        if episodes:
+            self._queue.extend(episodes)
+            self._queued.set()
+
+    def spooled(self) -> list[Path]:
+        """Batch files not yet acknowledged, oldest first."""
+        return sorted(self.spool_dir.glob("*.pb"))
+
+    async def stop(self, flush_timeout_s: float) -> None:
+        """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
+        self._write_spool()
+        try:
+            async with asyncio.timeout(flush_timeout_s):
+                while self.spooled():
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            log.warning(
+                "learner did not ack %d batches in time: they stay in %s for the next start",
+                len(self.spooled()),
+                self.spool_dir,
+            )
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._channel.close()
+
+    async def _write_forever(self) -> None:
+        while True:
+            await self._queued.wait()
+            self._queued.clear()
+            await asyncio.to_thread(self._write_spool)
+            self._spooled.set()
+
+    def _write_spool(self) -> None:
+        """Everything queued becomes one batch file (written then renamed, so a crash leaves no torn file)."""
+        episodes, self._queue = self._queue, []
+        if not episodes:
+            return
+        seq = self._next_seq
+        self._next_seq += 1
+        batch = learner_pb2.EpisodeBatch(
+            seq=seq, server_id=self.server_id, episodes=[episode_to_proto(e) for e in episodes]
+        )
+        path = self.spool_dir / f"{seq:012d}.pb"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(batch.SerializeToString())
+        tmp.replace(path)
+
+    async def _retry(self, stream: Callable[[], Awaitable[None]]) -> None:
+        """Run a stream forever, re-opening it with backoff when it breaks."""
+        backoff = 0.05
+        while True:
+            try:
+                await stream()
+                backoff = 0.05
+            except grpc.aio.AioRpcError as exc:
+                log.info("learner stream %s ended (%s); retrying in %.2f s", stream.__name__, exc.code().name, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    async def _send(self) -> None:
+        """One SubmitEpisodes stream: send every spooled batch in order, delete each on its ack."""
+        call = self._channel.stream_stream(
+            SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
+        )(metadata=self._metadata)
+        in_flight: dict[int, Path] = {}
+        room = asyncio.Event()
+        room.set()
+
+        async def read_acks() -> None:
+            async for ack in call:
+                path = in_flight.pop(ack.seq, None)
+                if path is not None:
+                    path.unlink(missing_ok=True)
+                    self.acked += 1
+                room.set()
+
+        reader = asyncio.get_running_loop().create_task(read_acks())
+        try:
+            while True:
+                self._spooled.clear()  # before listing: a file written from here on sets it again
+                for path in self.spooled():
+                    seq = int(path.stem)
+                    if seq in in_flight:
+                        continue
+                    while len(in_flight) >= MAX_IN_FLIGHT:
+                        room.clear()
+                        await self._first(room.wait(), reader)
+                    in_flight[seq] = path
+                    await call.write(await asyncio.to_thread(path.read_bytes))
+                await self._first(self._spooled.wait(), reader)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            call.cancel()
+
+    @staticmethod
+    async def _first(waiting: Awaitable[object], reader: asyncio.Task) -> None:
+        """Wait for `waiting`, but raise at once if the ack reader failed (the stream broke)."""
+        waiter = asyncio.ensure_future(waiting)
+        done, _ = await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if reader in done:
+            waiter.cancel()
+            reader.result()  # raises the stream's error
+            empty = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, empty, empty, "learner ended the stream")
+
+    async def _watch(self) -> None:
+        """One WatchWeights stream: hand every newer version to the server."""
+        stub = learner_pb2_grpc.LearnerServiceStub(self._channel)
+        request = learner_pb2.WatchWeightsRequest(server_id=self.server_id, after_version=self._current_version())
+        async for weights in stub.WatchWeights(request, metadata=self._metadata):
+            await self._on_weights(weights)
