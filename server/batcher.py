@@ -22,10 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from episodes import SingleAgentEpisode
+from episodes.tree import map_structure
 from server.metrics import ServerMetrics
 from server.policy import Policy
-from server.rows import concat_rows, slice_rows
 
 
 @dataclass
@@ -161,7 +163,8 @@ class Batcher:
             group = [i for i, r in enumerate(requests) if r.explore == explore]
             if not group:
                 continue
-            obs = concat_rows([requests[i].obs for i in group])
+            parts = [requests[i].obs for i in group]
+            obs = parts[0] if len(parts) == 1 else map_structure(lambda *rows: np.concatenate(rows), *parts)
             episodes = [e for i in group for e in requests[i].episodes]
             started = time.perf_counter()
             outputs = self.policy.compute(obs, episodes, explore)
@@ -170,6 +173,6 @@ class Batcher:
             start = 0
             for i in group:
                 stop = start + len(requests[i].episodes)
-                results[i] = slice_rows(outputs, start, stop)
+                results[i] = map_structure(lambda column, a=start, b=stop: column[a:b], outputs)
                 start = stop
         return results  # type: ignore[return-value]

@@ -21,7 +21,7 @@ import numpy as np
 
 from connectors.columns import Columns
 from episodes import SingleAgentEpisode
-from server.rows import row
+from episodes.tree import map_structure
 
 # Outputs of the module-to-env pipeline that are stored in the episode as extra model outputs.
 RECORDED_OUTPUTS = (
@@ -129,3 +129,10 @@ class Session:
                 unfinished.append(episode)
         self.episodes = [None] * self.spec.num_envs
         return unfinished
+
+
+def row(value: Any, i: int) -> Any:
+    """Row i of an array, or of every array in a dict / tuple nesting (plain arrays first: the hot path)."""
+    if isinstance(value, np.ndarray):
+        return value[i]
+    return map_structure(lambda column: column[i], value)
