@@ -3,8 +3,9 @@
 Layout of `DIR/v000042/`: `weights.safetensors` (the module), `optimizer.safetensors` (Adam's
 moment tensors) and `connector_state.safetensors` (e.g. MeanStdFilter statistics; keys are
 `/`-joined paths), and `metadata.json` (version, spaces, model config, optimizer hyper-parameters,
-the ids of trained episode chunks). `DIR/latest` names the newest one. No pickle anywhere: a
-checkpoint from an untrusted source can at worst fail to load.
+the ids of trained episode chunks, the env steps trained on by all updates up to this version).
+`DIR/latest` names the newest one. No pickle anywhere: a checkpoint from an untrusted source can at
+worst fail to load.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Checkpoint:
     connector_state: dict[str, Any]
     optimizer_state: dict[str, Any] | None
     trained_chunks: list[str]
+    env_steps: int  # env steps trained on by the updates that led to these weights
 
 
 def save(
@@ -57,6 +59,7 @@ def save(
     optimizer: torch.optim.Optimizer | None = None,
     connector_state: dict[str, Any] | None = None,
     trained_chunks: list[str] | None = None,
+    env_steps: int = 0,
 ) -> Path:
     """Write checkpoint `version` atomically (temp dir, then rename) and point `latest` at it."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -72,6 +75,7 @@ def save(
         "action_space": _space_json(action_space),
         "model_config": model_config.to_dict(),
         "trained_chunks": trained_chunks or [],
+        "env_steps": env_steps,
     }
     if optimizer is not None:
         tensors, metadata["optimizer"] = _optimizer_to_tensors(optimizer)
@@ -113,6 +117,7 @@ def load(path: Path) -> Checkpoint:
         connector_state=_unflatten(load_numpy((found / "connector_state.safetensors").read_bytes())),
         optimizer_state=optimizer_state,
         trained_chunks=list(metadata.get("trained_chunks", [])),
+        env_steps=int(metadata.get("env_steps", 0)),
     )
 
 
@@ -156,7 +161,7 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
         if isinstance(value, dict):
             flat.update(_flatten(value, f"{path}/"))
         else:
-            flat[path] = np.ascontiguousarray(np.asarray(value))
+            flat[path] = np.asarray(value, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
     return flat
 
 

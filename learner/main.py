@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +13,7 @@ from typing import Any
 
 import grpc
 import gymnasium as gym
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from learner import checkpoint
 from learner.intake import Intake
@@ -26,9 +24,9 @@ from learner.trainer import Trainer
 from models import ModelConfig, build_module, load_weights, weights_to_bytes
 from rlgate import codec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
-from server.auth import TokenInterceptor, server_credentials
 from server.http import HttpServer, build_app
 from server.policy import build_env_to_module
+from server.process import run_until_signal, start_grpc_server
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +41,7 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
     def __init__(self, settings: LearnerSettings) -> None:
         self.settings = settings
         self.metrics = LearnerMetrics()
-        env_spaces, model_config, weights, version, optimizer_state, trained = self._initial_state()
+        env_spaces, model_config, weights, version, optimizer_state, trained, env_steps = self._initial_state()
         self.observation_space, self.action_space = env_spaces
         self.model_config = model_config
         module_obs_space = build_env_to_module(*env_spaces).observation_space
@@ -51,7 +49,7 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
         if weights is not None:
             load_weights(module, weights)
         module.eval()
-        self.trainer = Trainer(module, settings, version=version, optimizer_state=optimizer_state)
+        self.trainer = Trainer(module, settings, version=version, optimizer_state=optimizer_state, env_steps=env_steps)
         self.intake = Intake(
             settings.checkpoint_dir / "intake", module_obs_space, self.action_space, trained=set(trained)
         )
@@ -65,14 +63,24 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
         self._data = asyncio.Event()
         self.metrics.model_version.set(version)
 
-    def _initial_state(self) -> tuple[tuple[gym.Space, gym.Space], ModelConfig, bytes | None, int, Any, list[str]]:
+    def _initial_state(
+        self,
+    ) -> tuple[tuple[gym.Space, gym.Space], ModelConfig, bytes | None, int, Any, list[str], int]:
         s = self.settings
         found = checkpoint.latest(s.checkpoint_dir) if s.resume else None
         if found is not None:
             ckpt = checkpoint.load(found)
             log.info("resuming from checkpoint %s version=%d", found, ckpt.version)
             spaces = (ckpt.observation_space, ckpt.action_space)
-            return spaces, ckpt.model_config, ckpt.weights, ckpt.version, ckpt.optimizer_state, ckpt.trained_chunks
+            return (
+                spaces,
+                ckpt.model_config,
+                ckpt.weights,
+                ckpt.version,
+                ckpt.optimizer_state,
+                ckpt.trained_chunks,
+                ckpt.env_steps,
+            )
         if s.env is None:
             raise SystemExit(f"no checkpoint in {s.checkpoint_dir}: set --env to build a fresh model for that env")
         env = gym.make(s.env)
@@ -82,7 +90,7 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
             import torch
 
             torch.manual_seed(s.seed)
-        return spaces, ModelConfig(fcnet_hiddens=tuple(s.fcnet_hiddens)), None, 0, None, []
+        return spaces, ModelConfig(fcnet_hiddens=tuple(s.fcnet_hiddens)), None, 0, None, [], 0
 
     # --- gRPC ---------------------------------------------------------------------------------------
 
@@ -170,6 +178,7 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
             weights=weights_to_bytes(self.trainer.module),
             optimizer=self.trainer.optimizer,
             trained_chunks=trained_chunks,
+            env_steps=self.trainer.env_steps,
         )
 
     async def _in_trainer_thread(self, fn: Any, *args: Any) -> Any:
@@ -247,22 +256,15 @@ class LearnerServer:
 
     async def start(self) -> None:
         s = self.settings
-        interceptors = [TokenInterceptor(s.token.get_secret_value())] if s.token else []
-        self._grpc = grpc.aio.server(
-            interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)],
+        self._grpc, self.port = await start_grpc_server(
+            SERVICE_NAME,
+            lambda server: learner_pb2_grpc.add_LearnerServiceServicer_to_server(self.learner, server),
+            self._health,
+            address=f"{s.host}:{s.port}",
+            max_message_bytes=256 << 20,
+            token=s.token.get_secret_value() if s.token else None,
+            tls=(s.tls_cert, s.tls_key, None) if s.tls_cert and s.tls_key else None,
         )
-        learner_pb2_grpc.add_LearnerServiceServicer_to_server(self.learner, self._grpc)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
-        address = f"{s.host}:{s.port}"
-        if s.tls_cert and s.tls_key:
-            self.port = self._grpc.add_secure_port(address, server_credentials(s.tls_cert, s.tls_key))
-        else:
-            self.port = self._grpc.add_insecure_port(address)
-        await self._grpc.start()
-        for name in ("", SERVICE_NAME):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         app = build_app(
             "rlgate learner", registry=self.learner.metrics.registry, status=self.learner.status, ready=lambda: None
         )
@@ -300,19 +302,7 @@ class LearnerServer:
             await self._http.stop()
 
 
-async def learn(settings: LearnerSettings) -> None:
-    """Run until SIGTERM or Ctrl-C, then stop cleanly."""
-    server = LearnerServer(settings)
-    await server.start()
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    await stopping.wait()
-    await server.stop()
-
-
 def main(argv: list[str]) -> int:
     settings = LearnerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate learn")
-    asyncio.run(learn(settings))
+    asyncio.run(run_until_signal(LearnerServer(settings)))
     return 0

@@ -26,9 +26,11 @@ class Trainer:
         *,
         version: int = 0,
         optimizer_state: dict[str, Any] | None = None,
+        env_steps: int = 0,
     ) -> None:
         self.module = module
         self.version = version
+        self.env_steps = env_steps  # trained on by every update since version 0 (kept in checkpoints)
         self.max_staleness = settings.max_staleness
         self.optimizer = torch.optim.Adam(module.parameters(), lr=settings.lr, eps=1e-5)
         if optimizer_state is not None:
@@ -64,6 +66,7 @@ class Trainer:
         used = int(mask.sum())
         stats = ppo_update(self.module, self.optimizer, batch, self.config, self._rng) if used else {}
         self.version += 1
+        self.env_steps += real_steps
         return {
             **stats,
             "env_steps": real_steps,

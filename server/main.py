@@ -5,26 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 from typing import Any
 
 import grpc
 import gymnasium as gym
 import torch
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from episodes import SingleAgentEpisode
 from learner import checkpoint
 from models import ModelConfig
 from rlgate import codec
 from rlgate.v1 import learner_pb2
-from server.auth import TokenInterceptor, server_credentials
 from server.batcher import Batcher
 from server.http import HttpServer, build_app
 from server.learner_link import LearnerLink
 from server.metrics import ServerMetrics
 from server.policy import Policy
+from server.process import run_until_signal, start_grpc_server
 from server.service import SERVICE_NAME, PolicyService, RequestError
 from server.session import SessionSpec
 from server.settings import ServerSettings
@@ -91,26 +89,17 @@ class InferenceServer:
             self.learner.start()
         if self.files is None and self.learner is None:
             log.warning("episodes are not recorded: set --learner or --episode-dir to keep them")
-        interceptors = []
-        if s.token:
-            reject = self.metrics.rejected.labels("UNAUTHENTICATED").inc
-            interceptors.append(TokenInterceptor(s.token.get_secret_value(), on_reject=reject))
-        limit = s.max_message_bytes
-        self._grpc = grpc.aio.server(
-            interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+        reject = self.metrics.rejected.labels("UNAUTHENTICATED").inc
+        self._grpc, self.port = await start_grpc_server(
+            SERVICE_NAME,
+            lambda server: server.add_generic_rpc_handlers([self.service.handler()]),
+            self._health,
+            address=f"{s.host}:{s.port}",
+            max_message_bytes=s.max_message_bytes,
+            token=s.token.get_secret_value() if s.token else None,
+            on_reject=reject,
+            tls=(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert and s.tls_key else None,
         )
-        self._grpc.add_generic_rpc_handlers([self.service.handler()])
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
-        address = f"{s.host}:{s.port}"
-        if s.tls_cert and s.tls_key:
-            self.port = self._grpc.add_secure_port(address, server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca))
-        else:
-            self.port = self._grpc.add_insecure_port(address)
-        await self._grpc.start()
-        for name in ("", SERVICE_NAME):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         app = build_app(
             "rlgate inference server",
             registry=self.metrics.registry,
@@ -220,20 +209,7 @@ class InferenceServer:
             self.batcher.new_version()
 
 
-async def serve(settings: ServerSettings) -> None:
-    """Run until SIGTERM or Ctrl-C, then stop gracefully."""
-    server = InferenceServer(settings)
-    await server.start()
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    await stopping.wait()
-    log.info("signal received: draining")
-    await server.stop()
-
-
 def main(argv: list[str]) -> int:
     settings = ServerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate serve")
-    asyncio.run(serve(settings))
+    asyncio.run(run_until_signal(InferenceServer(settings)))
     return 0

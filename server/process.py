@@ -1,0 +1,71 @@
+"""What every rlgate service process does the same way: its gRPC server, and running until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from server.auth import TokenInterceptor, server_credentials
+
+log = logging.getLogger(__name__)
+
+
+async def start_grpc_server(
+    service_name: str,
+    register: Callable[[grpc.aio.Server], None],
+    health_servicer: health.aio.HealthServicer,
+    *,
+    address: str,
+    max_message_bytes: int,
+    token: str | None = None,
+    on_reject: Callable[[], None] = lambda: None,
+    tls: tuple[Path, Path, Path | None] | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """A started grpc.aio server with the service, health checking and reflection; returns it and its port.
+
+    `tls` is (certificate chain, private key, client CA for mTLS or None); `token` turns on bearer auth.
+    """
+    interceptors = [TokenInterceptor(token, on_reject=on_reject)] if token else []
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+    )
+    register(server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if tls is not None:
+        port = server.add_secure_port(address, server_credentials(*tls))
+    else:
+        port = server.add_insecure_port(address)
+    await server.start()
+    for name in ("", service_name):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+async def run_until_signal(service: Service) -> None:
+    """Start the service, run until SIGTERM or Ctrl-C, then stop it gracefully."""
+    await service.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("signal received: stopping")
+    await service.stop()
