@@ -304,5 +304,5 @@ class LearnerServer:
 
 def main(argv: list[str]) -> int:
     settings = LearnerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate learn")
-    asyncio.run(run_until_signal(LearnerServer(settings)))
+    asyncio.run(run_until_signal(lambda: LearnerServer(settings)))
     return 0

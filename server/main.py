@@ -211,5 +211,5 @@ class InferenceServer:
 
 def main(argv: list[str]) -> int:
     settings = ServerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate serve")
-    asyncio.run(run_until_signal(InferenceServer(settings)))
+    asyncio.run(run_until_signal(lambda: InferenceServer(settings)))
     return 0

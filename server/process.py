@@ -59,8 +59,12 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-async def run_until_signal(service: Service) -> None:
-    """Start the service, run until SIGTERM or Ctrl-C, then stop it gracefully."""
+async def run_until_signal(make: Callable[[], Service]) -> None:
+    """Make and start the service, run until SIGTERM or Ctrl-C, then stop it gracefully.
+
+    The service is made inside the running loop: gRPC channels and asyncio primitives bind to it.
+    """
+    service = make()
     await service.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -146,6 +146,8 @@ def run(settings: UpSettings) -> int:
                 if steps >= s.max_steps:
                     break
         except KeyboardInterrupt:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # one interrupt is enough: shut down in order
+                signal.signal(sig, signal.SIG_IGN)
             print("\nCtrl-C: shutting down", flush=True)
             code = 130
     elapsed = time.monotonic() - started
