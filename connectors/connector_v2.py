@@ -58,8 +58,13 @@ class ConnectorV2(abc.ABC):
         self,
         input_observation_space: gym.Space | None = None,
         input_action_space: gym.Space | None = None,
+        *,
+        as_learner_connector: bool = False,
         **kwargs: Any,
     ) -> None:
+        # Pieces used in both the env-to-module and the learner pipeline (RLlib's `as_learner_connector`)
+        # read this to choose their learner behaviour; the others ignore it.
+        self._as_learner_connector = as_learner_connector
         self._set_input_spaces(input_observation_space, input_action_space)
 
     @property

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import gymnasium as gym
-
 from connectors.columns import Columns
 from connectors.connector_v2 import ConnectorV2, make_episode_keys_unique
 
@@ -22,17 +20,6 @@ class AddObservationsFromEpisodesToBatch(ConnectorV2):
     As a learner connector, each episode adds `len(episode)` observations (the final one is left out)
     as one batched item, and episodes sharing an id (chunks of one episode) are given unique ids first.
     """
-
-    def __init__(
-        self,
-        input_observation_space: gym.Space | None = None,
-        input_action_space: gym.Space | None = None,
-        *,
-        as_learner_connector: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(input_observation_space, input_action_space, **kwargs)
-        self._as_learner_connector = as_learner_connector
 
     def __call__(
         self,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import gymnasium as gym
 import numpy as np
 
 from connectors.batching import batch_items
@@ -28,17 +27,6 @@ class AddStatesFromEpisodesToBatch(ConnectorV2):
     sequence's first step: the STATE_OUT of the step before it (for the first sequence of a chunk, from the
     lookback buffer; the initial state when the episode starts at t=0).
     """
-
-    def __init__(
-        self,
-        input_observation_space: gym.Space | None = None,
-        input_action_space: gym.Space | None = None,
-        *,
-        as_learner_connector: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(input_observation_space, input_action_space, **kwargs)
-        self._as_learner_connector = as_learner_connector
 
     def __call__(
         self,

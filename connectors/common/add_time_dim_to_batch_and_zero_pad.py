@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import gymnasium as gym
 import numpy as np
 
 from connectors.batching import BatchedNdArray, batch_items, is_batched
@@ -28,17 +27,6 @@ class AddTimeDimToBatchAndZeroPad(ConnectorV2):
     the last one zero-padded, and SEQ_LENS [N] plus LOSS_MASK [N, T] (False on padding; unless an earlier
     piece added LOSS_MASK already) are added.
     """
-
-    def __init__(
-        self,
-        input_observation_space: gym.Space | None = None,
-        input_action_space: gym.Space | None = None,
-        *,
-        as_learner_connector: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(input_observation_space, input_action_space, **kwargs)
-        self._as_learner_connector = as_learner_connector
 
     def __call__(
         self,

@@ -35,11 +35,9 @@ class FrameStacking(ConnectorV2):
         input_action_space: gym.Space | None = None,
         *,
         num_frames: int = 1,
-        as_learner_connector: bool = False,
         **kwargs: Any,
     ) -> None:
         self.num_frames = num_frames
-        self._as_learner_connector = as_learner_connector
         super().__init__(input_observation_space, input_action_space, **kwargs)
 
     def recompute_output_observation_space(
