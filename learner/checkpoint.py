@@ -1,8 +1,8 @@
 """Checkpoints on disk: everything needed to resume training, or to serve the policy with no learner.
 
 Layout of `DIR/v000042/`: `weights.safetensors` (the module), `optimizer.safetensors` (Adam's
-moment tensors) and `connector_state.safetensors` (e.g. MeanStdFilter statistics; keys are
-`/`-joined paths), and `metadata.json` (version, spaces, model config, optimizer hyper-parameters,
+moment tensors), `connector_state.pb` (e.g. MeanStdFilter statistics, as an `rlgate.v1.Value`: the
+wire codec's nested arrays) and `metadata.json` (version, spaces, model config, optimizer hyper-parameters,
 the ids of trained episode chunks, the env steps trained on by all updates up to this version).
 `DIR/latest` names the newest one. No pickle anywhere: a checkpoint from an untrusted source can at
 worst fail to load.
@@ -18,11 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 from google.protobuf import json_format
-from safetensors.numpy import load as load_numpy
-from safetensors.numpy import save as save_numpy
 from safetensors.torch import load as load_torch
 from safetensors.torch import save as save_torch
 
@@ -68,7 +65,7 @@ def save(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     (tmp / "weights.safetensors").write_bytes(weights)
-    (tmp / "connector_state.safetensors").write_bytes(save_numpy(_flatten(connector_state or {})))
+    (tmp / "connector_state.pb").write_bytes(codec.to_value(connector_state or {}).SerializeToString())
     metadata: dict[str, Any] = {
         "version": version,
         "observation_space": _space_json(observation_space),
@@ -114,7 +111,9 @@ def load(path: Path) -> Checkpoint:
         action_space=_space_from_json(metadata["action_space"]),
         model_config=ModelConfig.from_dict(metadata["model_config"]),
         weights=(found / "weights.safetensors").read_bytes(),
-        connector_state=_unflatten(load_numpy((found / "connector_state.safetensors").read_bytes())),
+        connector_state=codec.from_value(
+            tensor_pb2.Value.FromString((found / "connector_state.pb").read_bytes()), "connector_state"
+        ),
         optimizer_state=optimizer_state,
         trained_chunks=list(metadata.get("trained_chunks", [])),
         env_steps=int(metadata.get("env_steps", 0)),
@@ -151,26 +150,3 @@ def _optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, An
     for param_id, values in meta["scalars"].items():
         state.setdefault(int(param_id), {}).update(values)
     return {"state": state, "param_groups": meta["param_groups"]}
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
-    """Nested dicts of arrays -> {"a/b/c": array}."""
-    flat = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{path}/"))
-        else:
-            flat[path] = np.asarray(value, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
-    return flat
-
-
-def _unflatten(flat: dict[str, np.ndarray]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for path, value in flat.items():
-        *parents, leaf = path.split("/")
-        node = tree
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-    return tree

@@ -49,6 +49,7 @@ class Intake:
     pending_steps: int = 0
     episodes_finished: int = 0
     duplicates: int = 0
+    rejected: int = 0
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     return_history: list[tuple[float, float]] = field(default_factory=list)  # (unix time, return)
 
@@ -65,7 +66,7 @@ class Intake:
 
     def accept(self, batch: learner_pb2.EpisodeBatch) -> learner_pb2.EpisodeAck:
         """Take a batch: store its new chunks durably, then acknowledge it."""
-        before = self.duplicates
+        duplicates, rejected = self.duplicates, self.rejected
         accepted = self._add(batch)
         if accepted:
             path = self.directory / f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.pb"
@@ -73,7 +74,12 @@ class Intake:
             tmp.write_bytes(batch.SerializeToString())
             tmp.replace(path)
             self._files.append(_File(path, accepted))
-        return learner_pb2.EpisodeAck(seq=batch.seq, accepted=len(accepted), duplicates=self.duplicates - before)
+        return learner_pb2.EpisodeAck(
+            seq=batch.seq,
+            accepted=len(accepted),
+            duplicates=self.duplicates - duplicates,
+            rejected=self.rejected - rejected,
+        )
 
     def take(self) -> list[SingleAgentEpisode]:
         """All pending chunks, for one update; their files become deletable at the next checkpoint."""
@@ -103,8 +109,13 @@ class Intake:
             if key in self._seen:
                 self.duplicates += 1
                 continue
+            try:
+                episode = episode_from_proto(message, self.observation_space, self.action_space)
+            except ValueError as exc:  # CodecError included: one bad chunk never blocks the others
+                self.rejected += 1
+                log.warning("rejected chunk %s from server %s: %s", key, batch.server_id, exc)
+                continue
             self._seen.add(key)
-            episode = episode_from_proto(message, self.observation_space, self.action_space)
             self.pending.append(episode)
             self.pending_steps += len(episode)
             accepted.append(key)

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 import gymnasium as gym
+import torch
 from grpc_health.v1 import health
 
 from learner import checkpoint
@@ -41,17 +42,43 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
     def __init__(self, settings: LearnerSettings) -> None:
         self.settings = settings
         self.metrics = LearnerMetrics()
-        env_spaces, model_config, weights, version, optimizer_state, trained, env_steps = self._initial_state()
-        self.observation_space, self.action_space = env_spaces
-        self.model_config = model_config
-        module_obs_space = build_env_to_module(*env_spaces).observation_space
-        module = build_module(module_obs_space, self.action_space, model_config)
-        if weights is not None:
-            load_weights(module, weights)
+        found = checkpoint.latest(settings.checkpoint_dir) if settings.resume else None
+        ckpt = checkpoint.load(found) if found is not None else None
+        if ckpt is not None:
+            log.info("resuming from checkpoint %s version=%d", found, ckpt.version)
+            self.observation_space, self.action_space = ckpt.observation_space, ckpt.action_space
+            self.model_config = ckpt.model_config
+        elif settings.env is None:
+            raise SystemExit(f"no checkpoint in {settings.checkpoint_dir}: set --env to build a fresh model for it")
+        else:
+            env = gym.make(settings.env)
+            self.observation_space, self.action_space = env.observation_space, env.action_space
+            env.close()
+            self.model_config = ModelConfig(fcnet_hiddens=tuple(settings.fcnet_hiddens))
+            if settings.seed is not None:
+                torch.manual_seed(settings.seed)
+        # The servers' env-to-module pipeline, here as the coordinator of their statistics (MeanStdFilter).
+        self.connectors = build_env_to_module(
+            self.observation_space, self.action_space, mean_std_filter=settings.mean_std_filter
+        )
+        if ckpt is not None and ckpt.connector_state:
+            self.connectors.set_state(ckpt.connector_state)
+        module = build_module(self.connectors.observation_space, self.action_space, self.model_config)
+        if ckpt is not None:
+            load_weights(module, ckpt.weights)
         module.eval()
-        self.trainer = Trainer(module, settings, version=version, optimizer_state=optimizer_state, env_steps=env_steps)
+        self.trainer = Trainer(
+            module,
+            settings,
+            version=ckpt.version if ckpt else 0,
+            optimizer_state=ckpt.optimizer_state if ckpt else None,
+            env_steps=ckpt.env_steps if ckpt else 0,
+        )
         self.intake = Intake(
-            settings.checkpoint_dir / "intake", module_obs_space, self.action_space, trained=set(trained)
+            settings.checkpoint_dir / "intake",
+            self.connectors.observation_space,
+            self.action_space,
+            trained=set(ckpt.trained_chunks if ckpt else ()),
         )
         self.weights = self._weights_message()
         self.last_update: dict[str, Any] = {}
@@ -61,36 +88,9 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
         # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
         self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-trainer")
         self._data = asyncio.Event()
-        self.metrics.model_version.set(version)
-
-    def _initial_state(
-        self,
-    ) -> tuple[tuple[gym.Space, gym.Space], ModelConfig, bytes | None, int, Any, list[str], int]:
-        s = self.settings
-        found = checkpoint.latest(s.checkpoint_dir) if s.resume else None
-        if found is not None:
-            ckpt = checkpoint.load(found)
-            log.info("resuming from checkpoint %s version=%d", found, ckpt.version)
-            spaces = (ckpt.observation_space, ckpt.action_space)
-            return (
-                spaces,
-                ckpt.model_config,
-                ckpt.weights,
-                ckpt.version,
-                ckpt.optimizer_state,
-                ckpt.trained_chunks,
-                ckpt.env_steps,
-            )
-        if s.env is None:
-            raise SystemExit(f"no checkpoint in {s.checkpoint_dir}: set --env to build a fresh model for that env")
-        env = gym.make(s.env)
-        spaces = (env.observation_space, env.action_space)
-        env.close()
-        if s.seed is not None:
-            import torch
-
-            torch.manual_seed(s.seed)
-        return spaces, ModelConfig(fcnet_hiddens=tuple(s.fcnet_hiddens)), None, 0, None, [], 0
+        if self.intake.pending_steps >= settings.train_batch_size:  # a full batch survived a restart
+            self._data.set()
+        self.metrics.model_version.set(self.trainer.version)
 
     # --- gRPC ---------------------------------------------------------------------------------------
 
@@ -98,10 +98,9 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
         self, request_iterator: AsyncIterator[learner_pb2.EpisodeBatch], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[learner_pb2.EpisodeAck]:
         async for batch in request_iterator:
-            try:
-                ack = self.intake.accept(batch)  # on the loop: intake state is only ever touched here
-            except (codec.CodecError, ValueError) as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch {batch.seq}: {exc}")
+            ack = self.intake.accept(batch)  # on the loop: intake state is only ever touched here
+            if batch.HasField("connector_state"):
+                self._merge_connector_state(batch)
             self.metrics.duplicates.inc(ack.duplicates)
             self.metrics.episodes.inc(ack.accepted)
             if self.intake.pending_steps >= self.settings.train_batch_size:
@@ -112,6 +111,12 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
         self, request: learner_pb2.WatchWeightsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[learner_pb2.Weights]:
         version = request.after_version
+        if version >= self.weights.version:
+            # The server may hold a version this learner published before a restart and lost (or has since
+            # reused for other weights): publish ours under a newer number, which every server takes.
+            await self._in_trainer_thread(self._skip_version, version + 1)
+            await self._publish()
+            log.info("server %s has version %d: published version %d", request.server_id, version, self.weights.version)
         while True:
             async with self._published:
                 await self._published.wait_for(lambda v=version: self.weights.version > v)
@@ -177,9 +182,22 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
             model_config=self.model_config,
             weights=weights_to_bytes(self.trainer.module),
             optimizer=self.trainer.optimizer,
+            connector_state=self.connectors.get_state(),
             trained_chunks=trained_chunks,
             env_steps=self.trainer.env_steps,
         )
+
+    def _merge_connector_state(self, batch: learner_pb2.EpisodeBatch) -> None:
+        """Add a server's statistics delta to the merged ones, which go out with the next weights."""
+        try:
+            delta = codec.from_value(batch.connector_state, "connector_state")
+            if delta:
+                self.connectors.set_state(self.connectors.merge_states([delta]))
+        except (codec.CodecError, KeyError, ValueError) as exc:  # a server configured unlike this learner
+            log.warning("ignored connector state from server %s: %s", batch.server_id, exc)
+
+    def _skip_version(self, version: int) -> None:
+        self.trainer.version = max(self.trainer.version, version)
 
     async def _in_trainer_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._trainer_thread, fn, *args)
@@ -198,6 +216,7 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
             observation_space=codec.space_to_proto(self.observation_space),
             action_space=codec.space_to_proto(self.action_space),
             model_config_json=json.dumps(self.model_config.to_dict()),
+            connector_state=codec.to_value(self.connectors.get_state()),
         )
 
     def _record(self, stats: dict[str, Any]) -> None:

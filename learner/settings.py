@@ -26,6 +26,11 @@ class LearnerSettings(BaseSettings):
     resume: bool = Field(True, description="Start from the latest checkpoint in checkpoint_dir, if there is one.")
     seed: int | None = Field(None, description="Seed for the initial weights and minibatch shuffling.")
     fcnet_hiddens: list[int] = Field([64, 64], description="Hidden layer sizes of the policy and value MLPs.")
+    mean_std_filter: bool = Field(
+        False,
+        description="Normalise observations with a MeanStdFilter; the learner merges its statistics across "
+        "servers and sends them back with the weights (server and learner must agree).",
+    )
     train_batch_size: int = Field(512, ge=1, description="Env steps per PPO update.")
     minibatch_size: int = Field(128, ge=1, description="Env steps per SGD minibatch.")
     num_epochs: int = Field(20, ge=1, description="Passes of SGD over each train batch.")

@@ -19,6 +19,7 @@ import grpc
 
 from episodes import SingleAgentEpisode
 from episodes.codec import episode_to_proto
+from rlgate import codec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 from server.auth import bearer_metadata
 
@@ -41,6 +42,7 @@ class LearnerLink:
         server_id: str,
         on_weights: Callable[[learner_pb2.Weights], Awaitable[None]],
         current_version: Callable[[], int],
+        connector_delta: Callable[[], Awaitable[dict]],
         token: str | None = None,
     ) -> None:
         self.target = target
@@ -50,6 +52,7 @@ class LearnerLink:
         self.acked = 0
         self._on_weights = on_weights
         self._current_version = current_version
+        self._connector_delta = connector_delta
         self._metadata = bearer_metadata(token)
         self._queue: list[SingleAgentEpisode] = []
         self._queued = asyncio.Event()
@@ -104,18 +107,26 @@ class LearnerLink:
         while True:
             await self._queued.wait()
             self._queued.clear()
-            await asyncio.to_thread(self._write_spool)
+            delta = await self._connector_delta()
+            await asyncio.to_thread(self._write_spool, delta)
             self._spooled.set()
 
-    def _write_spool(self) -> None:
-        """Everything queued becomes one batch file (written then renamed, so a crash leaves no torn file)."""
+    def _write_spool(self, connector_delta: dict | None = None) -> None:
+        """Everything queued becomes one batch file (written then renamed, so a crash leaves no torn file).
+
+        The batch carries the connector statistics gathered since the previous one (MeanStdFilter), which
+        the learner merges across servers.
+        """
         episodes, self._queue = self._queue, []
         if not episodes:
             return
         seq = self._next_seq
         self._next_seq += 1
         batch = learner_pb2.EpisodeBatch(
-            seq=seq, server_id=self.server_id, episodes=[episode_to_proto(e) for e in episodes]
+            seq=seq,
+            server_id=self.server_id,
+            episodes=[episode_to_proto(e) for e in episodes],
+            connector_state=codec.to_value(connector_delta) if connector_delta else None,
         )
         path = self.spool_dir / f"{seq:012d}.pb"
         tmp = path.with_suffix(".tmp")
@@ -129,10 +140,14 @@ class LearnerLink:
             try:
                 await stream()
                 backoff = 0.05
-            except grpc.aio.AioRpcError as exc:
-                log.info("learner stream %s ended (%s); retrying in %.2f s", stream.__name__, exc.code().name, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                # grpc.aio raises InvalidStateError, not the stream's status, for a write after the stream ended.
+                reason = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "ended during a write"
+                log.info("learner stream %s ended (%s); retrying in %.2f s", stream.__name__, reason, backoff)
+            except Exception:  # never let the link die silently: the spool would only grow
+                log.exception("learner stream %s failed; retrying in %.2f s", stream.__name__, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _send(self) -> None:
         """One SubmitEpisodes stream: send every spooled batch in order, delete each on its ack."""

@@ -46,6 +46,7 @@ class InferenceServer:
                 server_id=settings.server_id,
                 on_weights=self._apply_weights,
                 current_version=lambda: self.policy.version if self.policy else -1,
+                connector_delta=self._connector_delta,
                 token=settings.token.get_secret_value() if settings.token else None,
             )
         self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)
@@ -71,7 +72,9 @@ class InferenceServer:
                     metrics=self.metrics,
                     model_config=found.model_config,
                     weights=found.weights,
+                    connector_state=found.connector_state,
                     version=found.version,
+                    mean_std_filter=s.mean_std_filter,
                     device=s.device,
                 )
             )
@@ -79,7 +82,12 @@ class InferenceServer:
             env = gym.make(s.env)
             self._set_policy(
                 Policy.create(
-                    env.observation_space, env.action_space, metrics=self.metrics, device=s.device, seed=s.seed
+                    env.observation_space,
+                    env.action_space,
+                    metrics=self.metrics,
+                    mean_std_filter=s.mean_std_filter,
+                    device=s.device,
+                    seed=s.seed,
                 )
             )
             env.close()
@@ -157,6 +165,7 @@ class InferenceServer:
                         spec.observation_space,
                         spec.action_space,
                         metrics=self.metrics,
+                        mean_std_filter=s.mean_std_filter,
                         device=s.device,
                         seed=s.seed,
                     )
@@ -176,6 +185,12 @@ class InferenceServer:
         )
         self.batcher.start()
         log.info("model ready observation_space=%s action_space=%s", policy.observation_space, policy.action_space)
+
+    async def _connector_delta(self) -> dict[str, Any]:
+        """The served pipeline's statistics since the last call (taken between batches), for the learner."""
+        if self.policy is None or self.batcher is None:
+            return {}
+        return await self.batcher.run_in_inference_thread(self.policy.take_connector_delta)
 
     def _flush_sessions(self) -> None:
         for session in self.service.sessions.values():
@@ -198,15 +213,23 @@ class InferenceServer:
                 metrics=self.metrics,
                 model_config=ModelConfig.from_dict(json.loads(weights.model_config_json)),
                 weights=weights.safetensors,
+                connector_state=_connector_state(weights),
                 version=weights.version,
+                mean_std_filter=self.settings.mean_std_filter,
                 device=self.settings.device,
                 seed=self.settings.seed,
             )
             async with self._policy_lock:
                 self._set_policy(policy)
         elif self.batcher is not None:
-            await self.batcher.run_in_inference_thread(self.policy.set_weights, weights.version, weights.safetensors)
+            await self.batcher.run_in_inference_thread(
+                self.policy.set_weights, weights.version, weights.safetensors, _connector_state(weights)
+            )
             self.batcher.new_version()
+
+
+def _connector_state(weights: learner_pb2.Weights) -> dict[str, Any] | None:
+    return codec.from_value(weights.connector_state, "connector_state") if weights.HasField("connector_state") else None
 
 
 def main(argv: list[str]) -> int:

@@ -17,6 +17,7 @@ from connectors import ConnectorPipelineV2
 from connectors.builders import build_env_to_module_pipeline, build_module_to_env_pipeline
 from connectors.columns import Columns
 from connectors.env_to_module.flatten_observations import FlattenObservations
+from connectors.env_to_module.mean_std_filter import MeanStdFilter
 from episodes import SingleAgentEpisode
 from models import ModelConfig, RLModule, build_module, load_weights
 from models.catalog import encodes
@@ -24,16 +25,24 @@ from server.metrics import ServerMetrics
 
 
 def build_env_to_module(
-    observation_space: gym.Space, action_space: gym.Space, *, device: str = "cpu"
+    observation_space: gym.Space, action_space: gym.Space, *, mean_std_filter: bool = False, device: str = "cpu"
 ) -> ConnectorPipelineV2:
     """The default env-to-module pipeline; its output observation space is the module's.
 
     Observations the default encoders cannot take as they are (Dict, Tuple, Discrete, ...) are
     flattened by a FlattenObservations piece first, so every gymnasium space works out of the box.
-    The learner builds its module through this too, so both sides agree on the module's spaces.
+    `mean_std_filter` adds a MeanStdFilter (after flattening), whose statistics the learner merges
+    across servers. The learner builds its module (and its statistics coordinator) through this too,
+    so both sides agree on the module's spaces and on the pieces that carry state.
     """
-    flatten = None if encodes(observation_space) else (lambda _obs, _act: FlattenObservations())
-    return build_env_to_module_pipeline(observation_space, action_space, env_to_module_connector=flatten, device=device)
+
+    def user_pieces(obs: gym.Space, _act: gym.Space) -> list:
+        pieces: list = [] if encodes(obs) else [FlattenObservations()]
+        return [*pieces, MeanStdFilter()] if mean_std_filter else pieces
+
+    return build_env_to_module_pipeline(
+        observation_space, action_space, env_to_module_connector=user_pieces, device=device
+    )
 
 
 class Policy:
@@ -71,14 +80,20 @@ class Policy:
         metrics: ServerMetrics,
         model_config: ModelConfig | None = None,
         weights: bytes | None = None,
+        connector_state: dict[str, Any] | None = None,
         version: int = 0,
+        mean_std_filter: bool = False,
         device: str = "cpu",
         seed: int | None = None,
     ) -> Policy:
-        """The default pipelines and model for these env spaces: fresh, or with these weights."""
+        """The default pipelines and model for these env spaces: fresh, or with these weights and state."""
         if seed is not None:
             torch.manual_seed(seed)
-        env_to_module = build_env_to_module(observation_space, action_space, device=device)
+        env_to_module = build_env_to_module(
+            observation_space, action_space, mean_std_filter=mean_std_filter, device=device
+        )
+        if connector_state:
+            env_to_module.set_state(connector_state)
         module = build_module(env_to_module.observation_space, action_space, model_config)
         if weights is not None:
             load_weights(module, weights)
@@ -119,7 +134,7 @@ class Policy:
         return outputs
 
     def set_weights(self, version: int, weights: bytes, connector_state: dict[str, Any] | None = None) -> None:
-        """Swap to a newer model version (call on the inference thread)."""
+        """Swap to a newer model version and the learner's merged connector state (on the inference thread)."""
         if version <= self.version:
             return
         load_weights(self.module, weights)
@@ -127,3 +142,14 @@ class Policy:
             self.env_to_module.set_state(connector_state)
         self.version = version
         self._metrics.model_version.set(version)
+
+    def take_connector_delta(self) -> dict[str, Any]:
+        """The connector statistics gathered since the last call, for the learner to merge (inference thread).
+
+        The pieces' own view keeps them (their global statistics absorb the delta), so normalisation
+        does not jump; the learner's merged state replaces it with the next weights.
+        """
+        state = self.env_to_module.get_state()
+        if state:
+            self.env_to_module.set_state(self.env_to_module.merge_states([state]))
+        return state

@@ -44,6 +44,11 @@ class ServerSettings(BaseSettings):
     torch_threads: int = Field(
         1, ge=1, description="Torch intra-op threads for the forward pass (1 avoids thread stalls on tiny batches)."
     )
+    mean_std_filter: bool = Field(
+        False,
+        description="Normalise observations with a MeanStdFilter; the learner merges its statistics across "
+        "servers and sends them back with the weights (server and learner must agree).",
+    )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Torch device of the forward pass.")
     seed: int | None = Field(None, description="Seed for the fresh model's weights and for action sampling.")
     max_batch_size: int = Field(256, ge=1, description="Most env steps in one forward pass.")

@@ -61,25 +61,25 @@ class EpisodeAck(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     ACCEPTED_FIELD_NUMBER: _builtins.int
     DUPLICATES_FIELD_NUMBER: _builtins.int
-    STALE_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     accepted: _builtins.int
     """Chunks taken into training."""
     duplicates: _builtins.int
     """Chunks already seen (by episode id and chunk index), dropped."""
-    stale: _builtins.int
-    """Chunks dropped for being more than max_staleness versions old."""
+    rejected: _builtins.int
+    """Chunks that could not be decoded (logged by the learner); acknowledged so they never block the stream."""
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         accepted: _builtins.int = ...,
         duplicates: _builtins.int = ...,
-        stale: _builtins.int = ...,
+        rejected: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "duplicates", b"duplicates", "seq", b"seq", "stale", b"stale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "duplicates", b"duplicates", "rejected", b"rejected", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

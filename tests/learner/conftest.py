@@ -1,0 +1,164 @@
+"""Fixtures for the learner tests: fast PPO settings, real learner and inference servers on port 0, and
+CartPole chunks made the way a server makes them (Policy + Session), so intake and trainer see what a
+server ships."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from connectors.columns import Columns
+from episodes import SingleAgentEpisode
+from episodes.codec import episode_to_proto
+from learner.main import LearnerServer
+from learner.settings import LearnerSettings
+from rlgate.v1 import learner_pb2, learner_pb2_grpc
+from server.main import InferenceServer
+from server.metrics import ServerMetrics
+from server.policy import Policy
+from server.session import Session, SessionSpec
+from server.settings import ServerSettings
+
+ENV = "CartPole-v1"
+# Small, quick PPO updates: an update takes milliseconds, so versions advance fast.
+FAST = {"train_batch_size": 128, "minibatch_size": 64, "num_epochs": 2, "seed": 0}
+
+
+@pytest.fixture
+def learner_settings(tmp_path: Path) -> Callable[..., LearnerSettings]:
+    """learner_settings(**overrides): CartPole, port 0, fast updates, checkpoints under tmp_path."""
+
+    def make(**overrides: Any) -> LearnerSettings:
+        fields = {
+            "env": ENV,
+            "host": "127.0.0.1",
+            "port": 0,
+            "http_port": 0,
+            "checkpoint_dir": tmp_path / "checkpoints",
+            **FAST,
+        }
+        fields.update(overrides)
+        return LearnerSettings(**fields)
+
+    return make
+
+
+@pytest.fixture
+async def learner_server(learner_settings: Callable[..., LearnerSettings]) -> AsyncIterator[LearnerServer]:
+    """A started LearnerServer (fast settings), stopped at teardown (which writes a final checkpoint)."""
+    server = LearnerServer(learner_settings())
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def inference_server(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[InferenceServer]]]:
+    """Factory: `await inference_server(**settings)` gives a started server; all are stopped at teardown."""
+    started: list[InferenceServer] = []
+
+    async def start(**overrides: Any) -> InferenceServer:
+        fields = {
+            "host": "127.0.0.1",
+            "port": 0,
+            "http_port": 0,
+            "spool_dir": tmp_path / "spool",
+            "seed": 0,
+            "drain_timeout_s": 5.0,
+        }
+        fields.update(overrides)
+        server = InferenceServer(ServerSettings(**fields))
+        await server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        if not server.service.draining:
+            await server.stop()
+
+
+@pytest.fixture
+def cartpole_chunks() -> Callable[..., list[SingleAgentEpisode]]:
+    """cartpole_chunks(steps, version=0, seed=0): shipped chunks holding at least `steps` CartPole env steps.
+
+    A real policy (fresh model, recording `version` as MODEL_VERSION) acts in 4 real CartPole envs through
+    a real server Session, which cuts running episodes every 16 steps, as the server does.
+    """
+
+    def make(steps: int, *, version: int = 0, seed: int = 0) -> list[SingleAgentEpisode]:
+        envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
+        spec = SessionSpec("test", envs.single_observation_space, envs.single_action_space, 4, explore=True)
+        policy = Policy.create(
+            spec.observation_space, spec.action_space, metrics=ServerMetrics(), version=version, seed=seed
+        )
+        session = Session(spec, rollout_fragment_length=16, lookback=1)
+        obs, _ = envs.reset(seed=seed)
+        rewards, terminateds, truncateds = np.zeros(4), np.zeros(4, bool), np.zeros(4, bool)
+        chunks: list[SingleAgentEpisode] = []
+        shipped = 0
+        for _ in range(steps + 20):  # each round adds 4 env steps; at most 4 * 16 wait in running episodes
+            episodes, _ = session.observe(obs, rewards, terminateds, truncateds, None)
+            outputs = policy.compute(obs, episodes, explore=True)
+            done = session.record(outputs)
+            chunks += done
+            shipped += sum(len(c) for c in done)
+            if shipped >= steps:
+                break
+            obs, rewards, terminateds, truncateds, _ = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
+        envs.close()
+        assert shipped >= steps
+        return chunks
+
+    return make
+
+
+@pytest.fixture
+def train_updates(
+    cartpole_chunks: Callable[..., list[SingleAgentEpisode]],
+) -> Callable[[LearnerServer, int], Awaitable[list[learner_pb2.EpisodeAck]]]:
+    """await train_updates(learner_server, n): n updates, each on one train batch of CartPole chunks sent
+    through SubmitEpisodes; returns the acks once the learner has recorded the n-th update."""
+
+    async def train(learner_server: LearnerServer, updates: int) -> list[learner_pb2.EpisodeAck]:
+        learner = learner_server.learner
+        acks = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{learner_server.port}") as channel:
+            call = learner_pb2_grpc.LearnerServiceStub(channel).SubmitEpisodes()
+            for seq in range(1, updates + 1):  # each batch after the previous update, so one update per batch
+                chunks = cartpole_chunks(learner_server.settings.train_batch_size, seed=seq)
+                await call.write(learner_pb2.EpisodeBatch(seq=seq, episodes=[episode_to_proto(c) for c in chunks]))
+                async with asyncio.timeout(30):
+                    acks.append(await call.read())
+                    while len(learner.history) < seq:  # the update's stats are recorded last
+                        await asyncio.sleep(0.01)
+            await call.done_writing()
+        return acks
+
+    return train
+
+
+@pytest.fixture
+def http_get() -> Callable[[int, str], Awaitable[tuple[int, str]]]:
+    """await http_get(port, path) -> (status, body), off the event loop (the servers run on it)."""
+
+    async def get(port: int, path: str) -> tuple[int, str]:
+        def fetch() -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+                    return response.status, response.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read().decode()
+
+        return await asyncio.to_thread(fetch)
+
+    return get

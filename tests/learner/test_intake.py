@@ -1,0 +1,103 @@
+"""Episode intake: de-duplication by (episode id, chunk index), and intake files that outlive the process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from episodes import SingleAgentEpisode
+from episodes.codec import episode_to_proto
+from learner.intake import Intake, chunk_key
+from rlgate.v1 import learner_pb2
+
+OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
+ACTION_SPACE = gym.spaces.Discrete(2)
+
+
+def batch(chunks: list[SingleAgentEpisode], seq: int) -> learner_pb2.EpisodeBatch:
+    return learner_pb2.EpisodeBatch(seq=seq, server_id="test", episodes=[episode_to_proto(c) for c in chunks])
+
+
+def keys(chunks: list[SingleAgentEpisode]) -> list[str]:
+    return [chunk_key(c.id_, c.chunk_index) for c in chunks]
+
+
+def intake_at(directory: Path, trained: set[str] | None = None) -> Intake:
+    return Intake(directory, OBSERVATION_SPACE, ACTION_SPACE, trained=trained or set())
+
+
+@pytest.fixture
+def two_batches(cartpole_chunks) -> tuple[list[SingleAgentEpisode], list[SingleAgentEpisode]]:
+    chunks = cartpole_chunks(160)
+    half = len(chunks) // 2
+    return chunks[:half], chunks[half:]
+
+
+def test_a_batch_sent_twice_is_acknowledged_twice_and_kept_once(tmp_path, cartpole_chunks):
+    chunks = cartpole_chunks(100)
+    # Long episodes were cut: chunks of one episode share its id and differ by chunk index.
+    assert any(c.chunk_index > 0 for c in chunks)
+    intake = intake_at(tmp_path)
+    first = intake.accept(batch(chunks, seq=5))
+    assert (first.seq, first.accepted, first.duplicates) == (5, len(chunks), 0)
+    again = intake.accept(batch(chunks, seq=6))  # the server re-sends after a lost ack
+    assert (again.seq, again.accepted, again.duplicates) == (6, 0, len(chunks))
+    assert intake.duplicates == len(chunks)
+    assert keys(intake.pending) == keys(chunks)
+    assert intake.pending_steps == sum(len(c) for c in chunks)
+    assert len(list(tmp_path.glob("*.pb"))) == 1  # nothing new was stored for the duplicate batch
+
+
+def test_a_batch_that_overlaps_an_earlier_one_adds_only_its_new_chunks(tmp_path, two_batches):
+    old, new = two_batches
+    intake = intake_at(tmp_path)
+    intake.accept(batch(old, seq=0))
+    ack = intake.accept(batch(old[-1:] + new, seq=1))
+    assert (ack.accepted, ack.duplicates) == (len(new), 1)
+    assert keys(intake.pending) == keys(old + new)
+
+
+def test_returns_add_up_over_the_chunks_of_an_episode(tmp_path, cartpole_chunks):
+    chunks = cartpole_chunks(200)
+    intake = intake_at(tmp_path)
+    intake.accept(batch(chunks, seq=0))
+    totals: dict[str, float] = {}
+    finished = []
+    for chunk in chunks:  # in shipping order: an episode's chunks come in chunk-index order
+        totals[chunk.id_] = totals.get(chunk.id_, 0.0) + chunk.get_return()
+        if chunk.is_done:
+            finished.append(totals[chunk.id_])
+    assert intake.episodes_finished == len(finished) > 0
+    assert list(intake.returns) == finished[-len(intake.returns) :]
+
+
+def test_intake_files_survive_a_restart_and_reload_all_but_the_trained_chunks(tmp_path, two_batches):
+    trained, untrained = two_batches
+    before = intake_at(tmp_path)
+    before.accept(batch(trained, seq=0))
+    before.accept(batch(untrained, seq=1))
+    # The learner dies; its last checkpoint covered the first batch's chunks.
+    after = intake_at(tmp_path, trained=set(keys(trained)))
+    assert keys(after.pending) == keys(untrained)
+    assert after.pending_steps == sum(len(c) for c in untrained)
+    assert [episode_to_proto(e) for e in after.pending] == [episode_to_proto(c) for c in untrained]
+    assert after.duplicates == len(trained)
+    # A server that re-sends either batch now is answered with duplicates only.
+    ack = after.accept(batch(trained + untrained, seq=2))
+    assert (ack.accepted, ack.duplicates) == (0, len(trained) + len(untrained))
+
+
+def test_a_checkpoint_deletes_exactly_the_intake_files_of_trained_chunks(tmp_path, two_batches):
+    trained, untrained = two_batches
+    intake = intake_at(tmp_path)
+    intake.accept(batch(trained, seq=0))
+    assert keys(intake.take()) == keys(trained) and intake.pending_steps == 0
+    intake.accept(batch(untrained, seq=1))  # arrives while the update runs
+    covered, files = intake.checkpoint_state()
+    assert covered == sorted(keys(trained)) and len(files) == 1
+    intake.checkpointed(covered, files)
+    assert not files[0].exists() and len(list(tmp_path.glob("*.pb"))) == 1
+    restarted = intake_at(tmp_path, trained=set(covered))
+    assert keys(restarted.pending) == keys(untrained) and restarted.duplicates == 0

@@ -1,0 +1,105 @@
+"""A real learner, inference server and CartPole client in one event loop: data flows in, versions flow out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+
+import grpc
+import gymnasium as gym
+from support.servers import running_client, target
+
+from client.env_client import EnvClient
+from learner.main import LearnerServer
+from models import build_module, load_weights
+from rlgate import codec
+from rlgate.v1 import learner_pb2, learner_pb2_grpc
+from server.main import InferenceServer
+
+ENV = "CartPole-v1"
+
+
+async def wait_for_version(server: InferenceServer, version: int, timeout: float = 30.0) -> None:
+    """Until the server serves `version` or newer (bounded in time)."""
+    async with asyncio.timeout(timeout):
+        while server.policy is None or server.policy.version < version:
+            await asyncio.sleep(0.01)
+
+
+async def serving(learner_server: LearnerServer, inference_server) -> InferenceServer:
+    """An inference server fed by `learner_server`, sampling at its pace (one train batch per version)."""
+    return await inference_server(
+        learner=f"127.0.0.1:{learner_server.port}",
+        steps_per_version=learner_server.settings.train_batch_size,
+        rollout_fragment_length=32,
+    )
+
+
+async def test_versions_advance_and_reach_the_server(learner_server, inference_server, http_get):
+    server = await serving(learner_server, inference_server)
+    batch_size = learner_server.settings.train_batch_size
+    client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)]), target(server), seed=0)
+    async with running_client(client):
+        await wait_for_version(server, 3)
+        assert client.stats.model_version >= 2  # actions carry the version that chose them
+    learner = learner_server.learner
+    status = learner.status()
+    assert status["model_version"] >= 3
+    assert status["env_steps_trained"] >= 3 * batch_size
+    assert status["episodes"] > 0 and status["mean_return"] > 0
+    assert all(math.isfinite(status["last_update"][k]) for k in ("policy_loss", "vf_loss", "kl"))
+    assert len(status["throughput"]) >= 3 and len(status["returns"]) == status["episodes"]
+    # steps_per_version keeps sampling at the learner's pace: nothing was too stale to train on.
+    assert status["stale_steps"] == 0
+
+    code, body = await http_get(learner_server.http_port, "/status")
+    assert code == 200 and json.loads(body)["model_version"] >= 3
+    code, metrics = await http_get(learner_server.http_port, "/metrics")
+    version = re.search(r"^rlgate_learner_model_version (\S+)$", metrics, re.M)
+    trained = re.search(r"^rlgate_learner_env_steps_total (\S+)$", metrics, re.M)
+    assert code == 200 and version and trained
+    assert float(version[1]) >= 3 and float(trained[1]) >= 3 * batch_size
+
+
+async def test_watch_weights_pushes_every_new_version_to_another_subscriber(
+    learner_server, inference_server, learner_settings
+):
+    server = await serving(learner_server, inference_server)
+    client = EnvClient(gym.make(ENV), target(server), seed=1)
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{learner_server.port}") as channel,
+        running_client(client),
+    ):
+        stub = learner_pb2_grpc.LearnerServiceStub(channel)
+        call = stub.WatchWeights(learner_pb2.WatchWeightsRequest(server_id="observer", after_version=-1))
+        async with asyncio.timeout(30):
+            first = await call.read()  # the current weights at once
+            second = await call.read()  # then the next version when it is trained
+        call.cancel()
+    assert second.version > first.version >= 0
+    assert second.safetensors != first.safetensors
+    observation_space = codec.space_from_proto(second.observation_space)
+    action_space = codec.space_from_proto(second.action_space)
+    assert observation_space == gym.make(ENV).observation_space and action_space == gym.spaces.Discrete(2)
+    assert json.loads(second.model_config_json)["fcnet_hiddens"] == list(learner_settings().fcnet_hiddens)
+    module = build_module(observation_space, action_space)
+    load_weights(module, second.safetensors)  # a complete, loadable model
+
+
+async def test_get_status_reports_the_learners_progress(learner_server, inference_server):
+    server = await serving(learner_server, inference_server)
+    client = EnvClient(gym.make(ENV), target(server), seed=2)
+    async with running_client(client):
+        await wait_for_version(server, 2)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{learner_server.port}") as channel:
+        status = await learner_pb2_grpc.LearnerServiceStub(channel).GetStatus(
+            learner_pb2.GetStatusRequest(), timeout=10
+        )
+    learner = learner_server.learner
+    trained = learner.status()["env_steps_trained"]
+    assert status.model_version == learner.trainer.version >= 2
+    assert status.env_steps_trained == trained >= 2 * learner_server.settings.train_batch_size
+    assert status.episodes_received > 0 and status.duplicates == 0 and status.stale_dropped == 0
+    assert status.mean_return == learner.mean_return() > 0

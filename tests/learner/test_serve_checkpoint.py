@@ -1,0 +1,40 @@
+"""`rlgate serve --checkpoint DIR`: a policy the learner trained, served with no learner running."""
+
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium as gym
+import numpy as np
+from support.servers import RawStream, hello, step, target
+
+from client.env_client import EnvClient
+from learner import checkpoint
+from models import weights_to_bytes
+
+ENV = "CartPole-v1"
+
+
+async def test_a_checkpoint_is_served_with_its_version_and_weights(learner_server, inference_server, train_updates):
+    learner = learner_server.learner
+    acks = await train_updates(learner_server, 2)
+    assert [(a.seq, a.duplicates) for a in acks] == [(1, 0), (2, 0)] and all(a.accepted for a in acks)
+    path = await learner.save_checkpoint()
+    trained = checkpoint.load(path)
+    assert trained.version == learner.trainer.version >= 2
+
+    server = await inference_server(checkpoint=path.parent)  # the checkpoint folder, as `--checkpoint DIR`
+    assert server.learner is None
+    assert weights_to_bytes(server.policy.module) == trained.weights
+    env = gym.make(ENV)
+    raw = RawStream(server)
+    await raw.send(hello(env.observation_space, env.action_space))
+    welcome = (await raw.recv()).welcome
+    await raw.send(step(np.zeros((1, 4), np.float32)))
+    actions = (await raw.recv()).actions
+    await raw.close()
+    assert welcome.model_version == actions.model_version == trained.version
+
+    client = EnvClient(env, target(server), seed=3, explore=False)
+    stats = await asyncio.wait_for(client.run(max_steps=100), 30)
+    assert stats.env_steps >= 100 and stats.model_version == trained.version

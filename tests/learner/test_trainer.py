@@ -1,0 +1,57 @@
+"""The training step: an update bumps the version and changes the weights; stale steps are masked and counted."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+
+from learner.trainer import Trainer
+from models import build_module, weights_to_bytes
+
+OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
+ACTION_SPACE = gym.spaces.Discrete(2)
+
+
+def trainer(learner_settings, version: int = 0) -> Trainer:
+    return Trainer(build_module(OBSERVATION_SPACE, ACTION_SPACE), learner_settings(max_staleness=4), version=version)
+
+
+def test_an_update_bumps_the_version_changes_the_weights_and_reports_finite_losses(learner_settings, cartpole_chunks):
+    chunks = cartpole_chunks(256)
+    steps = sum(len(c) for c in chunks)  # before the update: the learner pipeline adds a bootstrap step to each
+    t = trainer(learner_settings)
+    before = weights_to_bytes(t.module)
+    stats = t.update(chunks)
+    assert t.version == 1
+    assert weights_to_bytes(t.module) != before
+    for key in ("policy_loss", "vf_loss", "entropy", "kl"):
+        assert math.isfinite(stats[key]), key
+    assert stats["entropy"] > 0  # a fresh policy on two actions is far from deterministic
+    assert (stats["env_steps"], stats["stale_steps"], stats["staleness"]) == (steps, 0, 0.0)
+    assert t.env_steps == steps
+    t.update(cartpole_chunks(128, seed=1))
+    assert t.version == 2 and t.env_steps > steps
+
+
+def test_steps_older_than_max_staleness_are_masked_out_and_counted(learner_settings, cartpole_chunks):
+    t = trainer(learner_settings, version=10)  # max_staleness 4: version 6 still counts, version 5 does not
+    fresh = cartpole_chunks(100, version=6, seed=1)
+    stale = cartpole_chunks(100, version=5, seed=2)
+    fresh_steps, stale_steps = sum(len(c) for c in fresh), sum(len(c) for c in stale)
+    stats = t.update(fresh + stale)
+    assert stats["env_steps"] == fresh_steps + stale_steps
+    assert stats["stale_steps"] == stale_steps
+    assert stats["staleness"] == 4.0  # the mean over the steps used: all from version 6
+    assert t.version == 11
+
+
+def test_an_update_with_only_stale_steps_leaves_the_weights_alone(learner_settings, cartpole_chunks):
+    t = trainer(learner_settings, version=10)
+    stale = cartpole_chunks(64, version=2)
+    steps = sum(len(c) for c in stale)
+    before = weights_to_bytes(t.module)
+    stats = t.update(stale)
+    assert weights_to_bytes(t.module) == before
+    assert stats["stale_steps"] == stats["env_steps"] == steps
+    assert "policy_loss" not in stats
