@@ -22,11 +22,9 @@ from episodes.codec import episode_to_proto
 from learner.main import LearnerServer
 from learner.settings import LearnerSettings
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
-from server.main import InferenceServer
 from server.metrics import ServerMetrics
 from server.policy import Policy
 from server.session import Session, SessionSpec
-from server.settings import ServerSettings
 
 ENV = "CartPole-v1"
 # Small, quick PPO updates: an update takes milliseconds, so versions advance fast.
@@ -59,32 +57,6 @@ async def learner_server(learner_settings: Callable[..., LearnerSettings]) -> As
     await server.start()
     yield server
     await server.stop()
-
-
-@pytest.fixture
-async def inference_server(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[InferenceServer]]]:
-    """Factory: `await inference_server(**settings)` gives a started server; all are stopped at teardown."""
-    started: list[InferenceServer] = []
-
-    async def start(**overrides: Any) -> InferenceServer:
-        fields = {
-            "host": "127.0.0.1",
-            "port": 0,
-            "http_port": 0,
-            "spool_dir": tmp_path / "spool",
-            "seed": 0,
-            "drain_timeout_s": 5.0,
-        }
-        fields.update(overrides)
-        server = InferenceServer(ServerSettings(**fields))
-        await server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        if not server.service.draining:
-            await server.stop()
 
 
 @pytest.fixture

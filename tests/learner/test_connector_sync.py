@@ -18,12 +18,12 @@ def filter_count(state: dict) -> int:
     return int(state["MeanStdFilter"]["global"][0]["count"])
 
 
-async def test_two_servers_statistics_are_merged_by_the_learner_and_sent_back(learner_settings, inference_server):
+async def test_two_servers_statistics_are_merged_by_the_learner_and_sent_back(learner_settings, server_factory):
     learner = LearnerServer(learner_settings(mean_std_filter=True))
     await learner.start()
     try:
         servers = [
-            await inference_server(
+            await server_factory(
                 learner=f"127.0.0.1:{learner.port}",
                 mean_std_filter=True,
                 server_id=f"server-{i}",

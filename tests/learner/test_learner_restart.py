@@ -97,10 +97,10 @@ def waiting(server: InferenceServer, spool: Path) -> bool:
 
 @pytest.mark.parametrize("moment", [shipping, waiting], ids=lambda moment: moment.__name__)
 async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk_exactly_once(
-    tmp_path, learners, inference_server, moment
+    tmp_path, learners, server_factory, moment
 ):
     checkpoints, shipped_dir = learners.checkpoints, tmp_path / "shipped"
-    server = await inference_server(
+    server = await server_factory(
         learner=f"127.0.0.1:{learners.port}",
         steps_per_version=TRAIN_BATCH_SIZE,
         rollout_fragment_length=16,  # many chunks, and episodes cut into several

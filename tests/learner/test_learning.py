@@ -28,17 +28,17 @@ async def wait_for_version(server: InferenceServer, version: int, timeout: float
             await asyncio.sleep(0.01)
 
 
-async def serving(learner_server: LearnerServer, inference_server) -> InferenceServer:
+async def serving(learner_server: LearnerServer, server_factory) -> InferenceServer:
     """An inference server fed by `learner_server`, sampling at its pace (one train batch per version)."""
-    return await inference_server(
+    return await server_factory(
         learner=f"127.0.0.1:{learner_server.port}",
         steps_per_version=learner_server.settings.train_batch_size,
         rollout_fragment_length=32,
     )
 
 
-async def test_versions_advance_and_reach_the_server(learner_server, inference_server, http_get):
-    server = await serving(learner_server, inference_server)
+async def test_versions_advance_and_reach_the_server(learner_server, server_factory, http_get):
+    server = await serving(learner_server, server_factory)
     batch_size = learner_server.settings.train_batch_size
     client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)]), target(server), seed=0)
     async with running_client(client):
@@ -64,9 +64,9 @@ async def test_versions_advance_and_reach_the_server(learner_server, inference_s
 
 
 async def test_watch_weights_pushes_every_new_version_to_another_subscriber(
-    learner_server, inference_server, learner_settings
+    learner_server, server_factory, learner_settings
 ):
-    server = await serving(learner_server, inference_server)
+    server = await serving(learner_server, server_factory)
     client = EnvClient(gym.make(ENV), target(server), seed=1)
     async with (
         grpc.aio.insecure_channel(f"127.0.0.1:{learner_server.port}") as channel,
@@ -88,8 +88,8 @@ async def test_watch_weights_pushes_every_new_version_to_another_subscriber(
     load_weights(module, second.safetensors)  # a complete, loadable model
 
 
-async def test_get_status_reports_the_learners_progress(learner_server, inference_server):
-    server = await serving(learner_server, inference_server)
+async def test_get_status_reports_the_learners_progress(learner_server, server_factory):
+    server = await serving(learner_server, server_factory)
     client = EnvClient(gym.make(ENV), target(server), seed=2)
     async with running_client(client):
         await wait_for_version(server, 2)

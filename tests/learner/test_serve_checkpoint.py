@@ -15,7 +15,7 @@ from models import weights_to_bytes
 ENV = "CartPole-v1"
 
 
-async def test_a_checkpoint_is_served_with_its_version_and_weights(learner_server, inference_server, train_updates):
+async def test_a_checkpoint_is_served_with_its_version_and_weights(learner_server, server_factory, train_updates):
     learner = learner_server.learner
     acks = await train_updates(learner_server, 2)
     assert [(a.seq, a.duplicates) for a in acks] == [(1, 0), (2, 0)] and all(a.accepted for a in acks)
@@ -23,7 +23,7 @@ async def test_a_checkpoint_is_served_with_its_version_and_weights(learner_serve
     trained = checkpoint.load(path)
     assert trained.version == learner.trainer.version >= 2
 
-    server = await inference_server(checkpoint=path.parent)  # the checkpoint folder, as `--checkpoint DIR`
+    server = await server_factory(checkpoint=path.parent)  # the checkpoint folder, as `--checkpoint DIR`
     assert server.learner is None
     assert weights_to_bytes(server.policy.module) == trained.weights
     env = gym.make(ENV)

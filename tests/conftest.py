@@ -1,4 +1,4 @@
-"""Fixtures: real inference servers on 127.0.0.1 port 0, stopped at teardown."""
+"""Fixtures shared by every test folder: real inference servers on 127.0.0.1 port 0, stopped at teardown."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ async def server_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitabl
             "port": 0,
             "http_port": 0,
             "episode_dir": tmp_path / "episodes",
+            "spool_dir": tmp_path / "spool",
             "seed": 0,
-            "drain_timeout_s": 2.0,
+            "drain_timeout_s": 5.0,
         }
         fields.update(overrides)
         server = InferenceServer(ServerSettings(**fields))

@@ -1,0 +1,73 @@
+"""`rlgate bench --quick` with tiny windows: the command keeps working and its records keep their schema.
+
+No performance thresholds: only that every scenario ran and measured something. Every process the bench
+starts carries a marker in its environment, so the test can check that none outlives the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+STAGES = {"decode", "append", "env_to_module", "forward", "module_to_env", "encode"}
+POSITIVE = ("env_steps_per_s", "p50_ms", "p99_ms", "mean_batch", "server_cpu_us_per_step", "floor_env_steps_per_s")
+
+
+def _marked(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds `marker`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    marker = f"RLGATE_BENCH_TEST={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    command = [sys.executable, "-m", "server", "bench", "--quick", "--warmup-s", "0.2", "--window-s", "0.3"]
+    bench = subprocess.Popen(
+        [*command, "--json", str(out), "--logs", str(tmp_path / "logs")],
+        env={**os.environ, key: value},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: everything it starts can be ended at once
+    )
+    try:
+        stdout, stderr = bench.communicate(timeout=90)
+    finally:
+        leftovers = _marked(marker)
+        if bench.poll() is None or leftovers:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
+    assert bench.returncode == 0, stderr[-3000:]
+    assert leftovers == [], "the bench left processes running"
+    assert "goal" in stdout
+
+    records = json.loads(out.read_text())
+    assert {r["scenario"] for r in records} == {"B1", "B2", "B3", "B4", "B7"}
+    for record in records:
+        assert isinstance(record["clients"], int) and record["clients"] >= 1, record
+        assert isinstance(record["envs_per_message"], int) and record["envs_per_message"] >= 1, record
+        for figure in POSITIVE:
+            assert record[figure] > 0, (figure, record)
+        assert record["p99_ms"] >= record["p50_ms"], record
+    for record in (r for r in records if r["scenario"] == "B4"):
+        assert record["stages_us"].keys() >= STAGES
+        assert all(record["stages_us"][stage] > 0 for stage in STAGES), record
+    (hand_off,) = (r for r in records if r["scenario"] == "B7")
+    assert hand_off["episodes_per_s"] > 0 and hand_off["bytes_per_s"] > 0
+    assert hand_off["steps_lost"] == 0, "every env step the clients sent must be in a shipped episode chunk"
