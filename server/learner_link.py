@@ -57,6 +57,7 @@ class LearnerLink:
         self._queue: list[SingleAgentEpisode] = []
         self._queued = asyncio.Event()
         self._spooled = asyncio.Event()
+        self._write_lock = asyncio.Lock()  # one spool writer at a time (seq numbers, stop() vs the writer)
         existing = self.spooled()
         self._next_seq = int(existing[-1].stem) + 1 if existing else 0
         self._tasks: list[asyncio.Task] = []
@@ -87,7 +88,9 @@ class LearnerLink:
 
     async def stop(self, flush_timeout_s: float) -> None:
         """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
-        self._write_spool()
+        async with self._write_lock:  # a write in flight lands in the spool first; then the rest
+            self._write_spool()
+        self._spooled.set()  # the sender sends the final batch too
         try:
             async with asyncio.timeout(flush_timeout_s):
                 while self.spooled():
@@ -107,8 +110,9 @@ class LearnerLink:
         while True:
             await self._queued.wait()
             self._queued.clear()
-            delta = await self._connector_delta()
-            await asyncio.to_thread(self._write_spool, delta)
+            async with self._write_lock:
+                delta = await self._connector_delta()
+                await asyncio.to_thread(self._write_spool, delta)
             self._spooled.set()
 
     def _write_spool(self, connector_delta: dict | None = None) -> None:

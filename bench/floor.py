@@ -1,0 +1,113 @@
+"""The bare floor: the least a Python gRPC policy server must do for the same load, to compare rlgate to.
+
+A grpc.aio server with the same `Connect` stream, so the same load clients drive it: raw bytes in,
+the observations decoded as arrays (no validation), one forward pass of the same default model over
+every request that has arrived (greedy batching across streams, up to `max_batch_size` rows, on the
+event loop itself: no thread hand-off), actions sampled, raw bytes out. No episodes, no connectors,
+no metrics. It answers a hello with a welcome and ends a stream on close.
+Run: `python -m bench.floor --port 0`; logs `serving grpc=HOST:PORT` like `rlgate serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections import deque
+
+import grpc
+import numpy as np
+import torch
+
+from bench.cartpole import spaces
+from connectors.columns import Columns
+from models import build_module
+from rlgate import codec
+from rlgate.v1 import policy_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "rlgate.v1.PolicyService"
+WELCOME = pb.ServerMessage(welcome=pb.Welcome(session_id="floor", model_version=0)).SerializeToString()
+
+
+class FloorServer:
+    """Greedy batches of whole requests, one forward each, answered in arrival order."""
+
+    def __init__(self, max_batch_size: int) -> None:
+        torch.manual_seed(0)
+        observation_space, action_space = spaces()
+        self.module = build_module(observation_space, action_space).eval()
+        self.dist_cls = self.module.get_exploration_action_dist_cls()
+        self.max_batch_size = max_batch_size
+        self._queue: deque[tuple[np.ndarray, asyncio.Future]] = deque()
+        self._wakeup = asyncio.Event()
+
+    async def connect(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
+        while (raw := await context.read()) is not grpc.aio.EOF:
+            message = pb.ClientMessage.FromString(raw)
+            kind = message.WhichOneof("kind")
+            if kind == "hello":
+                await context.write(WELCOME)
+            elif kind == "step":
+                future = asyncio.get_running_loop().create_future()
+                self._queue.append((codec.from_value(message.step.obs), future))
+                self._wakeup.set()
+                actions = pb.Actions(actions=codec.to_value(await future))
+                await context.write(pb.ServerMessage(actions=actions).SerializeToString())
+            else:
+                return
+
+    async def batch_forever(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                taken = [self._queue.popleft()]
+                rows = len(taken[0][0])
+                while self._queue and rows + len(self._queue[0][0]) <= self.max_batch_size:
+                    taken.append(self._queue.popleft())
+                    rows += len(taken[-1][0])
+                actions = self._actions(np.concatenate([obs for obs, _ in taken]))
+                start = 0
+                for obs, future in taken:
+                    future.set_result(actions[start : start + len(obs)])
+                    start += len(obs)
+                await asyncio.sleep(0)  # let the streams whose messages arrived meanwhile queue them
+
+    def _actions(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            logits = self.module.forward_exploration({Columns.OBS: torch.from_numpy(obs)})[Columns.ACTION_DIST_INPUTS]
+            return self.dist_cls.from_logits(logits).sample().numpy()
+
+
+async def serve(host: str, port: int, max_batch_size: int) -> None:
+    floor = FloorServer(max_batch_size)
+    server = grpc.aio.server()
+    connect = grpc.stream_stream_rpc_method_handler(floor.connect)  # no (de)serializers: raw bytes
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE_NAME, {"Connect": connect})])
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    batcher = asyncio.create_task(floor.batch_forever())
+    log.info("serving grpc=%s:%d", host, bound)
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    await server.stop(1.0)
+    batcher.cancel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--max-batch-size", type=int, default=256)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(serve(args.host, args.port, args.max_batch_size))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""A load-generating process: K env clients, each with its own gRPC connection and stream, E sub-envs each.
+
+Lean on purpose, so that the server is what gets measured: raw bytes on the stream, CartPole stepped as
+numpy arrays (`bench.cartpole`), no retries, no progress. The bench drives it over stdin / stdout so
+that every load process measures the same window. It prints `ready` once every client has had its
+first answer, then obeys one command per line:
+
+- `measure`: start a measuring window;
+- `report`: end it and print one JSON line: env steps answered, seconds, the round trip of every message
+  in microseconds, and this process's CPU seconds;
+- `stop` (or end of input): finish each client's step in flight, close every stream, print
+  `{"total_steps": ...}` (env steps answered since the start) and exit.
+
+Env steps are transitions, as the server counts them: a reset observation is not one.
+Run: `python -m bench.load --target HOST:PORT --clients K --envs E [--real-envs]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+
+import grpc
+import numpy as np
+
+from bench.cartpole import make_env, spaces
+from rlgate import codec
+from rlgate.v1 import policy_pb2 as pb
+
+CONNECT = "/rlgate.v1.PolicyService/Connect"
+# Each client its own TCP connection, as separate env processes would have (grpc shares one by default).
+CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
+
+
+class LoadGenerator:
+    """The clients of one process and the window they are measured in."""
+
+    def __init__(self, target: str, clients: int, envs: int, real_envs: bool) -> None:
+        self.target = target
+        self.clients = clients
+        self.envs = envs
+        self.real_envs = real_envs
+        self.stopping = False
+        self.total_steps = 0
+        self.ready = asyncio.Event()
+        self._answered_once = 0
+        self._measuring = False
+        self._steps = 0
+        self._latencies: list[float] = []
+        self._started = 0.0
+        self._cpu = 0.0
+        observation_space, action_space = spaces()
+        self._hello = pb.ClientMessage(
+            hello=pb.Hello(
+                client_id="bench",
+                observation_space=codec.space_to_proto(observation_space),
+                action_space=codec.space_to_proto(action_space),
+                num_envs=envs,
+                explore=True,
+            )
+        ).SerializeToString()
+
+    def begin_window(self) -> None:
+        self._steps, self._latencies = 0, []
+        self._started, self._cpu = time.perf_counter(), time.process_time()
+        self._measuring = True
+
+    def end_window(self) -> dict:
+        self._measuring = False
+        return {
+            "steps": self._steps,
+            "seconds": time.perf_counter() - self._started,
+            "latency_us": [round(s * 1e6) for s in self._latencies],
+            "cpu_s": time.process_time() - self._cpu,
+        }
+
+    async def client(self) -> None:
+        """One env client: hello, then step messages until stopping, then close."""
+        async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
+            call = channel.stream_stream(CONNECT, request_serializer=None, response_deserializer=None)()
+            await call.write(self._hello)
+            await _read(call)
+            env = make_env(self.envs, real=self.real_envs)
+            obs, _ = env.reset()
+            reward, terminated = np.zeros(self.envs, np.float32), np.zeros(self.envs, bool)
+            truncated = terminated
+            resetting = np.ones(self.envs, bool)  # rows of the next message that are reset observations
+            ended = np.zeros(self.envs, bool)  # sub-envs whose episode ended in the last env step
+            first = True
+            while not self.stopping:
+                message = pb.ClientMessage(
+                    step=pb.Step(
+                        obs=codec.to_value(obs),
+                        reward=codec.to_tensor(reward),
+                        terminated=codec.to_tensor(terminated),
+                        truncated=codec.to_tensor(truncated),
+                    )
+                ).SerializeToString()
+                sent = time.perf_counter()
+                await call.write(message)
+                reply = pb.ServerMessage.FromString(await _read(call))
+                steps = self.envs - int(resetting.sum())
+                self.total_steps += steps
+                if self._measuring:
+                    self._latencies.append(time.perf_counter() - sent)
+                    self._steps += steps
+                if first:
+                    first = False
+                    self._answered_once += 1
+                    if self._answered_once == self.clients:
+                        self.ready.set()
+                actions = codec.from_value(reply.actions.actions, "actions")
+                obs, reward, terminated, truncated, _ = env.step(actions)
+                resetting, ended = ended, terminated | truncated  # NEXT_STEP: resets come one step later
+            await call.write(pb.ClientMessage(close=pb.Close()).SerializeToString())
+            await call.done_writing()
+            await call.code()
+
+
+async def _read(call: grpc.aio.StreamStreamCall) -> bytes:
+    raw = await call.read()
+    if raw is grpc.aio.EOF:
+        raise RuntimeError(f"server ended the stream: {await call.code()} {await call.details()}")
+    return raw
+
+
+def _exit_on_failure(task: asyncio.Task) -> None:
+    """A failed client makes the whole process fail at once, so the bench sees it instead of waiting."""
+    if not task.cancelled() and task.exception() is not None:
+        traceback.print_exception(task.exception(), file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+
+
+async def run(target: str, clients: int, envs: int, real_envs: bool) -> None:
+    load = LoadGenerator(target, clients, envs, real_envs)
+    tasks = [asyncio.create_task(load.client()) for _ in range(clients)]
+    for task in tasks:
+        task.add_done_callback(_exit_on_failure)
+    await load.ready.wait()
+    print("ready", flush=True)
+    while (command := (await asyncio.to_thread(sys.stdin.readline)).strip()) not in ("stop", ""):
+        if command == "measure":
+            load.begin_window()
+        elif command == "report":
+            print(json.dumps(load.end_window()), flush=True)
+    load.stopping = True
+    await asyncio.gather(*tasks)
+    print(json.dumps({"total_steps": load.total_steps}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True, help="HOST:PORT of the policy server")
+    parser.add_argument("--clients", type=int, default=1, help="env clients (streams) in this process")
+    parser.add_argument("--envs", type=int, default=1, help="sub-envs per client (rows per message)")
+    parser.add_argument("--real-envs", action="store_true", help="gymnasium's CartPole-v1 instead of numpy's")
+    args = parser.parse_args()
+    asyncio.run(run(args.target, args.clients, args.envs, args.real_envs))
+
+
+if __name__ == "__main__":
+    main()

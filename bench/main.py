@@ -1,0 +1,200 @@
+"""`rlgate bench`: a real server and load-generating clients as separate processes on 127.0.0.1.
+
+Scenarios (CartPole-v1, the default 64x64 MLP; the server pinned to the first core, the clients to the
+others):
+- B1 round trip: 1 client, 1 env per message (the B2 run with K=1);
+- B2 concurrency: K clients x 1 env per message;
+- B3 vectorised clients: 16 clients x E envs per message;
+- B4 breakdown: rlgate's server CPU per env step by stage, for every B2 and B3 load;
+- B7 hand-off: episode chunks from the server to a real learner, nothing lost, bounded spool.
+Every B1-B3 load also runs against two floors: the bare gRPC floor (`bench.floor`, same load) and the
+in-process floor (`bench.inprocess`, the same number of sub-envs, no network). Each figure is the
+median over windows after a warm-up. `--micro` adds the micro benchmarks (episode codec, connectors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from bench import report
+from bench.handoff import hand_off
+from bench.measure import Load, Timing, in_process, under_load
+from bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
+
+SERVE = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--env", "CartPole-v1", "--seed", "0"]
+FLOOR = ["--host", "127.0.0.1", "--port", "0"]
+B3_CLIENTS = 16
+B7_LOAD = (16, 32)
+# Figures every B1-B3 record carries, from rlgate's measurement.
+FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "p999_ms", "mean_batch", "server_cpu_us_per_step", "client_cpu")
+# Figures of the B7 record, from bench.handoff.
+HAND_OFF = ("shipped_per_s", "episodes_per_s", "bytes_per_s", "max_spool", "unacked_batches", "chunks", "steps_lost")
+MICRO = ("bench.episodes_codec", "bench.connectors_pipeline")
+# Share of one core used outside the bench during a run above which its figures are not to be trusted.
+BUSY = 0.1
+
+
+@dataclass(frozen=True)
+class Plan:
+    timing: Timing
+    clients: tuple[int, ...]  # B2: K
+    envs: tuple[int, ...]  # B3: E
+
+
+FULL = Plan(Timing(warmup_s=2.0, window_s=5.0, repeats=3), clients=(1, 4, 16, 64, 256), envs=(8, 32, 128))
+QUICK = Plan(Timing(warmup_s=0.5, window_s=1.0, repeats=1), clients=(1, 64), envs=(32,))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rlgate bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer loads, short windows: under a minute")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write one record per measured point here")
+    parser.add_argument("--warmup-s", type=float, help="seconds of load before measuring (default by plan)")
+    parser.add_argument("--window-s", type=float, help="seconds per measuring window (default by plan)")
+    parser.add_argument("--repeats", type=int, help="measuring windows per point; figures are medians")
+    parser.add_argument("--real-envs", action="store_true", help="clients step gymnasium's CartPole-v1")
+    parser.add_argument("--micro", action="store_true", help="also run the micro benchmarks")
+    parser.add_argument("--py-spy", metavar="PATH", help="profile one more window per point with this py-spy")
+    parser.add_argument("--logs", type=Path, metavar="DIR", help="keep logs and profiles here (default: discarded)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    timing = Timing(
+        warmup_s=plan.timing.warmup_s if args.warmup_s is None else args.warmup_s,
+        window_s=plan.timing.window_s if args.window_s is None else args.window_s,
+        repeats=args.repeats or plan.timing.repeats,
+    )
+    started, host_busy, own = time.perf_counter(), host_busy_seconds(), own_seconds()
+    with tempfile.TemporaryDirectory(prefix="rlgate-bench-") as scratch:
+        logs = args.logs or Path(scratch)
+        logs.mkdir(parents=True, exist_ok=True)
+        records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs)
+        micro = {module: _micro(module, logs) for module in MICRO} if args.micro else {}
+    elapsed = time.perf_counter() - started
+    others = max(0.0, (host_busy_seconds() - host_busy) - (own_seconds() - own))  # clock ticks: can dip below 0
+    print(report.render(records))
+    busy = "; the host was busy: rerun" if others > BUSY * elapsed else ""
+    print(
+        f"\nhost: {os.cpu_count()} cores, run took {elapsed:.0f} s; CPU used outside the bench's processes meanwhile "
+        f"(other processes, kernel): {others:.1f} s, {others / elapsed:.0%} of one core{busy}"
+    )
+    for label, summary in profiles.items():
+        print("\n" + report.profiles(label, summary))
+    for module, figures in micro.items():
+        print(f"\n{module}: {json.dumps(figures)}")
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+    return 0
+
+
+def run(
+    plan: Plan, timing: Timing, real_envs: bool, py_spy: str | None, logs: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Measure every point; the records, and the profile summaries by point (with py_spy)."""
+    server_cores, client_cores = split_cores()
+    loads = [Load(k, 1, real_envs) for k in plan.clients] + [Load(B3_CLIENTS, e, real_envs) for e in plan.envs]
+    lone = Load(1, 1, real_envs)  # B1, also B2's K=1
+    b7_load = Load(*B7_LOAD, real_envs)
+    progress = tqdm(total=2 * len(loads) + 3, desc="rlgate bench", unit="run")
+    measured: dict[tuple[str, Load], dict[str, Any]] = {}
+    servers = {}
+    try:
+        servers["rlgate"] = ServerProcess("server", SERVE, server_cores, logs / "rlgate.log")
+        servers["floor"] = ServerProcess("bench.floor", FLOOR, server_cores, logs / "floor.log")
+        servers["no-wait"] = ServerProcess("server", [*SERVE, "--max-wait-us", "0"], server_cores, logs / "no-wait.log")
+        for server in servers.values():  # started together, waited for in turn
+            server.wait_serving()
+        for load in loads:
+            # Interleaved, so drift on a shared host hits both alike. The no-wait server (no batching
+            # delay at all) only serves the lone client: its round trip is what B1's is checked against.
+            for name in ("rlgate", "floor", "no-wait") if load == lone else ("rlgate", "floor"):
+                progress.set_postfix_str(f"{name} {load.label}")
+                measured[name, load] = under_load(servers[name], load, timing, client_cores, logs, py_spy=py_spy)
+                progress.update()
+    finally:
+        for server in servers.values():
+            server.stop()
+    progress.set_postfix_str("in-process floor")
+    floors = in_process(sorted({load.clients * load.envs for load in loads}), timing, server_cores, logs)
+    progress.update()
+    progress.set_postfix_str("hand-off")
+    measured["hand-off", b7_load] = hand_off(b7_load, timing, SERVE, (server_cores, client_cores), logs)
+    progress.update()
+    progress.close()
+    profiles = {f"{name} {load.label}": m["profile"] for (name, load), m in measured.items() if "profile" in m}
+    return [_rounded(r) for r in _records(loads, lone, b7_load, measured, floors)], profiles
+
+
+def _records(
+    loads: list[Load],
+    lone: Load,
+    b7_load: Load,
+    measured: dict[tuple[str, Load], dict[str, Any]],
+    floors: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One record per scenario and point: rlgate's figures with those of its floors."""
+    records = []
+    for load in loads:
+        rlgate, floor = measured["rlgate", load], measured["floor", load]
+        point = {
+            "clients": load.clients,
+            "envs_per_message": load.envs,
+            **{key: rlgate[key] for key in FIGURES},
+            "floor_env_steps_per_s": floor["env_steps_per_s"],
+            "floor_p50_ms": floor["p50_ms"],
+            "floor_p99_ms": floor["p99_ms"],
+            "floor_server_cpu_us_per_step": floor["server_cpu_us_per_step"],
+            "floor_client_cpu": floor["client_cpu"],
+            "inprocess_env_steps_per_s": floors[load.clients * load.envs]["env_steps_per_s"],
+        }
+        if load == lone:
+            no_wait = measured["no-wait", load]
+            records.append(
+                {"scenario": "B1", **point, "no_wait_p50_ms": no_wait["p50_ms"], "no_wait_p99_ms": no_wait["p99_ms"]}
+            )
+        records.append({"scenario": "B2" if load.envs == 1 else "B3", **point})
+        records.append({"scenario": "B4", **point, **{key: rlgate[key] for key in ("stages_us", "queue_wait_us")}})
+    b7 = measured["hand-off", b7_load]
+    records.append(
+        {
+            "scenario": "B7",
+            "clients": b7_load.clients,
+            "envs_per_message": b7_load.envs,
+            **{key: b7[key] for key in FIGURES},
+            "floor_env_steps_per_s": measured["floor", b7_load]["env_steps_per_s"],
+            **{key: b7[key] for key in HAND_OFF},
+        }
+    )
+    return records
+
+
+def _micro(module: str, logs: Path) -> dict[str, Any]:
+    """A micro benchmark's figures (its `python -m` run, pinned to the server's core)."""
+    child = Child(module, [], split_cores()[0], logs / f"{module}.log", pipes=True)
+    try:
+        assert child.proc.stdout is not None
+        output = child.proc.stdout.read()
+        if child.proc.wait() != 0:
+            raise child.failure(f"{module} failed")
+    finally:
+        child.stop()
+    return json.loads(output)
+
+
+def _rounded(value: Any) -> Any:
+    """Floats to 4 significant digits, through nested dicts."""
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return float(f"{value:.4g}") if isinstance(value, float) else value

@@ -1,0 +1,192 @@
+"""Measuring one server under one load: warm-up, then fixed windows, then the medians of their figures.
+
+Throughput and round trips come from the clients; CPU from /proc of the server; batch sizes and the
+per-stage split from the server's own counters (rlgate only; the bare floor has none). Per env step
+figures divide by env steps counted over the same span as the numerator.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import profile
+from bench.procs import Child, LoadProcess, ServerProcess
+
+# Sleeps through a measuring window of this many seconds; may return figures it watched meanwhile.
+Watch = Callable[[float], dict[str, Any]]
+
+# rlgate's timed stages (`rlgate_stage_seconds_total{stage=...}`), in hot-path order.
+STAGES = ("decode", "append", "env_to_module", "forward", "module_to_env", "encode")
+
+
+@dataclass(frozen=True)
+class Load:
+    """`clients` env clients with `envs` sub-envs each (rows per message)."""
+
+    clients: int
+    envs: int
+    real_envs: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.clients}x{self.envs}"
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup_s: float
+    window_s: float
+    repeats: int
+
+
+def figures(steps: int, seconds: float, latency_us: list[int]) -> dict[str, float]:
+    """Throughput and round-trip percentiles of one window."""
+    latency_ms = np.asarray(latency_us) / 1e3
+    p50, p99, p999 = np.percentile(latency_ms, [50, 99, 99.9]) if len(latency_ms) else (0.0, 0.0, 0.0)
+    return {"env_steps_per_s": steps / seconds, "p50_ms": p50, "p99_ms": p99, "p999_ms": p999}
+
+
+def server_figures(before: dict[str, float], after: dict[str, float], cpu_s: float, steps: int) -> dict[str, Any]:
+    """Per env step CPU, mean batch and the stage split, from two snapshots of rlgate's metrics.
+
+    `stages_us`: each timed stage per env step, plus `untimed`, the server CPU left over (gRPC, the event
+    loop, the hand-off to the inference thread). `queue_wait_us`: per message, the server time from its
+    arrival to its answer being written that is neither its own stages nor its batch's compute: waiting
+    behind earlier batches, the thread hand-offs and the gRPC write. Without metrics (the bare floor),
+    only CPU per env step, over the clients' count of env steps.
+    """
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    server_steps = delta("rlgate_env_steps_total") if after else steps
+    per_step_us = 1e6 / max(server_steps, 1)
+    result: dict[str, Any] = {"server_cpu_us_per_step": cpu_s * per_step_us}
+    if not after:
+        return result
+    stages = {stage: delta(f"rlgate_stage_seconds_total:{stage}") * per_step_us for stage in STAGES}
+    stages["untimed"] = result["server_cpu_us_per_step"] - sum(stages.values())
+    messages = max(delta("rlgate_step_latency_seconds_count"), 1)
+    batch_s = delta("rlgate_forward_seconds_sum") / max(delta("rlgate_forward_seconds_count"), 1)
+    in_handler_s = sum(delta(f"rlgate_stage_seconds_total:{s}") for s in ("decode", "append", "encode")) / messages
+    result["mean_batch"] = delta("rlgate_batch_size_sum") / max(delta("rlgate_batch_size_count"), 1)
+    result["stages_us"] = stages
+    result["queue_wait_us"] = (delta("rlgate_step_latency_seconds_sum") / messages - in_handler_s - batch_s) * 1e6
+    return result
+
+
+def medians(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per figure, the median over windows (nested dicts figure by figure)."""
+    first = windows[0]
+    return {
+        key: medians([w[key] for w in windows])
+        if isinstance(first[key], dict)
+        else statistics.median(w[key] for w in windows)
+        for key in first
+    }
+
+
+def sleep(seconds: float) -> dict[str, Any]:
+    """The plain `Watch`: nothing to watch."""
+    time.sleep(seconds)
+    return {}
+
+
+def under_load(
+    server: ServerProcess,
+    load: Load,
+    timing: Timing,
+    client_cores: set[int],
+    logs: Path,
+    *,
+    watch: Watch = sleep,
+    py_spy: str | None = None,
+) -> dict[str, Any]:
+    """Run `load` against `server`: warm up, measure `timing.repeats` windows; the medians, and the env
+    steps the clients had answered when they stopped (`total_steps`).
+
+    With `py_spy`, one more window is sampled (server and one client process) into `logs`/profiles and
+    summarised under `profile`; its figures are not among the medians.
+    """
+    cores = sorted(client_cores)
+    shares = [load.clients // len(cores) + (i < load.clients % len(cores)) for i in range(len(cores))]
+    loaders = [
+        LoadProcess(server.target, n, load.envs, load.real_envs, {core}, logs / f"load-{load.label}-{core}.log")
+        for core, n in zip(cores, shares, strict=True)
+        if n
+    ]
+    try:
+        for loader in loaders:
+            if loader.read_line().strip() != "ready":
+                raise loader.failure("load generator did not get ready")
+        time.sleep(timing.warmup_s)
+        result = medians([_window(server, loaders, timing.window_s, watch) for _ in range(timing.repeats)])
+        if py_spy is not None:
+            result["profile"] = _profile(server, loaders, timing.window_s, py_spy, logs / "profiles")
+        for loader in loaders:
+            loader.send("stop")
+        result["total_steps"] = sum(loader.read_json()["total_steps"] for loader in loaders)
+    finally:
+        for loader in loaders:
+            loader.stop()
+    return result
+
+
+def _window(server: ServerProcess, loaders: list[LoadProcess], window_s: float, watch: Watch) -> dict[str, Any]:
+    before, cpu_before = server.metrics(), server.cpu_seconds()
+    for loader in loaders:
+        loader.send("measure")
+    watched = watch(window_s)
+    for loader in loaders:
+        loader.send("report")
+    reports = [loader.read_json() for loader in loaders]
+    after, cpu_after = server.metrics(), server.cpu_seconds()
+    steps = sum(r["steps"] for r in reports)
+    seconds = statistics.mean(r["seconds"] for r in reports)
+    return {
+        **figures(steps, seconds, [us for r in reports for us in r["latency_us"]]),
+        **server_figures(before, after, cpu_after - cpu_before, steps),
+        "client_cpu": max(r["cpu_s"] / r["seconds"] for r in reports),
+        **watched,
+    }
+
+
+def _profile(
+    server: ServerProcess, loaders: list[LoadProcess], window_s: float, py_spy: str, directory: Path
+) -> dict[str, Any]:
+    """Sample the server and the first client process through one window; their summaries by process."""
+    directory.mkdir(parents=True, exist_ok=True)
+    label = f"{server.log.stem}-{loaders[0].log.stem.removeprefix('load-')}"
+    pids = {"server": server.proc.pid, "client": loaders[0].proc.pid}
+    outputs = {name: directory / f"{label}-{name}.txt" for name in pids}
+    recorders = [profile.record(py_spy, pid, window_s, outputs[name]) for name, pid in pids.items()]
+    _window(server, loaders, window_s, sleep)
+    for recorder in recorders:
+        recorder.wait(window_s + 30)
+    return {name: profile.summary(path) for name, path in outputs.items() if path.exists()}
+
+
+def in_process(envs: list[int], timing: Timing, cores: set[int], logs: Path) -> dict[int, dict[str, float]]:
+    """The in-process floor for each number of sub-envs (bench.inprocess in one child pinned to `cores`)."""
+    args = ["--envs", *map(str, envs), "--warmup-s", str(timing.warmup_s), "--window-s", str(timing.window_s)]
+    args += ["--repeats", str(timing.repeats)]
+    child = Child("bench.inprocess", args, cores, logs / "inprocess.log", pipes=True)
+    windows: dict[int, list[dict[str, float]]] = {n: [] for n in envs}
+    try:
+        assert child.proc.stdout is not None
+        for line in child.proc.stdout:
+            report = json.loads(line)
+            windows[report["envs"]].append(figures(report["steps"], report["seconds"], report["latency_us"]))
+        if child.proc.wait() != 0 or any(len(w) != timing.repeats for w in windows.values()):
+            raise child.failure("in-process floor failed")
+    finally:
+        child.stop()
+    return {n: medians(w) for n, w in windows.items()}

@@ -1,0 +1,109 @@
+"""The bench's results as plain-text tables, ratios to the floors, and the goals met or missed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bench.measure import STAGES
+
+Record = dict[str, Any]
+
+# (what, scenario, clients, envs per message, figure of the record, "<=" or ">=", target)
+GOALS: tuple[tuple[str, str, int, int, Callable[[Record], float], str, float], ...] = (
+    ("B1 p50 round trip, ms", "B1", 1, 1, lambda r: r["p50_ms"], "<=", 0.25),
+    ("B1 p99 round trip, ms", "B1", 1, 1, lambda r: r["p99_ms"], "<=", 0.6),
+    ("B1 server CPU, us per env step", "B1", 1, 1, lambda r: r["server_cpu_us_per_step"], "<=", 70),
+    ("B2 K=64 env steps/s", "B2", 64, 1, lambda r: r["env_steps_per_s"], ">=", 15_000),
+    ("B2 K=64 p99, ms", "B2", 64, 1, lambda r: r["p99_ms"], "<=", 8),
+    ("B2 K=64 x bare floor", "B2", 64, 1, lambda r: r["env_steps_per_s"] / r["floor_env_steps_per_s"], ">=", 0.7),
+    ("B3 E=32 env steps/s", "B3", 16, 32, lambda r: r["env_steps_per_s"], ">=", 200_000),
+    ("B3 E=32 x bare floor", "B3", 16, 32, lambda r: r["env_steps_per_s"] / r["floor_env_steps_per_s"], ">=", 0.5),
+    ("B4 non-forward CPU at 1 env/msg (K=64), us/step", "B4", 64, 1, lambda r: non_forward(r), "<=", 50),
+    ("B4 non-forward CPU at 32 envs/msg, us/step", "B4", 16, 32, lambda r: non_forward(r), "<=", 3),
+)
+
+
+def non_forward(record: Record) -> float:
+    """Server CPU per env step outside the forward pass."""
+    return record["server_cpu_us_per_step"] - record["stages_us"]["forward"]
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """Columns right-aligned to their widest cell."""
+    cells = [headers, *[[_cell(v) for v in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def render(records: list[Record]) -> str:
+    """All tables and the goals, as text."""
+    by_scenario = {s: [r for r in records if r["scenario"] == s] for s in ("B1", "B2", "B3", "B4", "B7")}
+    throughput = table(
+        ["", "clients", "envs/msg", "steps/s", "p50 ms", "p99 ms", "p99.9 ms", "batch", "cpu us/step", "client cpu",
+         "floor steps/s", "x floor", "floor p50", "floor p99", "floor us/step", "floor client cpu", "in-proc steps/s",
+         "x in-proc"],
+        [
+            [r["scenario"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["p50_ms"], r["p99_ms"],
+             r["p999_ms"], r["mean_batch"], r["server_cpu_us_per_step"], r["client_cpu"], r["floor_env_steps_per_s"],
+             r["env_steps_per_s"] / r["floor_env_steps_per_s"], r["floor_p50_ms"], r["floor_p99_ms"],
+             r["floor_server_cpu_us_per_step"], r["floor_client_cpu"], r["inprocess_env_steps_per_s"],
+             r["env_steps_per_s"] / r["inprocess_env_steps_per_s"]]
+            for s in ("B1", "B2", "B3") for r in by_scenario[s]
+        ],
+    )  # fmt: skip
+    stages = table(
+        ["B4 us/env step", "clients", "envs/msg", *STAGES, "untimed", "total", "non-forward", "queue wait us/msg"],
+        [
+            [r["scenario"], r["clients"], r["envs_per_message"], *(r["stages_us"][s] for s in STAGES),
+             r["stages_us"]["untimed"], r["server_cpu_us_per_step"], non_forward(r), r["queue_wait_us"]]
+            for r in by_scenario["B4"]
+        ],
+    )  # fmt: skip
+    hand_off = table(
+        ["", "clients", "envs/msg", "steps/s", "chunks shipped/s", "accepted/s", "MB/s", "max spool", "unacked",
+         "chunks", "steps lost"],
+        [
+            [r["scenario"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["shipped_per_s"],
+             r["episodes_per_s"], r["bytes_per_s"] / 1e6, r["max_spool"], r["unacked_batches"], r["chunks"],
+             r["steps_lost"]]
+            for r in by_scenario["B7"]
+        ],
+    )  # fmt: skip
+    lone = [
+        f"B1 lone client, default batching (max_wait_us 200): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms; "
+        f"with --max-wait-us 0: p50 {r['no_wait_p50_ms']:.3f} ms, p99 {r['no_wait_p99_ms']:.3f} ms "
+        f"(x{r['p50_ms'] / r['no_wait_p50_ms']:.2f} at p50)"
+        for r in by_scenario["B1"]
+    ]
+    return "\n\n".join([throughput, *lone, stages, hand_off, goals(records)])
+
+
+def goals(records: list[Record]) -> str:
+    """Each goal with the measured figure and whether it is met (goals of unmeasured points are left out)."""
+    rows = []
+    for what, scenario, clients, envs, figure, comparison, target in GOALS:
+        found = [
+            r for r in records if (r["scenario"], r["clients"], r["envs_per_message"]) == (scenario, clients, envs)
+        ]
+        if found:
+            value = figure(found[0])
+            met = value <= target if comparison == "<=" else value >= target
+            rows.append([what, value, f"{comparison} {target:g}", "met" if met else "MISSED"])
+    return table(["goal", "measured", "target", ""], rows)
+
+
+def profiles(label: str, summaries: dict[str, dict[str, list[tuple[str, float]]]]) -> str:
+    """The profile summaries of one measured point, process by process."""
+    lines = [f"profile {label}:"]
+    for process, ranked in summaries.items():
+        for kind, functions in ranked.items():
+            shares = ", ".join(f"{name} {share:.0%}" for name, share in functions)
+            lines.append(f"  {process} {kind}: {shares}")
+    return "\n".join(lines)
