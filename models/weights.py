@@ -1,14 +1,15 @@
 """Module weights as safetensors bytes: what the learner publishes and servers load (never pickle)."""
 
-import safetensors.torch
 from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 from torch import nn
 
 
 def weights_to_bytes(module: nn.Module) -> bytes:
     """Serialize the module's state_dict (parameters and buffers) as safetensors."""
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()}
-    return safetensors.torch.save(tensors)
+    return save_safetensors(tensors)
 
 
 def load_weights(module: nn.Module, data: bytes) -> None:
@@ -18,7 +19,7 @@ def load_weights(module: nn.Module, data: bytes) -> None:
     same shapes and dtypes; the module is left untouched then.
     """
     try:
-        tensors = safetensors.torch.load(data)
+        tensors = load_safetensors(data)
     except SafetensorError as error:
         raise ValueError(f"Weights are not valid safetensors bytes: {error}") from error
     expected = module.state_dict()

@@ -66,30 +66,18 @@ class InferenceServer:
         if s.checkpoint:
             found = checkpoint.load(s.checkpoint)
             self._set_policy(
-                Policy.create(
+                self._new_policy(
                     found.observation_space,
                     found.action_space,
-                    metrics=self.metrics,
                     model_config=found.model_config,
                     weights=found.weights,
                     connector_state=found.connector_state,
                     version=found.version,
-                    mean_std_filter=s.mean_std_filter,
-                    device=s.device,
                 )
             )
         elif s.env and not s.learner:
             env = gym.make(s.env)
-            self._set_policy(
-                Policy.create(
-                    env.observation_space,
-                    env.action_space,
-                    metrics=self.metrics,
-                    mean_std_filter=s.mean_std_filter,
-                    device=s.device,
-                    seed=s.seed,
-                )
-            )
+            self._set_policy(self._new_policy(env.observation_space, env.action_space))
             env.close()
         if self.files is not None:
             self.files.start()
@@ -159,19 +147,22 @@ class InferenceServer:
             if self.policy is None and self.learner is not None:
                 raise RequestError(grpc.StatusCode.UNAVAILABLE, "no model yet: waiting for the learner's first weights")
             if self.policy is None:
-                s = self.settings
-                self._set_policy(
-                    Policy.create(
-                        spec.observation_space,
-                        spec.action_space,
-                        metrics=self.metrics,
-                        mean_std_filter=s.mean_std_filter,
-                        device=s.device,
-                        seed=s.seed,
-                    )
-                )
+                self._set_policy(self._new_policy(spec.observation_space, spec.action_space))
         assert self.policy is not None and self.batcher is not None
         return self.policy, self.batcher
+
+    def _new_policy(self, observation_space: gym.Space, action_space: gym.Space, **source: Any) -> Policy:
+        """A policy for these env spaces with this server's settings; `source`: weights, version, ... if any."""
+        s = self.settings
+        return Policy.create(
+            observation_space,
+            action_space,
+            metrics=self.metrics,
+            mean_std_filter=s.mean_std_filter,
+            device=s.device,
+            seed=s.seed,
+            **source,
+        )
 
     def _set_policy(self, policy: Policy) -> None:
         self.policy = policy
@@ -207,17 +198,13 @@ class InferenceServer:
         """A new version from the learner: the first builds the policy, later ones swap between batches."""
         if self.policy is None:
             policy = await asyncio.to_thread(
-                Policy.create,
+                self._new_policy,
                 codec.space_from_proto(weights.observation_space),
                 codec.space_from_proto(weights.action_space),
-                metrics=self.metrics,
                 model_config=ModelConfig.from_dict(json.loads(weights.model_config_json)),
                 weights=weights.safetensors,
                 connector_state=_connector_state(weights),
                 version=weights.version,
-                mean_std_filter=self.settings.mean_std_filter,
-                device=self.settings.device,
-                seed=self.settings.seed,
             )
             async with self._policy_lock:
                 self._set_policy(policy)
