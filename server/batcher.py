@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from episodes import SingleAgentEpisode
+from episodes.rows import EpisodeRows
 from episodes.tree import map_structure
 from server.metrics import ServerMetrics
 from server.policy import Policy
@@ -35,7 +35,7 @@ class Request:
     """One session's step: its observations (rows = sub-envs) and the episodes they belong to."""
 
     obs: Any
-    episodes: list[SingleAgentEpisode]
+    episodes: EpisodeRows
     explore: bool
     future: asyncio.Future = field(repr=False)
 
@@ -81,9 +81,7 @@ class Batcher:
                 request.future.set_exception(RuntimeError("server is shutting down"))
         self._executor.shutdown(wait=True)
 
-    async def compute(
-        self, obs: Any, episodes: list[SingleAgentEpisode], explore: bool, env_steps: int = 0
-    ) -> dict[str, Any]:
+    async def compute(self, obs: Any, episodes: EpisodeRows, explore: bool, env_steps: int = 0) -> dict[str, Any]:
         """Actions and extra outputs for these rows (same row order), from the next batch.
 
         `env_steps` is how many transitions the request's message completed (for steps_per_version).
@@ -165,7 +163,7 @@ class Batcher:
                 continue
             parts = [requests[i].obs for i in group]
             obs = parts[0] if len(parts) == 1 else map_structure(lambda *rows: np.concatenate(rows), *parts)
-            episodes = [e for i in group for e in requests[i].episodes]
+            episodes = EpisodeRows.concat([requests[i].episodes for i in group])
             started = time.perf_counter()
             outputs = self.policy.compute(obs, episodes, explore)
             self.metrics.forward_seconds.observe(time.perf_counter() - started)

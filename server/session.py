@@ -1,19 +1,21 @@
-"""One client stream: N sub-env episodes, fed one step message at a time.
+"""One client stream: N sub-env episodes, stored column-wise, fed one step message at a time.
 
 A step message carries, for every sub-env, the observation that followed the previous action (or a
 reset observation for a sub-env whose episode had ended, as gymnasium's NEXT_STEP autoreset does).
-`observe` appends it to the sub-env's episode (O(1) per sub-env), the batcher computes actions for
-all rows, and `record` keeps those actions and extra model outputs until the next observation
-arrives, when `add_env_step` writes them into the episode exactly as RLlib episodes record them.
-Episodes that ended, and long ones cut every `rollout_fragment_length` steps, come out of `record`
-(after the forward, so connector write-backs such as MeanStdFilter's are in them) for shipping.
+`observe` writes it into the session's `StepTable` as one row (one array write per column, whatever
+the number of sub-envs), the batcher computes actions for all rows, and `record` writes those actions
+and extra model outputs into the same row. Per sub-env the session keeps only where its episode starts
+in the table. Episodes that ended, and long ones cut every `rollout_fragment_length` steps, come out of
+`record` (after the forward, so connector write-backs such as MeanStdFilter's are in them) as
+`SingleAgentEpisode`s built from the table, exactly as RLlib's `add_env_step` and `cut` would have
+built them; per-row Python work happens only then, once per shipped chunk, not once per env step.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import count
 from typing import Any
 
 import gymnasium as gym
@@ -21,7 +23,9 @@ import numpy as np
 
 from connectors.columns import Columns
 from episodes import SingleAgentEpisode
+from episodes.rows import EpisodeRows
 from episodes.tree import map_structure
+from server.step_table import StepTable
 
 # Outputs of the module-to-env pipeline that are stored in the episode as extra model outputs.
 RECORDED_OUTPUTS = (
@@ -45,15 +49,32 @@ class SessionSpec:
 
 
 class Session:
-    """The episodes of one client stream and the actions they are waiting on."""
+    """The episodes of one client stream and the actions they are waiting on.
+
+    Per sub-env i, its running episode (if `live[i]`) has its first observation at table row
+    `start[i]` and a lookback reaching back to row `lookback_start[i]`; its latest observation is at
+    the newest row. An episode's step k (0-based, after the lookback) is: observation row start + k,
+    action and outputs row start + k, reward and flags row start + k + 1.
+    """
 
     def __init__(self, spec: SessionSpec, *, rollout_fragment_length: int, lookback: int) -> None:
         self.id = uuid.uuid4().hex
         self.spec = spec
-        self.episodes: list[SingleAgentEpisode | None] = [None] * spec.num_envs
-        self._outputs: dict[str, Any] | None = None
+        self.observation_space = spec.observation_space  # what episodes hold: changed by write-backs
         self._fragment = rollout_fragment_length
         self._lookback = lookback
+        self._table = StepTable(spec.num_envs)
+        n = spec.num_envs
+        self._live = np.zeros(n, bool)
+        self._done = np.zeros(n, bool)
+        self._start = np.zeros(n, np.int64)
+        self._lookback_start = np.zeros(n, np.int64)
+        self._t_started = np.zeros(n, np.int64)
+        self._chunk = np.zeros(n, np.int64)
+        self._ids: list[str] = [""] * n
+        self._new_ids = count()
+        self._row = -1  # the newest row
+        self._pending: _Step | None = None  # the newest row while its actions are being computed
 
     def observe(
         self,
@@ -62,77 +83,155 @@ class Session:
         terminateds: np.ndarray,
         truncateds: np.ndarray,
         infos: list[dict] | None,
-    ) -> tuple[list[SingleAgentEpisode], int]:
+    ) -> tuple[EpisodeRows, int]:
         """Append one step of every sub-env.
 
         Returns the episodes, row by row, that the next actions are for, and how many env steps
         (transitions, not reset observations) were appended.
         """
-        outputs = self._outputs
-        current: list[SingleAgentEpisode] = []
-        steps = 0
-        for i, episode in enumerate(self.episodes):
-            row_obs = row(obs, i)
-            info = infos[i] if infos else {}
-            if episode is None or episode.is_done or outputs is None:
-                episode = SingleAgentEpisode(
-                    observation_space=self.spec.observation_space, action_space=self.spec.action_space
-                )
-                self.episodes[i] = episode
-                episode.add_env_reset(observation=row_obs, infos=info)
-            else:
-                episode.add_env_step(
-                    observation=row_obs,
-                    action=row(outputs[Columns.ACTIONS], i),
-                    reward=float(rewards[i]),
-                    infos=info,
-                    terminated=bool(terminateds[i]),
-                    truncated=bool(truncateds[i]),
-                    extra_model_outputs={k: row(outputs[k], i) for k in RECORDED_OUTPUTS if k in outputs},
-                )
-                steps += 1
-            current.append(episode)
-        return current, steps
+        live, table = self._live, self._table
+        if table.full:
+            table.make_room(keep_from=int(self._lookback_start[live].min()) if live.any() else self._row + 1)
+        t = self._row = table.new_row()
+        table.put(Columns.REWARDS, t, rewards.astype(np.float32, copy=False))
+        table.put(Columns.TERMINATEDS, t, terminateds)
+        table.put(Columns.TRUNCATEDS, t, truncateds)
+        table.infos[-1] = infos
+        # Sub-envs whose episode starts with this (reset) observation.
+        fresh = _NONE if live.all() else np.flatnonzero(~live)
+        if fresh.size:
+            for i in fresh:
+                self._ids[i] = f"{self.id}-{next(self._new_ids)}"
+            self._t_started[fresh] = self._chunk[fresh] = 0
+            self._start[fresh] = self._lookback_start[fresh] = t
+            live[fresh] = True
+        self._done = (terminateds | truncateds) & live
+        self._done[fresh] = False
+        self._pending = _Step(self, t, obs)
+        steps = len(live) - fresh.size
+        return EpisodeRows([self._pending]), steps
 
     def record(self, outputs: dict[str, Any]) -> list[SingleAgentEpisode]:
         """Keep this step's actions and outputs (rows = sub-envs); return the chunks now due for shipping."""
-        self._outputs = outputs
-        return self._take_done() + self._cut(lambda episode: len(episode) >= self._fragment)
+        step, self._pending = self._pending, None
+        if step is None:
+            raise RuntimeError("record() without observe()")
+        t = step.row
+        self._table.put(Columns.OBS, t, step.latest_observations())
+        self._table.put(Columns.ACTIONS, t, outputs[Columns.ACTIONS])
+        for key in RECORDED_OUTPUTS:
+            if key in outputs:
+                self._table.put(key, t, outputs[key])
+        return self._take_done() + self._cut(self._start <= t - self._fragment)
 
     def flush(self) -> list[SingleAgentEpisode]:
         """Ship every step taken so far: ended episodes, and running ones cut now (their successors go on)."""
-        return self._take_done() + self._cut(lambda episode: len(episode) > 0)
+        return self._take_done() + self._cut(self._start < self._row)
+
+    def close(self) -> list[SingleAgentEpisode]:
+        """End the session: ended episodes not yet shipped, and every running one with at least one step
+        cut off as truncated."""
+        done = self._take_done()
+        running = self._live & (self._row > self._start)
+        unfinished = [self._episode(int(i), truncated=True) for i in np.flatnonzero(running)]
+        self._live[:] = False
+        return done + unfinished
 
     def _take_done(self) -> list[SingleAgentEpisode]:
         """Ended episodes leave their slot (the sub-env's next observation starts a new one)."""
-        done = []
-        for i, episode in enumerate(self.episodes):
-            if episode is not None and episode.is_done:
-                done.append(episode)
-                self.episodes[i] = None
-        return done
+        if not self._done.any():
+            return []
+        done = np.flatnonzero(self._done & self._live)
+        self._live[done] = False
+        return [self._episode(int(i)) for i in done]
 
-    def _cut(self, due: Callable[[SingleAgentEpisode], bool]) -> list[SingleAgentEpisode]:
-        chunks = []
-        for i, episode in enumerate(self.episodes):
-            if episode is not None and not episode.is_done and due(episode):
-                chunks.append(episode)
-                self.episodes[i] = episode.cut(len_lookback_buffer=self._lookback)  # chunk_index + 1
+    def _cut(self, due: np.ndarray) -> list[SingleAgentEpisode]:
+        """Ship the running episodes among `due` (their steps so far); each goes on as the next chunk from
+        the newest row."""
+        rows = np.flatnonzero(due)
+        if not rows.size:
+            return []
+        rows = rows[self._live[rows] & ~self._done[rows]]
+        chunks = [self._episode(int(i)) for i in rows]
+        t = self._row
+        self._t_started[rows] += t - self._start[rows]
+        self._chunk[rows] += 1
+        self._start[rows] = t
+        self._lookback_start[rows] = np.maximum(t - self._lookback, self._lookback_start[rows])
         return chunks
 
-    def close(self) -> list[SingleAgentEpisode]:
-        """End the session: every running episode with at least one step is cut off as truncated."""
-        unfinished = []
-        for episode in self.episodes:
-            if episode is not None and not episode.is_done and len(episode) > 0:
-                episode.is_truncated = True
-                unfinished.append(episode)
-        self.episodes = [None] * self.spec.num_envs
-        return unfinished
+    def _episode(self, i: int, *, truncated: bool = False) -> SingleAgentEpisode:
+        """Sub-env i's running episode (chunk) up to the newest row, as a SingleAgentEpisode."""
+        t, table = self._row, self._table
+        first, start = int(self._lookback_start[i]), int(self._start[i])
+        pending = self._pending
+        if pending is None:
+            observations = table.get(Columns.OBS, first, t + 1, i)
+        else:  # the newest observation is not in the table until record()
+            latest = pending.latest_observation(i)
+            observations = map_structure(
+                lambda rows, last: np.concatenate([rows, np.asarray(last)[None]]),
+                table.get(Columns.OBS, first, t, i) if first < t else _empty_like(latest),
+                latest,
+            )
+        done = bool(self._done[i])
+        episode = SingleAgentEpisode(
+            self._ids[i],
+            observations=observations,
+            observation_space=self.observation_space,
+            infos=table.get_infos(first, t + 1, i),
+            actions=table.get(Columns.ACTIONS, first, t, i) if first < t else None,
+            action_space=self.spec.action_space,
+            rewards=table.get(Columns.REWARDS, first + 1, t + 1, i),
+            terminated=done and bool(table.get(Columns.TERMINATEDS, t, t + 1, i)[0]),
+            truncated=truncated or (done and bool(table.get(Columns.TRUNCATEDS, t, t + 1, i)[0])),
+            extra_model_outputs={k: table.get(k, first, t, i) for k in RECORDED_OUTPUTS if k in table and first < t},
+            t_started=int(self._t_started[i]),
+            len_lookback_buffer=start - first,
+        )
+        episode.chunk_index = int(self._chunk[i])
+        return episode
 
 
-def row(value: Any, i: int) -> Any:
-    """Row i of an array, or of every array in a dict / tuple nesting (plain arrays first: the hot path)."""
-    if isinstance(value, np.ndarray):
-        return value[i]
-    return map_structure(lambda column: column[i], value)
+class _Step:
+    """The newest row of a session while its actions are computed: the rows' block in `EpisodeRows`."""
+
+    def __init__(self, session: Session, row: int, observations: Any) -> None:
+        self.session = session
+        self.row = row
+        self._latest = observations
+        self._episodes: dict[int, SingleAgentEpisode] = {}
+
+    def __len__(self) -> int:
+        return self.session.spec.num_envs
+
+    def episode(self, i: int) -> SingleAgentEpisode:
+        """Row i's episode, built once per step (only per-episode connector pieces ask for it)."""
+        episode = self._episodes.get(i)
+        if episode is None:
+            episode = self._episodes[i] = self.session._episode(i)
+        return episode
+
+    def set_latest_observations(self, observations: Any, observation_space: gym.Space | None) -> None:
+        self._latest = observations
+        self.session.observation_space = observation_space
+        self._episodes.clear()  # built before the write-back: rebuilt from the new observations if asked again
+
+    def latest_observation(self, i: int) -> Any:
+        episode = self._episodes.get(i)
+        if episode is not None:  # a per-episode piece may have written it there
+            return episode.get_observations(-1)
+        return map_structure(lambda x: x[i], self._latest)
+
+    def latest_observations(self) -> Any:
+        """All rows' latest observations ([N, ...]), with what per-episode pieces wrote into built episodes."""
+        if not self._episodes:
+            return self._latest
+        return map_structure(lambda *rows: np.stack(rows), *(self.latest_observation(i) for i in range(len(self))))
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _empty_like(observation: Any) -> Any:
+    return map_structure(lambda x: np.empty((0, *np.shape(x)), np.asarray(x).dtype), observation)

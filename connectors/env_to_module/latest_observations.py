@@ -8,6 +8,7 @@ import gymnasium as gym
 
 from connectors.batching import batch_items, is_batched
 from connectors.columns import Columns
+from episodes.rows import EpisodeRows
 from episodes.tree import unbatch
 
 if TYPE_CHECKING:
@@ -33,11 +34,15 @@ def set_latest_observations(
 
     The episodes keep them (so the learner trains on what the module saw) and take the new observation
     space; a batched OBS column is replaced too. List-mode episodes take any new shape; numpy-mode
-    (finalized) ones only their stored shape and dtype.
+    (finalized) ones only their stored shape and dtype. Column-stored episodes (`EpisodeRows`, the
+    server's) take the whole batch in one write.
     """
-    for episode, row in zip(episodes, unbatch(observations), strict=True):
-        episode.set_observations(new_data=row, at_indices=-1)
-        if episode.observation_space is not observation_space:
-            episode.observation_space = observation_space
+    if isinstance(episodes, EpisodeRows):
+        episodes.set_latest_observations(observations, observation_space)
+    else:
+        for episode, row in zip(episodes, unbatch(observations), strict=True):
+            episode.set_observations(new_data=row, at_indices=-1)
+            if episode.observation_space is not observation_space:
+                episode.observation_space = observation_space
     if Columns.OBS in batch and is_batched(batch[Columns.OBS]):
         batch[Columns.OBS] = observations
