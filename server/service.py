@@ -77,7 +77,7 @@ class PolicyService:
                     raw = await context.read()
                 if raw is grpc.aio.EOF:
                     return
-                arrived = time.perf_counter()
+                arrived, arrived_cpu = time.perf_counter(), time.thread_time()
                 message = _parse(raw)
                 kind = message.WhichOneof("kind")
                 if self.draining:
@@ -95,7 +95,7 @@ class PolicyService:
                 elif kind == "step":
                     if session is None or batcher is None:
                         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
-                    await context.write(await self._step(session, batcher, message.step, arrived))
+                    await context.write(await self._step(session, batcher, message.step, arrived_cpu))
                     self.metrics.step_latency.observe(time.perf_counter() - arrived)
                 elif kind == "close":
                     if session is None:
@@ -163,7 +163,9 @@ class PolicyService:
         log.info("session opened session=%s client=%s num_envs=%d", session.id, spec.client_id, spec.num_envs)
         return session, batcher
 
-    async def _step(self, session: Session, batcher: Batcher, step: pb.Step, arrived: float) -> pb.ServerMessage:
+    async def _step(self, session: Session, batcher: Batcher, step: pb.Step, arrived_cpu: float) -> pb.ServerMessage:
+        """Decode, append, wait for the batch, record, answer; the stage counters take this thread's CPU time
+        (not wall time, which would count the inference thread's turns on the same core too)."""
         n = session.spec.num_envs
         batcher.arriving += 1
         try:
@@ -177,13 +179,13 @@ class PolicyService:
             if step.infos and len(step.infos) != n:
                 raise CodecError(f"infos: {len(step.infos)} items != {n}")
             infos = [codec.from_struct(s) for s in step.infos] if step.infos else None
-            decoded = time.perf_counter()
+            decoded = time.thread_time()
             episodes, steps = session.observe(obs, rewards, terminateds, truncateds, infos)
         finally:
             batcher.arriving -= 1
-        appended = time.perf_counter()
+        appended = time.thread_time()
         outputs = await batcher.compute(obs, episodes, session.spec.explore, steps)
-        computed = time.perf_counter()
+        computed = time.thread_time()
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(
             actions=pb.Actions(
@@ -191,9 +193,9 @@ class PolicyService:
                 model_version=int(outputs[Columns.MODEL_VERSION][0]),
             )
         )
-        self._stage["decode"].inc(decoded - arrived)
+        self._stage["decode"].inc(decoded - arrived_cpu)
         self._stage["append"].inc(appended - decoded)
-        self._stage["encode"].inc(time.perf_counter() - computed)
+        self._stage["encode"].inc(time.thread_time() - computed)
         self.metrics.env_steps.inc(steps)
         return reply
 
