@@ -22,6 +22,7 @@ from episodes.codec import episode_to_proto
 from rlgate import codec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 from server.auth import bearer_metadata
+from server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class LearnerLink:
         on_weights: Callable[[learner_pb2.Weights], Awaitable[None]],
         current_version: Callable[[], int],
         connector_delta: Callable[[], Awaitable[dict]],
+        metrics: ServerMetrics,
         token: str | None = None,
     ) -> None:
         self.target = target
@@ -54,12 +56,14 @@ class LearnerLink:
         self._current_version = current_version
         self._connector_delta = connector_delta
         self._metadata = bearer_metadata(token)
+        self._metrics = metrics
         self._queue: list[SingleAgentEpisode] = []
         self._queued = asyncio.Event()
         self._spooled = asyncio.Event()
         self._write_lock = asyncio.Lock()  # one spool writer at a time (seq numbers, stop() vs the writer)
         existing = self.spooled()
         self._next_seq = int(existing[-1].stem) + 1 if existing else 0
+        metrics.spool_batches.set(len(existing))
         self._tasks: list[asyncio.Task] = []
         self._channel = grpc.aio.insecure_channel(
             target,
@@ -134,8 +138,11 @@ class LearnerLink:
         )
         path = self.spool_dir / f"{seq:012d}.pb"
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(batch.SerializeToString())
+        data = batch.SerializeToString()
+        tmp.write_bytes(data)
         tmp.replace(path)
+        self._metrics.spooled_bytes.inc(len(data))
+        self._metrics.spool_batches.inc()
 
     async def _retry(self, stream: Callable[[], Awaitable[None]]) -> None:
         """Run a stream forever, re-opening it with backoff when it breaks."""
@@ -168,6 +175,8 @@ class LearnerLink:
                 if path is not None:
                     path.unlink(missing_ok=True)
                     self.acked += 1
+                    self._metrics.acked_batches.inc()
+                    self._metrics.spool_batches.dec()
                 room.set()
 
         reader = asyncio.get_running_loop().create_task(read_acks())

@@ -47,6 +47,7 @@ class InferenceServer:
                 on_weights=self._apply_weights,
                 current_version=lambda: self.policy.version if self.policy else -1,
                 connector_delta=self._connector_delta,
+                metrics=self.metrics,
                 token=settings.token.get_secret_value() if settings.token else None,
             )
         self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)

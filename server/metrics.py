@@ -36,8 +36,15 @@ class ServerMetrics:
         self.model_version = Gauge("rlgate_model_version", "Version of the model answering requests.", registry=r)
         self.stage_seconds = Counter(
             "rlgate_stage_seconds",
-            "Server time spent per stage (decode, append, env_to_module, forward, module_to_env, encode).",
+            "Server CPU time per stage (decode, append, env_to_module, forward, module_to_env, encode).",
             ["stage"],
             registry=r,
         )
+        self.spool_batches = Gauge(
+            "rlgate_spool_batches", "Episode batches in the spool, not yet acknowledged by the learner.", registry=r
+        )
+        self.spooled_bytes = Counter(
+            "rlgate_spooled_bytes", "Bytes of episode batches written to the spool for the learner.", registry=r
+        )
+        self.acked_batches = Counter("rlgate_acked_batches", "Episode batches the learner acknowledged.", registry=r)
         self.rejected = Counter("rlgate_rejected", "Calls ended with an error status.", ["code"], registry=r)
