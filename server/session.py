@@ -74,6 +74,9 @@ class Session:
         self._ids: list[str] = [""] * n
         self._new_ids = count()
         self._row = -1  # the newest row
+        # Cheap per-message checks (numpy calls cost ~1 us each, as much as a one-env message's real work).
+        self._any_done = False  # some sub-env's episode ended at the newest row
+        self._first_start = 0  # the smallest start: no cut is due before row first_start + fragment
         self._pending: _Step | None = None  # the newest row while its actions are being computed
 
     def observe(
@@ -97,16 +100,19 @@ class Session:
         table.put(Columns.TERMINATEDS, t, terminateds)
         table.put(Columns.TRUNCATEDS, t, truncateds)
         table.infos[-1] = infos
-        # Sub-envs whose episode starts with this (reset) observation.
-        fresh = _NONE if live.all() else np.flatnonzero(~live)
-        if fresh.size:
+        self._done = terminateds | truncateds
+        if live.all():
+            fresh = _NONE
+        else:  # sub-envs whose episode starts with this (reset) observation
+            fresh = np.flatnonzero(~live)
             for i in fresh:
                 self._ids[i] = f"{self.id}-{next(self._new_ids)}"
             self._t_started[fresh] = self._chunk[fresh] = 0
             self._start[fresh] = self._lookback_start[fresh] = t
+            self._first_start = int(self._start.min())
+            self._done[fresh] = False
             live[fresh] = True
-        self._done = (terminateds | truncateds) & live
-        self._done[fresh] = False
+        self._any_done = bool(self._done.any())
         self._pending = _Step(self, t, obs)
         steps = len(live) - fresh.size
         return EpisodeRows([self._pending]), steps
@@ -122,7 +128,10 @@ class Session:
         for key in RECORDED_OUTPUTS:
             if key in outputs:
                 self._table.put(key, t, outputs[key])
-        return self._take_done() + self._cut(self._start <= t - self._fragment)
+        shipped = self._take_done()
+        if t - self._fragment >= self._first_start:
+            shipped += self._cut(self._start <= t - self._fragment)
+        return shipped
 
     def flush(self) -> list[SingleAgentEpisode]:
         """Ship every step taken so far: ended episodes, and running ones cut now (their successors go on)."""
@@ -139,8 +148,9 @@ class Session:
 
     def _take_done(self) -> list[SingleAgentEpisode]:
         """Ended episodes leave their slot (the sub-env's next observation starts a new one)."""
-        if not self._done.any():
+        if not self._any_done:
             return []
+        self._any_done = False
         done = np.flatnonzero(self._done & self._live)
         self._live[done] = False
         return [self._episode(int(i)) for i in done]
@@ -157,6 +167,7 @@ class Session:
         self._t_started[rows] += t - self._start[rows]
         self._chunk[rows] += 1
         self._start[rows] = t
+        self._first_start = int(self._start.min())
         self._lookback_start[rows] = np.maximum(t - self._lookback, self._lookback_start[rows])
         return chunks
 
