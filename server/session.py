@@ -92,6 +92,8 @@ class Session:
         Returns the episodes, row by row, that the next actions are for, and how many env steps
         (transitions, not reset observations) were appended.
         """
+        if self._pending is not None:
+            raise RuntimeError("observe() twice: record() the previous step's outputs first")
         live, table = self._live, self._table
         if table.full:
             table.make_room(keep_from=int(self._lookback_start[live].min()) if live.any() else self._row + 1)

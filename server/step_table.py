@@ -34,6 +34,11 @@ class StepTable:
         return column in self._columns
 
     @property
+    def capacity(self) -> int:
+        """Rows allocated per column (the table's memory is bounded by this)."""
+        return self._capacity
+
+    @property
     def full(self) -> bool:
         """True when the next `new_row` needs `make_room` first."""
         return self.rows == self._capacity
