@@ -23,7 +23,7 @@ from bench.procs import Child, LoadProcess, ServerProcess
 # Sleeps through a measuring window of this many seconds; may return figures it watched meanwhile.
 Watch = Callable[[float], dict[str, Any]]
 
-# rlgate's timed stages (`rlgate_stage_seconds_total{stage=...}`), in hot-path order.
+# rlgate's timed stages (`rlgate_stage_seconds_total{stage=...}`, CPU time of the thread), in hot-path order.
 STAGES = ("decode", "append", "env_to_module", "forward", "module_to_env", "encode")
 
 
@@ -57,11 +57,11 @@ def figures(steps: int, seconds: float, latency_us: list[int]) -> dict[str, floa
 def server_figures(before: dict[str, float], after: dict[str, float], cpu_s: float, steps: int) -> dict[str, Any]:
     """Per env step CPU, mean batch and the stage split, from two snapshots of rlgate's metrics.
 
-    `stages_us`: each timed stage per env step, plus `untimed`, the server CPU left over (gRPC, the event
-    loop, the hand-off to the inference thread). `queue_wait_us`: per message, the server time from its
-    arrival to its answer being written that is neither its own stages nor its batch's compute: waiting
-    behind earlier batches, the thread hand-offs and the gRPC write. Without metrics (the bare floor),
-    only CPU per env step, over the clients' count of env steps.
+    `stages_us`: each timed stage's CPU time per env step, plus `untimed`, the server CPU left over (gRPC,
+    the event loop, the hand-off to the inference thread). `queue_wait_us`: per message, the server time
+    from its arrival to its answer being written that is neither its own stages' CPU time nor its batch's
+    compute (wall): waiting behind earlier batches and for the core, the thread hand-offs, the gRPC write.
+    Without metrics (the bare floor), only CPU per env step, over the clients' count of env steps.
     """
 
     def delta(key: str) -> float:

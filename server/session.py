@@ -54,7 +54,8 @@ class Session:
     Per sub-env i, its running episode (if `live[i]`) has its first observation at table row
     `start[i]` and a lookback reaching back to row `lookback_start[i]`; its latest observation is at
     the newest row. An episode's step k (0-based, after the lookback) is: observation row start + k,
-    action and outputs row start + k, reward and flags row start + k + 1.
+    action and outputs row start + k, reward row start + k + 1. Done flags are only read at the newest row,
+    so the table does not keep them.
     """
 
     def __init__(self, spec: SessionSpec, *, rollout_fragment_length: int, lookback: int) -> None:
@@ -67,6 +68,7 @@ class Session:
         n = spec.num_envs
         self._live = np.zeros(n, bool)
         self._done = np.zeros(n, bool)
+        self._terminateds = self._truncateds = self._done  # the newest message's flags
         self._start = np.zeros(n, np.int64)
         self._lookback_start = np.zeros(n, np.int64)
         self._t_started = np.zeros(n, np.int64)
@@ -99,9 +101,8 @@ class Session:
             table.make_room(keep_from=int(self._lookback_start[live].min()) if live.any() else self._row + 1)
         t = self._row = table.new_row()
         table.put(Columns.REWARDS, t, rewards.astype(np.float32, copy=False))
-        table.put(Columns.TERMINATEDS, t, terminateds)
-        table.put(Columns.TRUNCATEDS, t, truncateds)
         table.infos[-1] = infos
+        self._terminateds, self._truncateds = terminateds, truncateds  # only the newest row's are ever read
         self._done = terminateds | truncateds
         if live.all():
             fresh = _NONE
@@ -196,8 +197,8 @@ class Session:
             actions=table.get(Columns.ACTIONS, first, t, i) if first < t else None,
             action_space=self.spec.action_space,
             rewards=table.get(Columns.REWARDS, first + 1, t + 1, i),
-            terminated=done and bool(table.get(Columns.TERMINATEDS, t, t + 1, i)[0]),
-            truncated=truncated or (done and bool(table.get(Columns.TRUNCATEDS, t, t + 1, i)[0])),
+            terminated=done and bool(self._terminateds[i]),
+            truncated=truncated or (done and bool(self._truncateds[i])),
             extra_model_outputs={k: table.get(k, first, t, i) for k in RECORDED_OUTPUTS if k in table and first < t},
             t_started=int(self._t_started[i]),
             len_lookback_buffer=start - first,
