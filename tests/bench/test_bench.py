@@ -70,4 +70,5 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
         assert all(record["stages_us"][stage] > 0 for stage in STAGES), record
     (hand_off,) = (r for r in records if r["scenario"] == "B7")
     assert hand_off["episodes_per_s"] > 0 and hand_off["bytes_per_s"] > 0 and hand_off["chunks"] > 0
-    assert isinstance(hand_off["steps_lost"], int) and isinstance(hand_off["unacked_batches"], int)
+    # Nothing accepted is lost: every env step the clients were answered reached the learner's intake.
+    assert hand_off["steps_lost"] == 0 and hand_off["unacked_batches"] == 0, hand_off
