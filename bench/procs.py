@@ -45,17 +45,36 @@ def own_seconds() -> float:
 
 
 class Child:
-    """A `python -m module args...` child pinned to `cores`; stderr goes to `log`."""
+    """A `python -m module args...` child pinned to `cores`; stderr goes to `log`.
 
-    def __init__(self, module: str, args: list[str], cores: set[int], log: Path, *, pipes: bool = False) -> None:
+    With `checkout` (a directory holding another copy of this repository), the child runs that copy's
+    code: it starts there (`python -m` puts its working directory first on sys.path) with the copy's
+    `proto/` on PYTHONPATH. Used to measure two versions side by side (`bench.compare`).
+    """
+
+    def __init__(
+        self,
+        module: str,
+        args: list[str],
+        cores: set[int],
+        log: Path,
+        *,
+        pipes: bool = False,
+        checkout: Path | None = None,
+    ) -> None:
         self.log = log
         self._log_file = log.open("wb")
+        env = None
+        if checkout is not None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(checkout / "proto")])}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
             stdout=subprocess.PIPE if pipes else subprocess.DEVNULL,
             stderr=self._log_file,
             preexec_fn=lambda: os.sched_setaffinity(0, cores),
+            cwd=checkout,
+            env=env,
         )
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -25,6 +25,9 @@ In:
 - `obs`: numpy [B, ...] (for Dict/Tuple spaces a dict/tuple of [B, ...] arrays); row i is the latest
   observation of `episodes[i]`, already in that episode (`add_env_reset` / `add_env_step`). One episode
   per row; rows of all sessions concatenated once.
+- `episodes`: any sequence of SingleAgentEpisodes. The server passes an `episodes.rows.EpisodeRows`: its
+  sessions store episodes column-wise, and row i's SingleAgentEpisode is built only when a piece asks
+  for it (the default pieces on this path never do).
 - `explore`: one flag for the whole batch (sample vs greedy; batch sessions with different flags apart).
 
 Env-to-module output: a dict of torch tensors on the pipeline's device: OBS [B, ...] (stateful modules:
@@ -33,7 +36,8 @@ AddObservationsFromEpisodesToBatch leaves the present OBS alone, BatchIndividual
 columns alone and NumpyToTensor converts each column once. Only per-episode data costs a loop over B:
 STATE_IN (stateful modules) and the write-back of observation-changing pieces (MeanStdFilter,
 FlattenObservations, PrevActionsPrevRewards, ObservationPreprocessor), which transform the batched OBS in
-one step and then store row i into episodes[i] (an O(1) set per episode).
+one step and then store row i into episodes[i] (an O(1) set per episode; one batched write into an
+`EpisodeRows`).
 
 Module-to-env output: a dict of numpy arrays [B, ...], row i for episodes[i] (the server slices rows
 per session):
