@@ -1,6 +1,6 @@
 """Dynamic batching: many sessions' step requests, one forward pass.
 
-Greedy, with no fixed delay: whenever the inference thread is free, the batcher takes every request
+Greedy, with no fixed delay: whenever the previous batch is done, the batcher takes every request
 that has arrived (up to `max_batch_size` env steps) and runs it at once. It waits up to `max_wait_us`
 only while more requests are known to be on their way (messages received but still being decoded),
 so a lone client never pays for batching. Requests of sessions that explore and of sessions that act
@@ -41,7 +41,13 @@ class Request:
 
 
 class Batcher:
-    """Collects requests from all sessions and runs them through the policy on one inference thread."""
+    """Collects requests from all sessions and runs them through the policy, one batch at a time.
+
+    With `thread`, batches run on a thread of their own, so the event loop keeps reading and writing
+    streams during a forward pass (worth it when a forward is long: a GPU, a large model). Without, they
+    run on the event loop itself, which saves two thread hand-offs per batch: for a small model on a CPU
+    that is most of a lone client's wait.
+    """
 
     def __init__(
         self,
@@ -52,6 +58,7 @@ class Batcher:
         metrics: ServerMetrics,
         steps_per_version: int = 0,
         flush: Callable[[], None] = lambda: None,
+        thread: bool = False,
     ) -> None:
         self.policy = policy
         self.steps_per_version = steps_per_version
@@ -64,14 +71,14 @@ class Batcher:
         self.arriving = 0
         self._queue: deque[Request] = deque()
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-inference")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-inference") if thread else None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="rlgate-batcher")
 
     async def stop(self) -> None:
-        """Fail what is still queued and stop the inference thread."""
+        """Fail what is still queued and stop the inference thread, if there is one."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -79,7 +86,8 @@ class Batcher:
             request = self._queue.popleft()
             if not request.future.done():
                 request.future.set_exception(RuntimeError("server is shutting down"))
-        self._executor.shutdown(wait=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
 
     async def compute(self, obs: Any, episodes: EpisodeRows, explore: bool, env_steps: int = 0) -> dict[str, Any]:
         """Actions and extra outputs for these rows (same row order), from the next batch.
@@ -100,8 +108,10 @@ class Batcher:
     def paused(self) -> bool:
         return 0 < self.steps_per_version <= self._steps_in_version
 
-    async def run_in_inference_thread(self, fn: Any, *args: Any) -> Any:
-        """Run fn between batches (e.g. a weight swap), never during one."""
+    async def between_batches(self, fn: Any, *args: Any) -> Any:
+        """Run fn between two batches (a weight swap, taking connector statistics), never during one."""
+        if self._executor is None:  # batches run on this loop: now is between two of them
+            return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def _run(self) -> None:
@@ -116,7 +126,10 @@ class Batcher:
                 await self._gather_arriving()
                 taken = self._take()
                 try:
-                    results = await loop.run_in_executor(self._executor, self._compute, taken)
+                    if self._executor is None:
+                        results = self._compute(taken)
+                    else:
+                        results = await loop.run_in_executor(self._executor, self._compute, taken)
                 except Exception as exc:  # a broken batch fails its requests, never the batcher
                     for request in taken:
                         if not request.future.done():
@@ -125,6 +138,7 @@ class Batcher:
                 for request, result in zip(taken, results, strict=True):
                     if not request.future.done():  # the client may have gone meanwhile
                         request.future.set_result(result)
+                await asyncio.sleep(0)  # let the streams answered, and those whose messages arrived, go on
             if self.paused():
                 self._flush()
 
@@ -155,7 +169,7 @@ class Batcher:
         return taken
 
     def _compute(self, requests: list[Request]) -> list[dict[str, Any]]:
-        """On the inference thread: one forward per explore flag, then each request's slice of rows."""
+        """One forward per explore flag, then each request's slice of rows."""
         results: list[dict[str, Any] | None] = [None] * len(requests)
         for explore in (True, False):
             group = [i for i, r in enumerate(requests) if r.explore == explore]

@@ -167,13 +167,15 @@ class InferenceServer:
 
     def _set_policy(self, policy: Policy) -> None:
         self.policy = policy
+        s = self.settings
         self.batcher = Batcher(
             policy,
-            steps_per_version=self.settings.steps_per_version if self.learner else 0,
+            steps_per_version=s.steps_per_version if self.learner else 0,
             flush=self._flush_sessions,
-            max_batch_size=self.settings.max_batch_size,
-            max_wait_us=self.settings.max_wait_us,
+            max_batch_size=s.max_batch_size,
+            max_wait_us=s.max_wait_us,
             metrics=self.metrics,
+            thread=s.device == "cuda" if s.inference_thread is None else s.inference_thread,
         )
         self.batcher.start()
         log.info("model ready observation_space=%s action_space=%s", policy.observation_space, policy.action_space)
@@ -182,7 +184,7 @@ class InferenceServer:
         """The served pipeline's statistics since the last call (taken between batches), for the learner."""
         if self.policy is None or self.batcher is None:
             return {}
-        return await self.batcher.run_in_inference_thread(self.policy.take_connector_delta)
+        return await self.batcher.between_batches(self.policy.take_connector_delta)
 
     def _flush_sessions(self) -> None:
         for session in self.service.sessions.values():
@@ -210,7 +212,7 @@ class InferenceServer:
             async with self._policy_lock:
                 self._set_policy(policy)
         elif self.batcher is not None:
-            await self.batcher.run_in_inference_thread(
+            await self.batcher.between_batches(
                 self.policy.set_weights, weights.version, weights.safetensors, _connector_state(weights)
             )
             self.batcher.new_version()

@@ -1,7 +1,7 @@
 """The served policy: an RLModule between its env-to-module and module-to-env pipelines.
 
-Everything here runs on the batcher's single inference thread, so a weight swap (also run there)
-always falls between two batches, never inside one.
+Everything here runs where the batcher runs its batches (its inference thread, or the event loop), one
+call at a time, so a weight swap always falls between two batches, never inside one.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Policy:
     def compute(self, obs: Any, episodes: Sequence[SingleAgentEpisode], explore: bool) -> dict[str, Any]:
         """Actions, actions_for_env and extra model outputs as numpy arrays, one row per episode.
 
-        The stage counters take the inference thread's CPU time per stage.
+        The stage counters take the CPU time, per stage, of the thread running the batch.
         """
         shared: dict[str, Any] = {}
         t0 = time.thread_time()
@@ -138,7 +138,7 @@ class Policy:
         return outputs
 
     def set_weights(self, version: int, weights: bytes, connector_state: dict[str, Any] | None = None) -> None:
-        """Swap to a newer model version and the learner's merged connector state (on the inference thread)."""
+        """Swap to a newer model version and the learner's merged connector state (between batches)."""
         if version <= self.version:
             return
         load_weights(self.module, weights)
@@ -148,7 +148,7 @@ class Policy:
         self._metrics.model_version.set(version)
 
     def take_connector_delta(self) -> dict[str, Any]:
-        """The connector statistics gathered since the last call, for the learner to merge (inference thread).
+        """The connector statistics gathered since the last call, for the learner to merge (between batches).
 
         The pieces' own view keeps them (their global statistics absorb the delta), so normalisation
         does not jump; the learner's merged state replaces it with the next weights.

@@ -165,7 +165,7 @@ class PolicyService:
 
     async def _step(self, session: Session, batcher: Batcher, step: pb.Step, arrived_cpu: float) -> pb.ServerMessage:
         """Decode, append, wait for the batch, record, answer; the stage counters take this thread's CPU time
-        (not wall time, which would count the inference thread's turns on the same core too)."""
+        (not wall time, which would count other threads' turns on the same core too)."""
         n = session.spec.num_envs
         batcher.arriving += 1
         try:

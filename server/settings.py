@@ -50,6 +50,12 @@ class ServerSettings(BaseSettings):
         "servers and sends them back with the weights (server and learner must agree).",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Torch device of the forward pass.")
+    inference_thread: bool | None = Field(
+        None,
+        description="Run batches on a thread of their own, so the event loop keeps serving streams during a "
+        "forward pass (a GPU, a large model); off, they run on the event loop and skip the thread hand-offs. "
+        "Unset: on for cuda, off for cpu.",
+    )
     seed: int | None = Field(None, description="Seed for the fresh model's weights and for action sampling.")
     max_batch_size: int = Field(256, ge=1, description="Most env steps in one forward pass.")
     max_wait_us: int = Field(

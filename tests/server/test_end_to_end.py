@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -56,7 +57,10 @@ async def test_every_action_space_is_served_inside_its_bounds(server, action_nam
     assert client.stats.episodes == 7
 
 
-async def test_many_single_env_clients_and_a_vector_client_share_batches(server):
+@pytest.mark.parametrize("inference_thread", [False, True])
+async def test_many_single_env_clients_and_a_vector_client_share_batches(server_factory, inference_thread):
+    # Batches on the event loop (the CPU default) or on a thread of their own (the CUDA default).
+    server = await server_factory(inference_thread=inference_thread)
     singles = [EnvClient(SpaceEnv(BOX4, DISCRETE2, length=10), target(server), seed=i) for i in range(4)]
     vector_env = gym.vector.SyncVectorEnv([lambda: SpaceEnv(BOX4, DISCRETE2, length=10) for _ in range(8)])
     vector = EnvClient(vector_env, target(server), seed=100)
@@ -69,3 +73,5 @@ async def test_many_single_env_clients_and_a_vector_client_share_batches(server)
     assert server.metrics.env_steps._value.get() == 4 * 200 + 800
     assert total >= 4 * 200 + 800  # every row went through a forward pass (reset observations too)
     assert total / count > 1  # and forward passes were shared between clients
+    threads = {t.name.split("_")[0] for t in threading.enumerate()}
+    assert ("rlgate-inference" in threads) is inference_thread
