@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+from support.learners import Learners
 
 from connectors.columns import Columns
 from episodes import SingleAgentEpisode
@@ -57,6 +58,14 @@ async def learner_server(learner_settings: Callable[..., LearnerSettings]) -> As
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest.fixture
+def learners(tmp_path: Path) -> Iterator[Learners]:
+    """`rlgate learn` processes for one test; any still running at teardown are killed."""
+    learners = Learners(tmp_path)
+    yield learners
+    learners.kill_all()
 
 
 @pytest.fixture

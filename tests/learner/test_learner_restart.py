@@ -16,68 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
-from support.servers import running_client, target
+from support.learners import ENV, intake_chunks, shipped_chunks
+from support.servers import running_client, target, until
 
 from client.env_client import EnvClient
-from episodes.codec import episode_from_proto
 from learner import checkpoint
-from learner.intake import chunk_key
-from rlgate.v1 import episode_pb2, learner_pb2
 from server.main import InferenceServer
 
-ENV = "CartPole-v1"
 TRAIN_BATCH_SIZE = 128
-
-
-class Learners:
-    """`rlgate learn` processes, one after another, on one port and one checkpoint directory."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.checkpoints = directory / "checkpoints"
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.processes: list[subprocess.Popen] = []
-
-    def start(self, name: str) -> subprocess.Popen:
-        """Start one (checkpoints every 2 versions; quick updates); its log goes to `name`.log."""
-        command = [
-            *(sys.executable, "-m", "server", "learn", "--env", ENV, "--seed", "0"),
-            *("--port", str(self.port), "--http-port", "0", "--checkpoint-dir", str(self.checkpoints)),
-            *("--checkpoint-every", "2", "--train-batch-size", str(TRAIN_BATCH_SIZE)),
-            *("--minibatch-size", "64", "--num-epochs", "2"),
-        ]
-        with open(self.directory / f"{name}.log", "w") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.processes.append(process)
-        return process
-
-
-@pytest.fixture
-def learners(tmp_path: Path) -> Iterator[Learners]:
-    """Learner processes for one test; any still running at teardown are killed."""
-    learners = Learners(tmp_path)
-    yield learners
-    for process in learners.processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-
-
-async def until(condition: Callable[[], bool], timeout: float) -> None:
-    """Poll `condition` until it holds (bounded in time)."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
+# Checkpoints every 2 versions; quick updates.
+QUICK = ("--checkpoint-every", "2", "--train-batch-size", str(TRAIN_BATCH_SIZE), "--minibatch-size", "64")
+QUICK += ("--num-epochs", "2")
 
 
 def served(server: InferenceServer) -> int:
@@ -101,12 +54,12 @@ async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk
 ):
     checkpoints, shipped_dir = learners.checkpoints, tmp_path / "shipped"
     server = await server_factory(
-        learner=f"127.0.0.1:{learners.port}",
+        learner=learners.target,
         steps_per_version=TRAIN_BATCH_SIZE,
         rollout_fragment_length=16,  # many chunks, and episodes cut into several
         episode_dir=shipped_dir,
     )
-    first = learners.start("learner-1")
+    first = learners.start("learner-1", *QUICK)
     client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)]), target(server), seed=0)
     async with running_client(client):
         # Checkpoints come every 2 versions: at version 3 the learner restarts from version 2, and the server
@@ -117,7 +70,7 @@ async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk
         assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
         killed_at, resumed_from = served(server), checkpoint.load(checkpoints).version
 
-        second = learners.start("learner-2")
+        second = learners.start("learner-2", *QUICK)
         await until(lambda: served(server) >= max(killed_at, resumed_from) + 3, timeout=60)
     await server.stop()  # ships the open episodes (truncated) and waits for the learner's acks
     assert not list((tmp_path / "spool").rglob("*.pb")), "the server has unacknowledged batches left"
@@ -125,17 +78,10 @@ async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk
     assert await asyncio.to_thread(second.wait, 30) == 0
     assert f"v{resumed_from:06d} version={resumed_from}" in (tmp_path / "learner-2.log").read_text()  # it resumed
 
-    spaces = (gym.make(ENV).observation_space, gym.spaces.Discrete(2))
-    shipped = {}
-    for path in shipped_dir.glob("*.pb"):
-        message = episode_pb2.Episode.FromString(path.read_bytes())
-        shipped[chunk_key(message.id, message.chunk_index)] = len(episode_from_proto(message, *spaces))
+    shipped = shipped_chunks(shipped_dir)
     final = checkpoint.load(checkpoints)
     trained = final.trained_chunks
-    untrained = set()
-    for path in (checkpoints / "intake").glob("*.pb"):
-        batch = learner_pb2.EpisodeBatch.FromString(path.read_bytes())
-        untrained |= {chunk_key(e.id, e.chunk_index) for e in batch.episodes} - set(trained)
+    untrained = intake_chunks(checkpoints) - set(trained)
 
     assert len(trained) == len(set(trained)) > 0
     assert set(trained) | untrained == set(shipped), "a shipped chunk was lost, or an unknown one trained"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,13 @@ async def running_client(client: EnvClient) -> AsyncIterator[asyncio.Task[Client
     finally:
         client.stop()
         await asyncio.wait_for(task, 10)
+
+
+async def until(condition: Callable[[], bool], timeout: float) -> None:
+    """Poll `condition` until it holds (bounded in time, not a sleep)."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
 
 
 async def wait_for_steps(client: EnvClient, at_least: int, timeout: float = 10.0) -> None:

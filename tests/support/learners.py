@@ -1,0 +1,69 @@
+"""Helpers for tests against real `rlgate learn` processes, and for reading back where chunks went."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+
+from episodes.codec import episode_from_proto
+from learner.intake import chunk_key
+from rlgate.v1 import episode_pb2, learner_pb2
+
+ENV = "CartPole-v1"
+
+
+class Learners:
+    """`rlgate learn` processes (CartPole, seed 0), one after another, on one port and one checkpoint directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.checkpoints = directory / "checkpoints"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.processes: list[subprocess.Popen] = []
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, name: str, *flags: str) -> subprocess.Popen:
+        """Start one with these extra `rlgate learn` flags; its log goes to `name`.log."""
+        command = [
+            *(sys.executable, "-m", "server", "learn", "--env", ENV, "--seed", "0"),
+            *("--port", str(self.port), "--http-port", "0", "--checkpoint-dir", str(self.checkpoints)),
+            *flags,
+        ]
+        with open(self.directory / f"{name}.log", "w") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.processes.append(process)
+        return process
+
+    def kill_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def shipped_chunks(directory: Path) -> dict[str, int]:
+    """Chunk key -> env steps, for every chunk a server's `episode_dir` recorded as shipped (CartPole)."""
+    spaces = (gym.make(ENV).observation_space, gym.spaces.Discrete(2))
+    shipped = {}
+    for path in directory.glob("*.pb"):
+        message = episode_pb2.Episode.FromString(path.read_bytes())
+        shipped[chunk_key(message.id, message.chunk_index)] = len(episode_from_proto(message, *spaces))
+    return shipped
+
+
+def intake_chunks(checkpoints: Path) -> set[str]:
+    """Keys of the chunks held in a learner's intake files (acknowledged, in no checkpoint yet)."""
+    keys = set()
+    for path in (checkpoints / "intake").glob("*.pb"):
+        batch = learner_pb2.EpisodeBatch.FromString(path.read_bytes())
+        keys |= {chunk_key(e.id, e.chunk_index) for e in batch.episodes}
+    return keys
