@@ -4,8 +4,10 @@ A real learner (`rlgate learn`) on the clients' cores and a server shipping to i
 learner only takes episodes in: its train batch is too large to ever fill and it never checkpoints, so
 it keeps every batch it acknowledged in its intake directory, and the hand-off is all that is measured.
 During each window: chunks per second shipped by the server's sessions and accepted by the learner,
-bytes per second reaching the learner's intake, and the largest server spool (batches written, not yet
-acknowledged). After the run the server is stopped (it flushes its spool to the learner) and the
+bytes per second reaching the learner's intake, and the largest server spool (bytes written, not yet
+acknowledged). The server's spool is limited to `SPOOL_LIMIT`: when the learner takes chunks in more
+slowly than the server ships them, the spool fills up to it and the server then samples at the
+learner's pace. After the run the server is stopped (it flushes its spool to the learner) and the
 intake is read back: its chunks, each (episode id, chunk index) once, must hold every env step the
 clients were answered.
 """
@@ -26,6 +28,8 @@ from rlgate.v1 import learner_pb2
 SAMPLES_PER_S = 5
 # Never reached: the learner stores what it is sent and does not train or checkpoint meanwhile.
 NEVER = "1000000000"
+# The server's --max-spool: a few seconds of chunks at this load.
+SPOOL_LIMIT = 4 << 20
 
 
 def hand_off(load: Load, timing: Timing, serve: list[str], cores: tuple[set[int], set[int]], logs: Path) -> dict:
@@ -41,9 +45,10 @@ def hand_off(load: Load, timing: Timing, serve: list[str], cores: tuple[set[int]
     try:
         learner.wait_serving()
         serve = [*serve, "--learner", learner.target, "--spool-dir", str(spool), "--server-id", "bench"]
+        serve += ["--max-spool", str(SPOOL_LIMIT)]
         server = ServerProcess("server", [*serve, "--drain-timeout-s", "60"], server_cores, logs / "rlgate-handoff.log")
         server.wait_serving().wait_ready()  # ready: the learner's first weights have arrived
-        watch = partial(_watch, server, learner, intake, spool / "bench")
+        watch = partial(_watch, server, learner, intake)
         result = under_load(server, load, timing, client_cores, logs, watch=watch)
         server.stop(timeout=90)  # SIGTERM: it sends its whole spool before exiting
         result["unacked_batches"] = len(list((spool / "bench").glob("*.pb")))
@@ -52,24 +57,24 @@ def hand_off(load: Load, timing: Timing, serve: list[str], cores: tuple[set[int]
             server.stop()
         learner.stop()
     steps, chunks = _read_back(intake)
-    return {**result, "chunks": chunks, "steps_lost": result["total_steps"] - steps}
+    return {**result, "spool_limit_bytes": SPOOL_LIMIT, "chunks": chunks, "steps_lost": result["total_steps"] - steps}
 
 
-def _watch(server: ServerProcess, learner: ServerProcess, intake: Path, spool: Path, seconds: float) -> dict[str, Any]:
+def _watch(server: ServerProcess, learner: ServerProcess, intake: Path, seconds: float) -> dict[str, Any]:
     """Per second over the window: chunks shipped (server) and accepted (learner), bytes reaching the
-    intake; and the largest spool sampled in it, in batches."""
+    intake; and the largest spool sampled in it, in bytes."""
     shipped, accepted, size = _shipped(server), _accepted(learner), _bytes(intake)
     started = time.perf_counter()
-    spooled = 0
+    spooled = 0.0
     while (left := started + seconds - time.perf_counter()) > 0:
         time.sleep(min(left, 1 / SAMPLES_PER_S))
-        spooled = max(spooled, len(list(spool.glob("*.pb"))))
+        spooled = max(spooled, server.metrics()["rlgate_spool_bytes"])
     elapsed = time.perf_counter() - started
     return {
         "shipped_per_s": (_shipped(server) - shipped) / elapsed,
         "episodes_per_s": (_accepted(learner) - accepted) / elapsed,
         "bytes_per_s": (_bytes(intake) - size) / elapsed,
-        "max_spool": spooled,
+        "max_spool_bytes": spooled,
     }
 
 

@@ -37,7 +37,8 @@ B7_LOAD = (16, 32)
 # Figures every B1-B3 record carries, from rlgate's measurement.
 FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "p999_ms", "mean_batch", "server_cpu_us_per_step", "client_cpu")
 # Figures of the B7 record, from bench.handoff.
-HAND_OFF = ("shipped_per_s", "episodes_per_s", "bytes_per_s", "max_spool", "unacked_batches", "chunks", "steps_lost")
+HAND_OFF = ("shipped_per_s", "episodes_per_s", "bytes_per_s", "max_spool_bytes", "spool_limit_bytes", "unacked_batches")
+HAND_OFF += ("chunks", "steps_lost")
 MICRO = ("bench.episodes_codec", "bench.connectors_pipeline")
 # Share of one core used outside the bench during a run above which its figures are not to be trusted.
 BUSY = 0.1

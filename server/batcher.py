@@ -8,8 +8,10 @@ greedily go into separate forward passes.
 
 With `steps_per_version` set, the batcher pauses once that many env steps came in under one model
 version, until the next version arrives (`new_version()`): sampling then runs at the learner's pace,
-as on-policy training wants, instead of piling up stale data. While paused it calls `flush()` on every
-wake-up, so that every step taken so far reaches the learner, which therefore never waits for data.
+as on-policy training wants, instead of piling up stale data. It also pauses while `backlogged()` says
+the learner is behind (the server's spool is full), until `wake()`. While waiting for a version it calls
+`flush()` on every wake-up, so that every step taken so far reaches the learner, which therefore never
+waits for data.
 """
 
 from __future__ import annotations
@@ -58,11 +60,13 @@ class Batcher:
         metrics: ServerMetrics,
         steps_per_version: int = 0,
         flush: Callable[[], None] = lambda: None,
+        backlogged: Callable[[], bool] = lambda: False,
         thread: bool = False,
     ) -> None:
         self.policy = policy
         self.steps_per_version = steps_per_version
         self._flush = flush
+        self._backlogged = backlogged
         self._steps_in_version = 0
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_us / 1e6
@@ -103,10 +107,31 @@ class Batcher:
     def new_version(self) -> None:
         """The policy has a new model version: count steps afresh, and resume if paused."""
         self._steps_in_version = 0
+        self.wake()
+
+    def wake(self) -> None:
+        """Look again whether to pause (the learner caught up, say)."""
         self._wakeup.set()
 
     def paused(self) -> bool:
+        return self.pause_reason() is not None
+
+    def pause_reason(self) -> str | None:
+        """Why no batch runs now, if so: the version's steps are all taken, or the learner is behind."""
+        if self._version_done():
+            return "waiting for the next model version"
+        if self._backlogged():
+            return "spool full: waiting for the learner"
+        return None
+
+    def _version_done(self) -> bool:
         return 0 < self.steps_per_version <= self._steps_in_version
+
+    def _flush_if_version_done(self) -> None:
+        """Ship every step taken so far when the learner needs them all for the next version (a full
+        spool alone does not flush: the learner has data, and flushing would only cut episodes short)."""
+        if self._version_done():
+            self._flush()
 
     async def between_batches(self, fn: Any, *args: Any) -> Any:
         """Run fn between two batches (a weight swap, taking connector statistics), never during one."""
@@ -119,9 +144,6 @@ class Batcher:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            if self.paused():
-                self._flush()
-                continue
             while self._queue and not self.paused():
                 await self._gather_arriving()
                 taken = self._take()
@@ -139,8 +161,7 @@ class Batcher:
                     if not request.future.done():  # the client may have gone meanwhile
                         request.future.set_result(result)
                 await asyncio.sleep(0)  # let the streams answered, and those whose messages arrived, go on
-            if self.paused():
-                self._flush()
+            self._flush_if_version_done()
 
     async def _gather_arriving(self) -> None:
         """While requests are known to be on their way and the batch is not full, wait up to max_wait."""

@@ -6,6 +6,11 @@ deletes each only when its ack arrives. A broken stream is re-opened with backof
 file is sent again (the learner drops duplicates by episode id and chunk index). A server that is
 killed keeps its spool on disk and sends it after restart; only chunks still in memory are lost,
 and `stop()` says how many.
+
+The spool is bounded: once it holds `max_spool_bytes`, `full()` is true and the server stops sampling
+(the batcher pauses) until acks bring it back under the limit, when `on_room` is called. A learner that
+is down or slower than the servers therefore stalls the env clients instead of filling the disk; what
+was already accepted still ships, so the spool overshoots the limit by at most the chunks in flight.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class LearnerLink:
         current_version: Callable[[], int],
         connector_delta: Callable[[], Awaitable[dict]],
         metrics: ServerMetrics,
+        max_spool_bytes: int,
+        on_room: Callable[[], None] = lambda: None,
         token: str | None = None,
     ) -> None:
         self.target = target
@@ -57,13 +64,18 @@ class LearnerLink:
         self._connector_delta = connector_delta
         self._metadata = bearer_metadata(token)
         self._metrics = metrics
+        self.max_spool_bytes = max_spool_bytes
+        self._on_room = on_room
         self._queue: list[SingleAgentEpisode] = []
         self._queued = asyncio.Event()
         self._spooled = asyncio.Event()
         self._write_lock = asyncio.Lock()  # one spool writer at a time (seq numbers, stop() vs the writer)
         existing = self.spooled()
         self._next_seq = int(existing[-1].stem) + 1 if existing else 0
+        self._sizes = {int(path.stem): path.stat().st_size for path in existing}  # seq -> bytes, unacked
+        self.spool_bytes = sum(self._sizes.values())
         metrics.spool_batches.set(len(existing))
+        metrics.spool_bytes.set(self.spool_bytes)
         self._tasks: list[asyncio.Task] = []
         self._channel = grpc.aio.insecure_channel(
             target,
@@ -85,6 +97,10 @@ class LearnerLink:
         if episodes:
             self._queue.extend(episodes)
             self._queued.set()
+
+    def full(self) -> bool:
+        """The spool holds max_spool_bytes or more: sampling should wait for the learner."""
+        return self.spool_bytes >= self.max_spool_bytes
 
     def spooled(self) -> list[Path]:
         """Batch files not yet acknowledged, oldest first."""
@@ -141,8 +157,23 @@ class LearnerLink:
         data = batch.SerializeToString()
         tmp.write_bytes(data)
         tmp.replace(path)
+        self._sizes[seq] = len(data)
+        self.spool_bytes += len(data)
         self._metrics.spooled_bytes.inc(len(data))
         self._metrics.spool_batches.inc()
+        self._metrics.spool_bytes.set(self.spool_bytes)
+
+    def _acked(self, seq: int, path: Path) -> None:
+        """The learner holds batch `seq`: delete its file, and say so when that makes room in the spool."""
+        was_full = self.full()
+        path.unlink(missing_ok=True)
+        self.spool_bytes -= self._sizes.pop(seq, 0)
+        self.acked += 1
+        self._metrics.acked_batches.inc()
+        self._metrics.spool_batches.dec()
+        self._metrics.spool_bytes.set(self.spool_bytes)
+        if was_full and not self.full():
+            self._on_room()
 
     async def _retry(self, stream: Callable[[], Awaitable[None]]) -> None:
         """Run a stream forever, re-opening it with backoff when it breaks."""
@@ -173,10 +204,7 @@ class LearnerLink:
             async for ack in call:
                 path = in_flight.pop(ack.seq, None)
                 if path is not None:
-                    path.unlink(missing_ok=True)
-                    self.acked += 1
-                    self._metrics.acked_batches.inc()
-                    self._metrics.spool_batches.dec()
+                    self._acked(ack.seq, path)
                 room.set()
 
         reader = asyncio.get_running_loop().create_task(read_acks())

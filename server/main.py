@@ -48,6 +48,8 @@ class InferenceServer:
                 current_version=lambda: self.policy.version if self.policy else -1,
                 connector_delta=self._connector_delta,
                 metrics=self.metrics,
+                max_spool_bytes=settings.max_spool,
+                on_room=self._wake_batcher,
                 token=settings.token.get_secret_value() if settings.token else None,
             )
         self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)
@@ -133,6 +135,7 @@ class InferenceServer:
             "sessions": len(self.service.sessions),
             "env_steps": self.metrics.env_steps._value.get(),
             "draining": self.service.draining,
+            "paused": self.batcher.pause_reason() if self.batcher else None,
         }
 
     def _not_ready_reason(self) -> str | None:
@@ -172,6 +175,7 @@ class InferenceServer:
             policy,
             steps_per_version=s.steps_per_version if self.learner else 0,
             flush=self._flush_sessions,
+            backlogged=self.learner.full if self.learner else lambda: False,
             max_batch_size=s.max_batch_size,
             max_wait_us=s.max_wait_us,
             metrics=self.metrics,
@@ -185,6 +189,10 @@ class InferenceServer:
         if self.policy is None or self.batcher is None:
             return {}
         return await self.batcher.between_batches(self.policy.take_connector_delta)
+
+    def _wake_batcher(self) -> None:
+        if self.batcher is not None:
+            self.batcher.wake()
 
     def _flush_sessions(self) -> None:
         for session in self.service.sessions.values():

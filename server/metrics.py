@@ -43,6 +43,9 @@ class ServerMetrics:
         self.spool_batches = Gauge(
             "rlgate_spool_batches", "Episode batches in the spool, not yet acknowledged by the learner.", registry=r
         )
+        self.spool_bytes = Gauge(
+            "rlgate_spool_bytes", "Bytes in the spool; at max_spool the server pauses sampling.", registry=r
+        )
         self.spooled_bytes = Counter(
             "rlgate_spooled_bytes", "Bytes of episode batches written to the spool for the learner.", registry=r
         )

@@ -4,7 +4,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import ByteSize, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,6 +36,11 @@ class ServerSettings(BaseSettings):
     spool_dir: Path = Field(
         Path("spool"),
         description="Episodes waiting for the learner's ack are kept here, so a crash loses none.",
+    )
+    max_spool: ByteSize = Field(
+        ByteSize(1 << 30),
+        description="Most bytes the spool may hold (e.g. 512MiB): when full, sampling pauses until the learner "
+        "catches up, so a slow or absent learner stalls the clients instead of filling the disk.",
     )
     server_id: str = Field(
         default_factory=socket.gethostname,

@@ -72,3 +72,5 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert hand_off["episodes_per_s"] > 0 and hand_off["bytes_per_s"] > 0 and hand_off["chunks"] > 0
     # Nothing accepted is lost: every env step the clients were answered reached the learner's intake.
     assert hand_off["steps_lost"] == 0 and hand_off["unacked_batches"] == 0, hand_off
+    # The spool stays bounded: past its limit the server pauses, so it overshoots by at most a batch or so.
+    assert hand_off["max_spool_bytes"] < 2 * hand_off["spool_limit_bytes"], hand_off
