@@ -3,7 +3,7 @@
 Per env step cost of env-to-module + module-to-env with the default pieces plus a MeanStdFilter, on B
 running CartPole episodes (list mode, CPU), called as the inference server calls them (see
 `connectors/__init__.py`). The forward pass is left out: module-to-env gets the module's outputs
-(ACTION_DIST_INPUTS, VF_PREDS) computed once. Stepping the envs and appending to the episodes is not
+(ACTION_DIST_INPUTS) computed once. Stepping the envs and appending to the episodes is not
 timed. Run: `.venv/bin/python -m bench.connectors_pipeline`.
 """
 

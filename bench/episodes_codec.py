@@ -1,6 +1,7 @@
 """Micro benchmark of the episode wire codec: encode + decode of a 500-step CartPole episode.
 
-The episode has three extra model outputs (action_logp, action_dist_inputs [2], vf_preds). Encode is
+The episode has the extra model outputs a server records for it (action_logp, action_dist_inputs [2],
+model_version). Encode is
 `episode_to_proto` + `SerializeToString`, decode is `Episode.FromString` + `episode_from_proto` (always
 into numpy mode). Encoding a list-mode episode (the server's) includes stacking its per-step items
 into arrays, the work RLlib does in `to_numpy()`. Also measures `add_env_step` per call.
@@ -33,19 +34,18 @@ def cartpole_episode(steps: int = 500, seed: int = 0) -> SingleAgentEpisode:
     obs = rng.standard_normal((steps + 1, 4), dtype=np.float32)
     actions = rng.integers(0, 2, steps)
     logits = rng.standard_normal((steps, 2), dtype=np.float32)
-    values = rng.standard_normal(steps, dtype=np.float32)
     episode = SingleAgentEpisode(observation_space=OBSERVATION_SPACE, action_space=ACTION_SPACE)
     episode.add_env_reset(obs[0])
     for t in range(steps):
-        episode.add_env_step(obs[t + 1], actions[t], 1.0, extra_model_outputs=_outputs(logits[t], values[t]))
+        episode.add_env_step(obs[t + 1], actions[t], 1.0, extra_model_outputs=_outputs(logits[t]))
     return episode
 
 
-def _outputs(logits: np.ndarray, value: np.float32) -> dict[str, object]:
+def _outputs(logits: np.ndarray) -> dict[str, object]:
     return {
         Columns.ACTION_LOGP: np.float32(-0.69),
         Columns.ACTION_DIST_INPUTS: logits,
-        Columns.VF_PREDS: value,
+        Columns.MODEL_VERSION: np.int64(3),
     }
 
 
@@ -62,7 +62,7 @@ def _median_us(fn: Callable[[], object], repeats: int) -> float:
 def _add_env_step_us(steps: int = 2000) -> float:
     """Median over repeats of the mean cost of one list-mode add_env_step with 3 extra outputs."""
     obs = np.zeros((1, 4), np.float32)[0]
-    outputs = _outputs(np.zeros(2, np.float32), np.float32(0.0))
+    outputs = _outputs(np.zeros(2, np.float32))
 
     def fill() -> None:
         episode = SingleAgentEpisode()

@@ -44,7 +44,7 @@ per session):
 - ACTIONS: raw actions (what goes into the episode with `add_env_step`);
 - ACTIONS_FOR_ENV: the actions for env.step (unsquashed or clipped; always present);
 - every other module output, for `add_env_step(..., extra_model_outputs={k: v[i] ...})`: ACTION_LOGP
-  (explore only), ACTION_DIST_INPUTS, VF_PREDS, and STATE_OUT (stateful; a dict of [B, ...] arrays).
+  (explore only), ACTION_DIST_INPUTS, and STATE_OUT (stateful; a dict of [B, ...] arrays).
 
 How module-to-env knows the batch was batched: BatchIndividualItems writes
 `shared_data["memorized_map_structure"]` (the episode id of each row) only when it stacked OBS from

@@ -15,7 +15,9 @@ from models.rl_module import RLModule
 
 
 class ActorCriticModule(RLModule):
-    """Encoder -> policy head and value head; value computed in the same forward (VF_PREDS).
+    """Encoder -> policy head and value head (RLlib's DefaultPPOTorchRLModule).
+
+    Sampling (inference, exploration) runs the policy head only; the train forward adds VF_PREDS.
 
     Stateless: an MLP or CNN encoder, and a separate value encoder unless `vf_share_layers`.
     With `use_lstm`: that encoder then an LSTM, shared by both heads; state {"h": [cell], "c": [cell]}.
@@ -51,6 +53,14 @@ class ActorCriticModule(RLModule):
         return torch.cat([mean, log_std.clamp(-self._log_std_clip, self._log_std_clip)], dim=-1)
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Sampling: the policy head only (RLlib's DefaultPPOTorchRLModule._forward)."""
+        if self._stateful:
+            features, state_out = self.encoder(batch[Columns.OBS], batch[Columns.STATE_IN])
+            return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features), Columns.STATE_OUT: state_out}
+        return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(self.encoder(batch[Columns.OBS]))}
+
+    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Training: the policy head and, from the same encoder pass when shared, the value head."""
         obs = batch[Columns.OBS]
         if self._stateful:
             features, state_out = self.encoder(obs, batch[Columns.STATE_IN])

@@ -15,10 +15,13 @@ class RLModule(nn.Module, abc.ABC):
     """A torch model with RLlib's new-API-stack RLModule methods.
 
     A batch is a dict of tensors keyed by Columns: OBS [B, ...], or for a stateful module OBS [B, T, ...]
-    plus STATE_IN (a dict of [B, ...] tensors). The forward methods return ACTION_DIST_INPUTS, VF_PREDS
-    and (stateful only) STATE_OUT. Subclasses implement `_forward`, `compute_values` and
-    `get_train_action_dist_cls`; the three forwards share `_forward` unless overridden, and the inference
-    and exploration distributions are the train one (callers use `to_deterministic()` for greedy actions).
+    plus STATE_IN (a dict of [B, ...] tensors). The forward methods return ACTION_DIST_INPUTS and
+    (stateful only) STATE_OUT; the train forward may add more (the default module adds VF_PREDS). As in
+    RLlib, sampling needs no value estimates: the learner computes them with `compute_values`.
+    Subclasses implement `_forward`, `compute_values` and `get_train_action_dist_cls`; inference and
+    exploration share `_forward`, the train forward is `_forward_train` (by default `_forward`), and the
+    inference and exploration distributions are the train one (callers use `to_deterministic()` for
+    greedy actions).
     """
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig) -> None:
@@ -29,7 +32,11 @@ class RLModule(nn.Module, abc.ABC):
 
     @abc.abstractmethod
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The one forward pass behind forward_inference, forward_exploration and forward_train."""
+        """The forward pass behind forward_inference and forward_exploration."""
+
+    def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The forward pass behind forward_train."""
+        return self._forward(batch)
 
     @abc.abstractmethod
     def compute_values(self, batch: dict[str, Any]) -> torch.Tensor:
@@ -46,7 +53,7 @@ class RLModule(nn.Module, abc.ABC):
         return self._forward(batch)
 
     def forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return self._forward(batch)
+        return self._forward_train(batch)
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         """nn.Module's call (e.g. through DistributedDataParallel) is the train forward."""

@@ -108,7 +108,7 @@ def test_fast_path_gives_the_per_episode_path_batches(make_episode, module, lstm
         # Fresh episode: the initial (zero) state; the others: their latest STATE_OUT.
         np.testing.assert_array_equal(fast[Columns.STATE_IN]["h"][:, 0], [0.0, 2.0, 1.0])
         assert fast_env[Columns.STATE_OUT]["h"].shape == (3, 4)
-        assert fast_env[Columns.VF_PREDS].shape == (3,)
+        assert fast_env[Columns.ACTION_DIST_INPUTS].shape == (3, 2)
     assert fast_env[Columns.ACTIONS].shape == (3,)
     assert fast_env[Columns.ACTIONS_FOR_ENV] is fast_env[Columns.ACTIONS]  # Discrete: nothing to unsquash
 

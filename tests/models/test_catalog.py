@@ -29,14 +29,16 @@ def test_stateless_shapes(obs_space: gym.Space, action: str, sample_obs: Callabl
     batch = {Columns.OBS: sample_obs(obs_space, 7)}
     with torch.inference_mode():
         out = module.forward_exploration(batch)
-        assert set(out) == {Columns.ACTION_DIST_INPUTS, Columns.VF_PREDS}
+        assert set(out) == {Columns.ACTION_DIST_INPUTS}  # sampling needs no value (RLlib's _forward)
         assert out[Columns.ACTION_DIST_INPUTS].shape == (7, num_logits)
-        assert out[Columns.VF_PREDS].shape == (7,)
-        torch.testing.assert_close(module.compute_values(batch), out[Columns.VF_PREDS])
         torch.testing.assert_close(module.forward_inference(batch), out)
-    out = module.forward_train(batch)
-    assert out[Columns.ACTION_DIST_INPUTS].requires_grad
-    actions = module.get_exploration_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS]).sample()
+    train = module.forward_train(batch)
+    assert set(train) == {Columns.ACTION_DIST_INPUTS, Columns.VF_PREDS}
+    assert train[Columns.ACTION_DIST_INPUTS].requires_grad
+    torch.testing.assert_close(train[Columns.ACTION_DIST_INPUTS].detach(), out[Columns.ACTION_DIST_INPUTS])
+    assert train[Columns.VF_PREDS].shape == (7,)
+    torch.testing.assert_close(module.compute_values(batch), train[Columns.VF_PREDS].detach())
+    actions = module.get_exploration_action_dist_cls().from_logits(train[Columns.ACTION_DIST_INPUTS]).sample()
     assert actions.shape == (7, *action_space.shape)
     if action != "box":
         assert all(action_space.contains(a) for a in actions.numpy().astype(action_space.dtype))
@@ -51,10 +53,13 @@ def test_lstm_shapes(obs_space: gym.Space, action: str, sample_obs: Callable, in
     batch = {Columns.OBS: sample_obs(obs_space, 3, 5), Columns.STATE_IN: initial_state(module, 3)}
     with torch.inference_mode():
         out = module.forward_exploration(batch)
+    assert set(out) == {Columns.ACTION_DIST_INPUTS, Columns.STATE_OUT}
     assert out[Columns.ACTION_DIST_INPUTS].shape == (3, 5, num_logits)
-    assert out[Columns.VF_PREDS].shape == (3, 5)
     assert {k: v.shape for k, v in out[Columns.STATE_OUT].items()} == {"h": (3, 16), "c": (3, 16)}
-    torch.testing.assert_close(module.compute_values(batch), out[Columns.VF_PREDS].detach())
+    train = module.forward_train(batch)
+    assert train[Columns.VF_PREDS].shape == (3, 5)
+    torch.testing.assert_close(module.compute_values(batch), train[Columns.VF_PREDS].detach())
+    torch.testing.assert_close(train[Columns.ACTION_DIST_INPUTS].detach(), out[Columns.ACTION_DIST_INPUTS])
 
 
 def test_action_distribution_classes() -> None:
@@ -67,7 +72,7 @@ def test_action_distribution_classes() -> None:
 def test_initialisation_policy_small_value_not(sample_obs: Callable) -> None:
     module = build_module(FLAT_OBS, DISCRETE)
     with torch.inference_mode():
-        out = module.forward_inference({Columns.OBS: sample_obs(FLAT_OBS, 256)})
+        out = module.forward_train({Columns.OBS: sample_obs(FLAT_OBS, 256)})
     assert out[Columns.ACTION_DIST_INPUTS].abs().max() < 0.1  # near-uniform first policy
     assert out[Columns.VF_PREDS].std() > 0.05
 
@@ -129,7 +134,7 @@ def test_default_and_custom_conv_filters(sample_obs: Callable) -> None:
     assert build_encoder(odd, config).out_dim == 8 * 5 * 8
     module = build_module(odd, DISCRETE, config)
     with torch.inference_mode():
-        assert module.forward_inference({Columns.OBS: sample_obs(odd, 2)})[Columns.VF_PREDS].shape == (2,)
+        assert module.forward_train({Columns.OBS: sample_obs(odd, 2)})[Columns.VF_PREDS].shape == (2,)
     with pytest.raises(ValueError, match="to nothing"):
         build_module(odd, DISCRETE, ModelConfig(conv_filters=((4, 30, 1, "valid"),)))
 

@@ -30,7 +30,7 @@ def test_state_carried_across_calls_changes_outputs(sample_obs: Callable, initia
         carried = module.forward_inference({Columns.OBS: obs, Columns.STATE_IN: first[Columns.STATE_OUT]})
     torch.testing.assert_close(first, fresh)
     assert first[Columns.STATE_OUT]["h"].abs().sum() > 0
-    assert not torch.allclose(carried[Columns.VF_PREDS], first[Columns.VF_PREDS])
+    assert not torch.allclose(carried[Columns.ACTION_DIST_INPUTS], first[Columns.ACTION_DIST_INPUTS])
     assert not torch.allclose(carried[Columns.STATE_OUT]["c"], first[Columns.STATE_OUT]["c"])
 
 
@@ -45,7 +45,7 @@ def test_sequence_equals_step_by_step_unroll(sample_obs: Callable, initial_state
             state = out[Columns.STATE_OUT]
             steps.append(out)
         values = module.compute_values({Columns.OBS: obs, Columns.STATE_IN: initial_state(module, 2)})
-    for column in (Columns.ACTION_DIST_INPUTS, Columns.VF_PREDS):
-        torch.testing.assert_close(torch.cat([s[column] for s in steps], dim=1), whole[column])
+    stepped = torch.cat([s[Columns.ACTION_DIST_INPUTS] for s in steps], dim=1)
+    torch.testing.assert_close(stepped, whole[Columns.ACTION_DIST_INPUTS])
     torch.testing.assert_close(state, whole[Columns.STATE_OUT])
     torch.testing.assert_close(values, whole[Columns.VF_PREDS])

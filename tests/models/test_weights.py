@@ -15,8 +15,9 @@ DISCRETE = gym.spaces.Discrete(2)
 
 
 def _outputs(module: torch.nn.Module, obs: torch.Tensor) -> dict:
+    """Every head's output (the train forward has the value head too)."""
     with torch.inference_mode():
-        return module.forward_inference({Columns.OBS: obs})
+        return module.forward_train({Columns.OBS: obs})
 
 
 def test_round_trip_into_fresh_module(sample_obs: Callable) -> None:
