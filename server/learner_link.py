@@ -38,7 +38,11 @@ MAX_BACKOFF_S = 2.0
 
 
 class LearnerLink:
-    """Ships episode chunks to the learner through an on-disk spool, and feeds its weights to `on_weights`."""
+    """Ships episode chunks to the learner through an on-disk spool, and feeds its weights to `on_weights`.
+
+    `token` is sent as a bearer token; with `tls_ca` (PEM bytes) the learner is reached over TLS and
+    verified by that CA.
+    """
 
     def __init__(
         self,
@@ -53,6 +57,7 @@ class LearnerLink:
         max_spool_bytes: int,
         on_room: Callable[[], None] = lambda: None,
         token: str | None = None,
+        tls_ca: bytes | None = None,
     ) -> None:
         self.target = target
         self.spool_dir = spool_dir
@@ -77,9 +82,11 @@ class LearnerLink:
         metrics.spool_batches.set(len(existing))
         metrics.spool_bytes.set(self.spool_bytes)
         self._tasks: list[asyncio.Task] = []
-        self._channel = grpc.aio.insecure_channel(
-            target,
-            options=[("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)],
+        options = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
+        self._channel = (
+            grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(tls_ca), options=options)
+            if tls_ca
+            else grpc.aio.insecure_channel(target, options=options)
         )
 
     def start(self) -> None:

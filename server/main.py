@@ -51,6 +51,7 @@ class InferenceServer:
                 max_spool_bytes=settings.max_spool,
                 on_room=self._wake_batcher,
                 token=settings.token.get_secret_value() if settings.token else None,
+                tls_ca=settings.learner_tls_ca.read_bytes() if settings.learner_tls_ca else None,
             )
         self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)
         self.policy: Policy | None = None

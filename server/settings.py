@@ -23,6 +23,9 @@ class ServerSettings(BaseSettings):
     learner: str | None = Field(
         None, description="host:port of the learner: episodes go there and weights come from there."
     )
+    learner_tls_ca: Path | None = Field(
+        None, description="PEM CA to verify the learner by; set when the learner serves TLS (its tls_cert)."
+    )
     steps_per_version: int = Field(
         0,
         ge=0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,18 @@ import pytest
 
 from server.main import InferenceServer
 from server.settings import ServerSettings
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and 127.0.0.1 and its key (PEM files), made by openssl."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    command = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"]
+    command += ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)]
+    made = subprocess.run(command, capture_output=True)
+    if made.returncode != 0:
+        pytest.fail(f"openssl could not make a test certificate: {made.stderr.decode()}")
+    return cert, key
 
 
 @pytest.fixture

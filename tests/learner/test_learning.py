@@ -115,3 +115,24 @@ async def test_get_status_reports_the_learners_progress(learner_server, server_f
     assert 2 * learner_server.settings.train_batch_size <= status.env_steps_trained <= after["env_steps_trained"]
     assert status.episodes_received > 0 and status.duplicates == 0 and status.stale_dropped == 0
     assert status.mean_return == learner.mean_return() > 0
+
+
+async def test_a_learner_serving_tls_with_a_token_is_reached_verified(learner_settings, server_factory, tls_files):
+    """The server's link verifies the learner's certificate (learner_tls_ca) and sends the shared token."""
+    cert, key = tls_files
+    learner_server = LearnerServer(learner_settings(tls_cert=cert, tls_key=key, token="s3cret"))
+    await learner_server.start()
+    try:
+        server = await server_factory(
+            learner=f"localhost:{learner_server.port}",
+            learner_tls_ca=cert,
+            token="s3cret",
+            steps_per_version=learner_server.settings.train_batch_size,
+        )
+        client = EnvClient(gym.make(ENV), f"localhost:{server.port}", seed=3, token="s3cret")
+        async with running_client(client):
+            await wait_for_version(server, 2)  # weights came in over TLS...
+        await server.stop()
+        assert server.learner.acked > 0 and not server.learner.spooled()  # ...and episodes went out over it
+    finally:
+        await learner_server.stop()

@@ -144,31 +144,8 @@ async def test_grpc_health_and_reflection_are_on(server):
     assert "rlgate.v1.PolicyService" in services
 
 
-def test_tls_and_token_together(tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    made = subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        capture_output=True,
-    )
-    if made.returncode != 0:
-        pytest.fail(f"openssl could not make a test certificate: {made.stderr.decode()}")
+def test_tls_and_token_together(tls_files):
+    cert, key = tls_files
 
     async def scenario() -> None:
         from server.main import InferenceServer
