@@ -17,6 +17,7 @@ waits for data.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from episodes.tree import map_structure
 from server.metrics import ServerMetrics
 from server.policy import Policy
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Request:
@@ -39,6 +42,7 @@ class Request:
     obs: Any
     episodes: EpisodeRows
     explore: bool
+    env_steps: int  # transitions its message completed (for steps_per_version)
     future: asyncio.Future = field(repr=False)
 
 
@@ -96,11 +100,11 @@ class Batcher:
     async def compute(self, obs: Any, episodes: EpisodeRows, explore: bool, env_steps: int = 0) -> dict[str, Any]:
         """Actions and extra outputs for these rows (same row order), from the next batch.
 
-        `env_steps` is how many transitions the request's message completed (for steps_per_version).
+        `env_steps` is how many transitions the request's message completed (for steps_per_version); they
+        count when the request goes into a batch, so a request held by a pause counts under the next version.
         """
-        self._steps_in_version += env_steps
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(Request(obs, episodes, explore, future))
+        self._queue.append(Request(obs, episodes, explore, env_steps, future))
         self._wakeup.set()
         return await future
 
@@ -131,7 +135,10 @@ class Batcher:
         """Ship every step taken so far when the learner needs them all for the next version (a full
         spool alone does not flush: the learner has data, and flushing would only cut episodes short)."""
         if self._version_done():
-            self._flush()
+            try:
+                self._flush()
+            except Exception:  # a bug in shipping must not stop the batcher: every session would hang
+                log.exception("flushing the sessions failed")
 
     async def between_batches(self, fn: Any, *args: Any) -> Any:
         """Run fn between two batches (a weight swap, taking connector statistics), never during one."""
@@ -147,6 +154,7 @@ class Batcher:
             while self._queue and not self.paused():
                 await self._gather_arriving()
                 taken = self._take()
+                self._steps_in_version += sum(request.env_steps for request in taken)
                 try:
                     if self._executor is None:
                         results = self._compute(taken)

@@ -133,21 +133,34 @@ class Session:
                 self._table.put(key, t, outputs[key])
         shipped = self._take_done()
         if t - self._fragment >= self._first_start:
-            shipped += self._cut(self._start <= t - self._fragment)
+            shipped += self._cut(self._start <= t - self._fragment, t)
         return shipped
 
     def flush(self) -> list[SingleAgentEpisode]:
-        """Ship every step taken so far: ended episodes, and running ones cut now (their successors go on)."""
-        return self._take_done() + self._cut(self._start < self._row)
+        """Ship every step recorded so far: ended episodes, and running ones cut now (their successors go on).
+
+        A step still waiting for its actions (observed, not recorded) is left for `record()`: the
+        env-to-module pipeline has not run on its observations yet (MeanStdFilter, FlattenObservations
+        rewrite them), so the cut is one row earlier and episodes that ended in that step ship with it.
+        """
+        end = self._recorded_row()
+        done = self._take_done() if end == self._row else []
+        return done + self._cut(self._start < end, end)
 
     def close(self) -> list[SingleAgentEpisode]:
-        """End the session: ended episodes not yet shipped, and every running one with at least one step
-        cut off as truncated."""
-        done = self._take_done()
-        running = self._live & (self._row > self._start)
-        unfinished = [self._episode(int(i), truncated=True) for i in np.flatnonzero(running)]
+        """End the session: ended episodes not yet shipped, and every running one with at least one recorded
+        step cut off as truncated. A step still waiting for its actions is dropped: it was never answered,
+        and its observations never went through the env-to-module pipeline."""
+        end = self._recorded_row()
+        done = self._take_done() if end == self._row else []
+        running = self._live & (end > self._start)
+        unfinished = [self._episode(int(i), end, truncated=True) for i in np.flatnonzero(running)]
         self._live[:] = False
         return done + unfinished
+
+    def _recorded_row(self) -> int:
+        """The newest row whose actions are recorded (the one before the newest while a step is pending)."""
+        return self._row if self._pending is None else self._row - 1
 
     def _take_done(self) -> list[SingleAgentEpisode]:
         """Ended episodes leave their slot (the sub-env's next observation starts a new one)."""
@@ -156,29 +169,30 @@ class Session:
         self._any_done = False
         done = np.flatnonzero(self._done & self._live)
         self._live[done] = False
-        return [self._episode(int(i)) for i in done]
+        return [self._episode(int(i), self._row) for i in done]
 
-    def _cut(self, due: np.ndarray) -> list[SingleAgentEpisode]:
-        """Ship the running episodes among `due` (their steps so far); each goes on as the next chunk from
-        the newest row."""
-        rows = np.flatnonzero(due)
+    def _cut(self, due: np.ndarray, end: int) -> list[SingleAgentEpisode]:
+        """Ship the running episodes among `due` up to row `end`; each goes on as the next chunk from there.
+
+        Episodes that ended at the newest row are no longer running once `_take_done()` took them; while
+        that row is pending they still are, and their successor chunk holds the final step."""
+        rows = np.flatnonzero(due & self._live)
         if not rows.size:
             return []
-        rows = rows[self._live[rows] & ~self._done[rows]]
-        chunks = [self._episode(int(i)) for i in rows]
-        t = self._row
-        self._t_started[rows] += t - self._start[rows]
+        chunks = [self._episode(int(i), end) for i in rows]
+        self._t_started[rows] += end - self._start[rows]
         self._chunk[rows] += 1
-        self._start[rows] = t
+        self._start[rows] = end
         self._first_start = int(self._start.min())
-        self._lookback_start[rows] = np.maximum(t - self._lookback, self._lookback_start[rows])
+        self._lookback_start[rows] = np.maximum(end - self._lookback, self._lookback_start[rows])
         return chunks
 
-    def _episode(self, i: int, *, truncated: bool = False) -> SingleAgentEpisode:
-        """Sub-env i's running episode (chunk) up to the newest row, as a SingleAgentEpisode."""
-        t, table = self._row, self._table
+    def _episode(self, i: int, end: int, *, truncated: bool = False) -> SingleAgentEpisode:
+        """Sub-env i's running episode (chunk) up to row `end`, as a SingleAgentEpisode (with the pending
+        step's observation, as it is now, when `end` is the newest row)."""
+        t, table = end, self._table
         first, start = int(self._lookback_start[i]), int(self._start[i])
-        pending = self._pending
+        pending = self._pending if end == self._row else None
         if pending is None:
             observations = table.get(Columns.OBS, first, t + 1, i)
         else:  # the newest observation is not in the table until record()
@@ -188,7 +202,7 @@ class Session:
                 table.get(Columns.OBS, first, t, i) if first < t else _empty_like(latest),
                 latest,
             )
-        done = bool(self._done[i])
+        done = end == self._row and bool(self._done[i])
         episode = SingleAgentEpisode(
             self._ids[i],
             observations=observations,
@@ -223,7 +237,7 @@ class _Step:
         """Row i's episode, built once per step (only per-episode connector pieces ask for it)."""
         episode = self._episodes.get(i)
         if episode is None:
-            episode = self._episodes[i] = self.session._episode(i)
+            episode = self._episodes[i] = self.session._episode(i, self.row)
         return episode
 
     def set_latest_observations(self, observations: Any, observation_space: gym.Space | None) -> None:

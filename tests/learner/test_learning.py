@@ -9,16 +9,21 @@ import re
 
 import grpc
 import gymnasium as gym
-from support.servers import running_client, target
+import numpy as np
+from support.servers import DISCRETE2, SpaceEnv, running_client, target
 
 from client.env_client import EnvClient
+from episodes.codec import episode_from_proto
 from learner.main import LearnerServer
 from models import build_module, load_weights
 from rlgate import codec
-from rlgate.v1 import learner_pb2, learner_pb2_grpc
+from rlgate.v1 import episode_pb2, learner_pb2, learner_pb2_grpc
 from server.main import InferenceServer
 
 ENV = "CartPole-v1"
+DICT_ENV = "rlgate-test/DictObservations-v0"
+DICT = gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "mode": gym.spaces.Discrete(3)})
+gym.register(DICT_ENV, entry_point=lambda: SpaceEnv(DICT, DISCRETE2, length=9))
 
 
 async def wait_for_version(server: InferenceServer, version: int, timeout: float = 30.0) -> None:
@@ -136,3 +141,34 @@ async def test_a_learner_serving_tls_with_a_token_is_reached_verified(learner_se
         assert server.learner.acked > 0 and not server.learner.spooled()  # ...and episodes went out over it
     finally:
         await learner_server.stop()
+
+
+async def test_dict_observations_flattened_and_normalised_train_version_after_version(
+    learner_settings, server_factory, tmp_path
+):
+    """Each version boundary pauses sampling with client steps still waiting; the pause's flush must ship only
+    observations the pipeline has flattened and normalised (never a raw dict), and keep the server serving."""
+    learner_server = LearnerServer(learner_settings(env=DICT_ENV, mean_std_filter=True))
+    await learner_server.start()
+    try:
+        server = await server_factory(
+            learner=f"127.0.0.1:{learner_server.port}",
+            mean_std_filter=True,
+            steps_per_version=learner_server.settings.train_batch_size,
+            rollout_fragment_length=16,
+            episode_dir=tmp_path / "shipped",
+        )
+        envs = gym.vector.SyncVectorEnv([lambda: gym.make(DICT_ENV) for _ in range(4)])
+        async with running_client(EnvClient(envs, target(server), seed=4)):
+            await wait_for_version(server, 4)
+        await server.stop()
+        assert learner_server.learner.status()["stale_steps"] == 0
+    finally:
+        await learner_server.stop()
+    flat = server.policy.env_to_module.observation_space
+    assert isinstance(flat, gym.spaces.Box)
+    chunks = [episode_pb2.Episode.FromString(path.read_bytes()) for path in (tmp_path / "shipped").glob("*.pb")]
+    assert len(chunks) > 20
+    for chunk in chunks:
+        observations = episode_from_proto(chunk, flat, DISCRETE2).get_observations()
+        assert observations.shape[1:] == flat.shape  # flattened, every one of them

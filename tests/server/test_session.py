@@ -82,8 +82,10 @@ class Twins:
     def record(self, outputs: dict[str, Any]) -> None:
         self.compare(self.ref.record(outputs), self.new.record(outputs))
 
-    def flush(self) -> None:
-        self.compare(self.ref.flush(), self.new.flush())
+    def flush(self) -> list[SingleAgentEpisode]:
+        shipped = self.new.flush()
+        self.compare(self.ref.flush(), shipped)
+        return shipped
 
     def close(self) -> None:
         self.compare(self.ref.close(), self.new.close())
@@ -178,12 +180,17 @@ def run_policies(
     for _ in range(messages):
         ends = rng.random((2, n)) < 0.08
         ref_episodes, rows, _ = twins.observe(random_obs(rng, space, n), rng.standard_normal(n), *ends, None)
+        for chunk in twins.flush() if rng.random() < 0.2 else []:  # paused while this step waits
+            # Its observations are not written back yet (flattened, normalised): none of them may ship.
+            assert twins.new.observation_space.contains(chunk.get_observations(-1)), "a raw observation shipped"
         obs = twins.new._pending._latest  # the message's observations, as the batcher passes them
         expected = policies[0].compute(map_structure(np.copy, obs), ref_episodes, explore=False)
         actual = policies[1].compute(obs, rows, explore=False)
         assert sorted(actual) == sorted(expected)
         map_structure(np.testing.assert_array_equal, actual, expected)
         twins.record(actual)
+        if rng.random() < 0.1:
+            twins.flush()
     twins.close()
     assert twins.shipped > 0
 

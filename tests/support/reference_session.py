@@ -2,6 +2,11 @@
 
 Every step goes through `add_env_reset` / `add_env_step` and every chunk through `cut`, exactly as an
 RLlib env runner records episodes. The server's column-wise Session must ship the same episodes.
+
+A step observed but not yet recorded (its actions still being computed) is pending: a flush then ships
+each episode's steps before it (`slice`), and the rest becomes the next chunk at `record()`, once the
+connectors have written the pending observations back into the episode objects they were given; a
+close drops the pending step.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ class ReferenceSession:
         self._outputs: dict[str, Any] | None = None
         self._fragment = rollout_fragment_length
         self._lookback = lookback
+        self._pending = False
+        self._flushed: list[int] = [0] * spec.num_envs  # steps of the episode a flush shipped while pending
 
     def observe(self, obs: Any, rewards: Any, terminateds: Any, truncateds: Any, infos: Any) -> tuple[list, int]:
         current, steps = [], 0
@@ -52,24 +59,48 @@ class ReferenceSession:
                 )
                 steps += 1
             current.append(episode)
+        self._pending = True
         return current, steps
 
     def record(self, outputs: dict[str, Any]) -> list[SingleAgentEpisode]:
         self._outputs = outputs
+        self._pending = False
+        for i, shipped in enumerate(self._flushed):
+            if shipped:  # what a flush left of the episode becomes its next chunk
+                self.episodes[i] = self._rest(self.episodes[i], shipped)
+        self._flushed = [0] * self.spec.num_envs
         return self._take_done() + self._cut(lambda episode: len(episode) >= self._fragment)
 
     def flush(self) -> list[SingleAgentEpisode]:
-        return self._take_done() + self._cut(lambda episode: len(episode) > 0)
+        if not self._pending:
+            return self._take_done() + self._cut(lambda episode: len(episode) > 0)
+        chunks = []
+        for i, episode in enumerate(self.episodes):
+            recorded = len(episode) - 1 if episode is not None else 0  # the last step is the pending one
+            if recorded > self._flushed[i]:
+                chunks.append(episode[self._flushed[i] : recorded])
+                self._flushed[i] = recorded
+        return chunks
 
     def close(self) -> list[SingleAgentEpisode]:
-        done = self._take_done()
+        done = [] if self._pending else self._take_done()
         unfinished = []
-        for episode in self.episodes:
-            if episode is not None and len(episode) > 0:
-                episode.is_truncated = True
-                unfinished.append(episode)
+        for i, episode in enumerate(self.episodes):
+            if episode is None:
+                continue
+            start, stop = self._flushed[i], len(episode) - 1 if self._pending else len(episode)
+            if stop > start:
+                chunk = self._rest(episode, start)[: stop - start] if start else episode[:stop]
+                chunk.is_truncated = True
+                unfinished.append(chunk)
         self.episodes = [None] * self.spec.num_envs
         return done + unfinished
+
+    def _rest(self, episode: SingleAgentEpisode, shipped: int) -> SingleAgentEpisode:
+        """The episode's steps after the first `shipped`, as the chunk that follows them (as `cut` makes it)."""
+        rest = episode.slice(slice(shipped, None), len_lookback_buffer=self._lookback)
+        rest.chunk_index = episode.chunk_index + 1
+        return rest
 
     def _take_done(self) -> list[SingleAgentEpisode]:
         done = []
