@@ -5,7 +5,11 @@ the observations decoded as arrays (no validation), one forward pass of the same
 every request that has arrived (greedy batching across streams, up to `max_batch_size` rows, on the
 event loop itself: no thread hand-off), actions sampled, raw bytes out. No episodes, no connectors,
 no metrics. It answers a hello with a welcome and ends a stream on close.
-Run: `python -m bench.floor --port 0`; logs `serving grpc=HOST:PORT` like `rlgate serve`.
+
+With `--transport-only` it is the transport floor instead: each step message is parsed and answered at
+once with zero actions serialized once per env count, with no model and no batching. What that costs is
+what Python gRPC, protobuf and the event loop cost on the machine, below which no goal can be met.
+Run: `python -m bench.floor --port 0 [--transport-only]`; logs `serving grpc=HOST:PORT` like `rlgate serve`.
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ WELCOME = pb.ServerMessage(welcome=pb.Welcome(session_id="floor", model_version=
 class FloorServer:
     """Greedy batches of whole requests, one forward each, answered in arrival order."""
 
-    def __init__(self, max_batch_size: int) -> None:
+    def __init__(self, max_batch_size: int, transport_only: bool = False) -> None:
         torch.manual_seed(0)
         observation_space, action_space = spaces()
         self.module = build_module(observation_space, action_space).eval()
         self.dist_cls = self.module.get_exploration_action_dist_cls()
         self.max_batch_size = max_batch_size
+        self.transport_only = transport_only
+        self._replies: dict[int, bytes] = {}
         self._queue: deque[tuple[np.ndarray, asyncio.Future]] = deque()
         self._wakeup = asyncio.Event()
 
@@ -50,6 +56,8 @@ class FloorServer:
             kind = message.WhichOneof("kind")
             if kind == "hello":
                 await context.write(WELCOME)
+            elif kind == "step" and self.transport_only:
+                await context.write(self._fixed_reply(message.step.obs.tensor.shape[0]))
             elif kind == "step":
                 future = asyncio.get_running_loop().create_future()
                 self._queue.append((codec.from_value(message.step.obs), future))
@@ -76,14 +84,22 @@ class FloorServer:
                     start += len(obs)
                 await asyncio.sleep(0)  # let the streams whose messages arrived meanwhile queue them
 
+    def _fixed_reply(self, rows: int) -> bytes:
+        """Zero actions for `rows` envs, serialized once per env count (the transport floor's answer)."""
+        reply = self._replies.get(rows)
+        if reply is None:
+            actions = pb.Actions(actions=codec.to_value(np.zeros(rows, np.int64)))
+            reply = self._replies[rows] = pb.ServerMessage(actions=actions).SerializeToString()
+        return reply
+
     def _actions(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             logits = self.module.forward_exploration({Columns.OBS: torch.from_numpy(obs)})[Columns.ACTION_DIST_INPUTS]
             return self.dist_cls.from_logits(logits).sample().numpy()
 
 
-async def serve(host: str, port: int, max_batch_size: int) -> None:
-    floor = FloorServer(max_batch_size)
+async def serve(host: str, port: int, max_batch_size: int, transport_only: bool) -> None:
+    floor = FloorServer(max_batch_size, transport_only)
     server = grpc.aio.server()
     connect = grpc.stream_stream_rpc_method_handler(floor.connect)  # no (de)serializers: raw bytes
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE_NAME, {"Connect": connect})])
@@ -104,9 +120,10 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument("--transport-only", action="store_true", help="answer without a model (see above)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(serve(args.host, args.port, args.max_batch_size))
+    asyncio.run(serve(args.host, args.port, args.max_batch_size, args.transport_only))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ clients were answered.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -37,6 +38,8 @@ def hand_off(load: Load, timing: Timing, serve: list[str], cores: tuple[set[int]
     and the largest spool), and over the whole run the chunks the learner kept and the env steps missing."""
     server_cores, client_cores = cores
     intake, spool = logs / "learner" / "intake", logs / "spool"
+    for leftover in (logs / "learner", spool):  # a reused --logs directory: an earlier run's chunks would count
+        shutil.rmtree(leftover, ignore_errors=True)
     learn = ["learn", "--env", "CartPole-v1", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
     learn += ["--checkpoint-dir", str(logs / "learner"), "--no-resume"]
     learn += ["--train-batch-size", NEVER, "--checkpoint-every", NEVER]

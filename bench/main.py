@@ -32,6 +32,9 @@ from bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, sp
 
 SERVE = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--env", "CartPole-v1", "--seed", "0"]
 FLOOR = ["--host", "127.0.0.1", "--port", "0"]
+# The transport floor runs at the points the goals are set for (clients, envs per message).
+TRANSPORT_POINTS = {(1, 1), (64, 1), (16, 32)}
+TRANSPORT = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step")
 B3_CLIENTS = 16
 B7_LOAD = (16, 32)
 # Figures every B1-B3 record carries, from rlgate's measurement.
@@ -108,19 +111,24 @@ def run(
     loads = [Load(k, 1, real_envs) for k in plan.clients] + [Load(B3_CLIENTS, e, real_envs) for e in plan.envs]
     lone = Load(1, 1, real_envs)  # B1, also B2's K=1
     b7_load = Load(*B7_LOAD, real_envs)
-    progress = tqdm(total=2 * len(loads) + 3, desc="rlgate bench", unit="run")
+    transported = sum((load.clients, load.envs) in TRANSPORT_POINTS for load in loads)
+    progress = tqdm(total=2 * len(loads) + transported + 3, desc="rlgate bench", unit="run")
     measured: dict[tuple[str, Load], dict[str, Any]] = {}
     servers = {}
     try:
         servers["rlgate"] = ServerProcess("server", SERVE, server_cores, logs / "rlgate.log")
         servers["floor"] = ServerProcess("bench.floor", FLOOR, server_cores, logs / "floor.log")
         servers["no-wait"] = ServerProcess("server", [*SERVE, "--max-wait-us", "0"], server_cores, logs / "no-wait.log")
+        transport = [*FLOOR, "--transport-only"]
+        servers["transport"] = ServerProcess("bench.floor", transport, server_cores, logs / "transport.log")
         for server in servers.values():  # started together, waited for in turn
             server.wait_serving()
         for load in loads:
             # Interleaved, so drift on a shared host hits both alike. The no-wait server (no batching
             # delay at all) only serves the lone client: its round trip is what B1's is checked against.
-            for name in ("rlgate", "floor", "no-wait") if load == lone else ("rlgate", "floor"):
+            names = ["rlgate", "floor"] + ["no-wait"] * (load == lone)
+            names += ["transport"] * ((load.clients, load.envs) in TRANSPORT_POINTS)
+            for name in names:
                 progress.set_postfix_str(f"{name} {load.label}")
                 measured[name, load] = under_load(servers[name], load, timing, client_cores, logs, py_spy=py_spy)
                 progress.update()
@@ -160,6 +168,8 @@ def _records(
             "floor_client_cpu": floor["client_cpu"],
             "inprocess_env_steps_per_s": floors[load.clients * load.envs]["env_steps_per_s"],
         }
+        if ("transport", load) in measured:
+            point.update({f"transport_{key}": measured["transport", load][key] for key in TRANSPORT})
         if load == lone:
             no_wait = measured["no-wait", load]
             records.append(

@@ -86,7 +86,8 @@ def render(records: list[Record]) -> str:
 
 
 def goals(records: list[Record]) -> str:
-    """Each goal with the measured figure and whether it is met (goals of unmeasured points are left out)."""
+    """Each goal with the measured figure, whether it is met, and the transport floor's figure where it has
+    one (goals of unmeasured points are left out)."""
     rows = []
     for what, scenario, clients, envs, figure, comparison, target in GOALS:
         found = [
@@ -95,8 +96,18 @@ def goals(records: list[Record]) -> str:
         if found:
             value = figure(found[0])
             met = value <= target if comparison == "<=" else value >= target
-            rows.append([what, value, f"{comparison} {target:g}", "met" if met else "MISSED"])
-    return table(["goal", "measured", "target", ""], rows)
+            verdict = "met" if met else "MISSED"
+            rows.append([what, value, f"{comparison} {target:g}", verdict, _transport(found[0], figure)])
+    return table(["goal", "measured", "target", "", "transport floor"], rows)
+
+
+def _transport(record: Record, figure: Callable[[Record], float]) -> float | str:
+    """The goal's figure for the transport floor under the same load ("" where it has none: ratios, stages)."""
+    measured = {key.removeprefix("transport_"): v for key, v in record.items() if key.startswith("transport_")}
+    try:
+        return figure(measured)
+    except KeyError:
+        return ""
 
 
 def profiles(label: str, summaries: dict[str, dict[str, list[tuple[str, float]]]]) -> str:

@@ -65,6 +65,10 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
         for figure in POSITIVE:
             assert record[figure] > 0, (figure, record)
         assert record["p99_ms"] >= record["p50_ms"], record
+    # The transport floor (gRPC and protobuf alone) ran at the goals' points.
+    for record in (r for r in records if (r["clients"], r["envs_per_message"]) in {(1, 1), (64, 1), (16, 32)}):
+        if record["scenario"] != "B7":
+            assert record["transport_env_steps_per_s"] > 0 and record["transport_server_cpu_us_per_step"] > 0
     for record in (r for r in records if r["scenario"] == "B4"):
         assert record["stages_us"].keys() >= STAGES
         assert all(record["stages_us"][stage] > 0 for stage in STAGES), record
