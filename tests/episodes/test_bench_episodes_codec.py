@@ -14,4 +14,4 @@ def test_run_reports_all_figures():
 def test_cartpole_episode_shape():
     episode = cartpole_episode(7)
     assert len(episode) == 7 and not episode.is_numpy
-    assert sorted(episode.extra_model_outputs) == ["action_dist_inputs", "action_logp", "vf_preds"]
+    assert sorted(episode.extra_model_outputs) == ["action_dist_inputs", "action_logp", "model_version"]
