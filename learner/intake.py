@@ -4,6 +4,8 @@ A batch is acknowledged only after it is written to `intake_dir`, and its file i
 checkpoint includes the update that trained on it. A learner killed at any moment therefore restarts
 from its last checkpoint, reloads the chunks trained since (or never trained) from the intake files,
 and recognises every re-sent chunk by (episode id, chunk index): each chunk is trained on exactly once.
+A learner that does not resume (a fresh model) sets an earlier run's intake files aside, unread: their
+actions came from another model, whose version numbers mean nothing to the new one.
 """
 
 from __future__ import annotations
@@ -52,9 +54,12 @@ class Intake:
     rejected: int = 0
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     return_history: list[tuple[float, float]] = field(default_factory=list)  # (unix time, return)
+    resume: bool = True  # reload the intake files found in `directory`; False: set them aside
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.resume:
+            _set_aside(self.directory)
         self._seen = set(self.trained)
         self._files: list[_File] = []
         self._running_return: dict[str, float] = {}
@@ -130,3 +135,14 @@ class Intake:
             self.return_history.append((time.time(), total))
         else:
             self._running_return[episode.id_] = total
+
+
+def _set_aside(directory: Path) -> None:
+    """Move an earlier run's intake files into a subfolder, where no intake reads them (nothing is deleted)."""
+    earlier = sorted(directory.glob("*.pb"))
+    if earlier:
+        aside = directory / f"set-aside-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        aside.mkdir()
+        for path in earlier:
+            path.rename(aside / path.name)
+        log.warning("not resuming: %d intake files of an earlier run moved to %s, unread", len(earlier), aside)

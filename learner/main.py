@@ -79,6 +79,7 @@ class Learner(learner_pb2_grpc.LearnerServiceServicer):
             self.connectors.observation_space,
             self.action_space,
             trained=set(ckpt.trained_chunks if ckpt else ()),
+            resume=settings.resume,
         )
         self.weights = self._weights_message()
         self.last_update: dict[str, Any] = {}

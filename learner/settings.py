@@ -23,7 +23,11 @@ class LearnerSettings(BaseSettings):
     )
     checkpoint_dir: Path = Field(Path("checkpoints"), description="Where checkpoints are written and resumed from.")
     checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every this many updates.")
-    resume: bool = Field(True, description="Start from the latest checkpoint in checkpoint_dir, if there is one.")
+    resume: bool = Field(
+        True,
+        description="Start from the latest checkpoint in checkpoint_dir, if there is one; with --no-resume, a fresh "
+        "model, and an earlier run's intake files are set aside unread.",
+    )
     seed: int | None = Field(None, description="Seed for the initial weights and minibatch shuffling.")
     fcnet_hiddens: list[int] = Field([64, 64], description="Hidden layer sizes of the policy and value MLPs.")
     mean_std_filter: bool = Field(

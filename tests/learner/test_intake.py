@@ -101,3 +101,18 @@ def test_a_checkpoint_deletes_exactly_the_intake_files_of_trained_chunks(tmp_pat
     assert not files[0].exists() and len(list(tmp_path.glob("*.pb"))) == 1
     restarted = intake_at(tmp_path, trained=set(covered))
     assert keys(restarted.pending) == keys(untrained) and restarted.duplicates == 0
+
+
+def test_an_intake_that_does_not_resume_sets_earlier_files_aside_unread(tmp_path, two_batches):
+    first, second = two_batches
+    earlier = intake_at(tmp_path)
+    earlier.accept(batch(first, seq=0))
+    (written,) = tmp_path.glob("*.pb")
+    data = written.read_bytes()
+    fresh = Intake(tmp_path, OBSERVATION_SPACE, ACTION_SPACE, resume=False)
+    assert fresh.pending == [] and fresh.pending_steps == 0
+    (aside,) = tmp_path.glob("set-aside-*/*.pb")  # kept, not deleted
+    assert aside.read_bytes() == data
+    fresh.accept(batch(second, seq=0))
+    # Resuming later reads the fresh run's files only.
+    assert keys(intake_at(tmp_path).pending) == keys(second)
