@@ -116,7 +116,7 @@ class LearnerLink:
     async def stop(self, flush_timeout_s: float) -> None:
         """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
         async with self._write_lock:  # a write in flight lands in the spool first; then the rest
-            self._write_spool()
+            self._add_to_spool(self._write_batch())
         self._spooled.set()  # the sender sends the final batch too
         try:
             async with asyncio.timeout(flush_timeout_s):
@@ -139,18 +139,19 @@ class LearnerLink:
             self._queued.clear()
             async with self._write_lock:
                 delta = await self._connector_delta()
-                await asyncio.to_thread(self._write_spool, delta)
+                self._add_to_spool(await asyncio.to_thread(self._write_batch, delta))
             self._spooled.set()
 
-    def _write_spool(self, connector_delta: dict | None = None) -> None:
-        """Everything queued becomes one batch file (written then renamed, so a crash leaves no torn file).
+    def _write_batch(self, connector_delta: dict | None = None) -> tuple[int, Path, int] | None:
+        """Everything queued becomes one batch, written to a temporary file: its (seq, file, size), or None
+        when nothing was queued. May run on a worker thread; `_add_to_spool` then puts it in the spool.
 
         The batch carries the connector statistics gathered since the previous one (MeanStdFilter), which
         the learner merges across servers.
         """
         episodes, self._queue = self._queue, []
         if not episodes:
-            return
+            return None
         seq = self._next_seq
         self._next_seq += 1
         batch = learner_pb2.EpisodeBatch(
@@ -159,14 +160,23 @@ class LearnerLink:
             episodes=[episode_to_proto(e) for e in episodes],
             connector_state=codec.to_value(connector_delta) if connector_delta else None,
         )
-        path = self.spool_dir / f"{seq:012d}.pb"
-        tmp = path.with_suffix(".tmp")
+        tmp = self.spool_dir / f"{seq:012d}.tmp"
         data = batch.SerializeToString()
         tmp.write_bytes(data)
-        tmp.replace(path)
-        self._sizes[seq] = len(data)
-        self.spool_bytes += len(data)
-        self._metrics.spooled_bytes.inc(len(data))
+        return seq, tmp, len(data)
+
+    def _add_to_spool(self, written: tuple[int, Path, int] | None) -> None:
+        """Rename a written batch into the spool (a crash never leaves a torn batch there) and count it.
+
+        On the event loop, like the acks: the sender cannot see the file before it is counted.
+        """
+        if written is None:
+            return
+        seq, tmp, size = written
+        tmp.replace(tmp.with_suffix(".pb"))
+        self._sizes[seq] = size
+        self.spool_bytes += size
+        self._metrics.spooled_bytes.inc(size)
         self._metrics.spool_batches.inc()
         self._metrics.spool_bytes.set(self.spool_bytes)
 
