@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 
 from bench.cartpole import make_env, spaces
+from client.env_client import hello_message
 from rlgate import codec
 from rlgate.v1 import policy_pb2 as pb
 
@@ -55,15 +56,7 @@ class LoadGenerator:
         self._started = 0.0
         self._cpu = 0.0
         observation_space, action_space = spaces()
-        self._hello = pb.ClientMessage(
-            hello=pb.Hello(
-                client_id="bench",
-                observation_space=codec.space_to_proto(observation_space),
-                action_space=codec.space_to_proto(action_space),
-                num_envs=envs,
-                explore=True,
-            )
-        ).SerializeToString()
+        self._hello = hello_message(observation_space, action_space, envs, True, "bench").SerializeToString()
 
     def begin_window(self) -> None:
         self._steps, self._latencies = 0, []

@@ -169,15 +169,25 @@ class EnvClient:
         return reply
 
     def _hello(self) -> pb.ClientMessage:
-        return pb.ClientMessage(
-            hello=pb.Hello(
-                client_id=self.client_id,
-                observation_space=codec.space_to_proto(self.env.single_observation_space),
-                action_space=codec.space_to_proto(self.env.single_action_space),
-                num_envs=self.env.num_envs,
-                explore=self.explore,
-            )
+        env = self.env
+        return hello_message(
+            env.single_observation_space, env.single_action_space, env.num_envs, self.explore, self.client_id
         )
+
+
+def hello_message(
+    observation_space: gym.Space, action_space: gym.Space, num_envs: int, explore: bool, client_id: str
+) -> pb.ClientMessage:
+    """The message that opens a session: the env's spaces, how many sub-envs each step carries, explore."""
+    return pb.ClientMessage(
+        hello=pb.Hello(
+            client_id=client_id,
+            observation_space=codec.space_to_proto(observation_space),
+            action_space=codec.space_to_proto(action_space),
+            num_envs=num_envs,
+            explore=explore,
+        )
+    )
 
 
 def make_env(env_id: str, num_envs: int) -> gym.Env | gym.vector.VectorEnv:

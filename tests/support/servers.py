@@ -12,7 +12,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-from client.env_client import ClientStats, EnvClient
+from client.env_client import ClientStats, EnvClient, hello_message
 from rlgate import codec
 from rlgate.v1 import episode_pb2
 from rlgate.v1 import policy_pb2 as pb
@@ -114,15 +114,7 @@ def hello(
     num_envs: int = 1,
     explore: bool = True,
 ) -> pb.ClientMessage:
-    return pb.ClientMessage(
-        hello=pb.Hello(
-            client_id="raw",
-            observation_space=codec.space_to_proto(observation_space),
-            action_space=codec.space_to_proto(action_space),
-            num_envs=num_envs,
-            explore=explore,
-        )
-    )
+    return hello_message(observation_space, action_space, num_envs, explore, "raw")
 
 
 def step(obs: Any, n: int = 1, reward: Any = None, terminated: Any = None) -> pb.ClientMessage:
