@@ -33,7 +33,7 @@ from bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, sp
 SERVE = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--env", "CartPole-v1", "--seed", "0"]
 FLOOR = ["--host", "127.0.0.1", "--port", "0"]
 # The transport floor runs at the points the goals are set for (clients, envs per message).
-TRANSPORT_POINTS = {(1, 1), (64, 1), (16, 32)}
+TRANSPORT_POINTS = {(clients, envs) for _, _, clients, envs, *_ in report.GOALS}
 TRANSPORT = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step")
 B3_CLIENTS = 16
 B7_LOAD = (16, 32)
