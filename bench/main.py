@@ -164,6 +164,7 @@ def _records(
             "floor_env_steps_per_s": floor["env_steps_per_s"],
             "floor_p50_ms": floor["p50_ms"],
             "floor_p99_ms": floor["p99_ms"],
+            "floor_p999_ms": floor["p999_ms"],
             "floor_server_cpu_us_per_step": floor["server_cpu_us_per_step"],
             "floor_client_cpu": floor["client_cpu"],
             "inprocess_env_steps_per_s": floors[load.clients * load.envs]["env_steps_per_s"],

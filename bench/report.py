@@ -24,6 +24,16 @@ GOALS: tuple[tuple[str, str, int, int, Callable[[Record], float], str, float], .
 )
 
 
+# rlgate's figures shown as ratios to the bare floor's (rlgate / floor): column name -> record key.
+RATIOS = {
+    "steps/s": "env_steps_per_s",
+    "p50": "p50_ms",
+    "p99": "p99_ms",
+    "p99.9": "p999_ms",
+    "cpu/step": "server_cpu_us_per_step",
+}
+
+
 def non_forward(record: Record) -> float:
     """Server CPU per env step outside the forward pass."""
     return record["server_cpu_us_per_step"] - record["stages_us"]["forward"]
@@ -45,17 +55,25 @@ def _cell(value: Any) -> str:
 def render(records: list[Record]) -> str:
     """All tables and the goals, as text."""
     by_scenario = {s: [r for r in records if r["scenario"] == s] for s in ("B1", "B2", "B3", "B4", "B7")}
+    loads = [r for s in ("B1", "B2", "B3") for r in by_scenario[s]]
     throughput = table(
-        ["", "clients", "envs/msg", "steps/s", "p50 ms", "p99 ms", "p99.9 ms", "batch", "cpu us/step", "client cpu",
-         "floor steps/s", "x floor", "floor p50", "floor p99", "floor us/step", "floor client cpu", "in-proc steps/s",
-         "x in-proc"],
+        ["rlgate", "clients", "envs/msg", "steps/s", "p50 ms", "p99 ms", "p99.9 ms", "batch", "cpu us/step",
+         "client cpu"],
         [
             [r["scenario"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["p50_ms"], r["p99_ms"],
-             r["p999_ms"], r["mean_batch"], r["server_cpu_us_per_step"], r["client_cpu"], r["floor_env_steps_per_s"],
-             r["env_steps_per_s"] / r["floor_env_steps_per_s"], r["floor_p50_ms"], r["floor_p99_ms"],
-             r["floor_server_cpu_us_per_step"], r["floor_client_cpu"], r["inprocess_env_steps_per_s"],
+             r["p999_ms"], r["mean_batch"], r["server_cpu_us_per_step"], r["client_cpu"]]
+            for r in loads
+        ],
+    )  # fmt: skip
+    floors = table(
+        ["floors", "clients", "envs/msg", "bare steps/s", "p50 ms", "p99 ms", "p99.9 ms", "cpu us/step", "client cpu",
+         *(f"x {figure}" for figure in RATIOS), "in-proc steps/s", "x in-proc"],
+        [
+            [r["scenario"], r["clients"], r["envs_per_message"], r["floor_env_steps_per_s"], r["floor_p50_ms"],
+             r["floor_p99_ms"], r["floor_p999_ms"], r["floor_server_cpu_us_per_step"], r["floor_client_cpu"],
+             *(r[key] / r[f"floor_{key}"] for key in RATIOS.values()), r["inprocess_env_steps_per_s"],
              r["env_steps_per_s"] / r["inprocess_env_steps_per_s"]]
-            for s in ("B1", "B2", "B3") for r in by_scenario[s]
+            for r in loads
         ],
     )  # fmt: skip
     stages = table(
@@ -82,7 +100,7 @@ def render(records: list[Record]) -> str:
         f"(x{r['p50_ms'] / r['no_wait_p50_ms']:.2f} at p50)"
         for r in by_scenario["B1"]
     ]
-    return "\n\n".join([throughput, *lone, stages, hand_off, goals(records)])
+    return "\n\n".join([throughput, floors, *lone, stages, hand_off, goals(records)])
 
 
 def goals(records: list[Record]) -> str:
