@@ -34,13 +34,17 @@ def summary(profile: Path, count: int = 10) -> dict[str, list[tuple[str, float]]
       numpy) counts for our function that called it; the entry point's `main` collects the event loop's
       own work (grpc's callbacks, scheduling).
 
-    Samples of a thread waiting (see WAITS) are left out: py-spy's idle detection misses them here.
+    Samples of a thread waiting (see WAITS) are left out: py-spy's idle detection misses them here. So are
+    lines that are not `stack count`: sampling without pausing the process now and then reads a function
+    name while it changes, and the name then holds a newline.
     `Thread.run` as the innermost frame is gRPC's poller thread in native code, waiting or working.
     """
     own: Counter[str] = Counter()
     ours: Counter[str] = Counter()
-    for line in profile.read_text().splitlines():
+    for line in profile.read_text(errors="replace").splitlines():
         stack, _, samples = line.rpartition(" ")
+        if not stack or not samples.isdigit():  # a torn read: --nonblocking samples a running process's memory
+            continue
         frames = [_LINE_NUMBER.sub(")", frame) for frame in stack.split(";")]
         if frames[-1] in WAITS:
             continue
