@@ -9,9 +9,15 @@ import numpy as np
 
 from episodes.tree import map_structure
 
+# Checked first: gymnasium's Dict and Tuple spaces are also Mapping and Sequence, so checking for them is
+# an ABC check (a Python-level call), and every lookback buffer an episode is built with asks.
+_COMMON_LEAVES = (gym.spaces.Box, gym.spaces.Discrete)
+
 
 def space_struct(space: gym.Space | None) -> Any:
     """The nesting of a Dict/Tuple space with its leaf spaces as leaves (the space itself if flat)."""
+    if space is None or isinstance(space, _COMMON_LEAVES):
+        return space
     if isinstance(space, gym.spaces.Dict):
         return {key: space_struct(sub) for key, sub in space.spaces.items()}
     if isinstance(space, gym.spaces.Tuple):
