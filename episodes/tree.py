@@ -21,7 +21,7 @@ def map_structure(fn: Callable[..., Any], *structs: Any) -> Any:
     first = structs[0]
     if isinstance(first, np.ndarray):
         return fn(*structs)
-    if isinstance(first, dict | Mapping):  # dict first: a plain type check
+    if isinstance(first, dict | Mapping):
         return {key: map_structure(fn, *(s[key] for s in structs)) for key in first}
     if isinstance(first, tuple):
         return tuple(map_structure(fn, *items) for items in zip(*structs, strict=True))
