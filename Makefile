@@ -29,7 +29,7 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Regenerate the committed stubs from proto/rlgate/v1/*.proto (tests/test_proto_drift.py fails when they differ).
+# Regenerate the committed stubs from proto/rlgate/v1/*.proto (tests/core/test_proto_drift.py fails when they differ).
 proto: $(VENV)/.dev
 	$(BIN)/python -m grpc_tools.protoc -Iproto \
 		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc \

@@ -1,1 +1,1 @@
-"""Micro benchmarks: each module has run() -> dict and runs as `python -m bench.<module>`."""
+"""Micro benchmarks: each module has run() -> dict and runs as `python -m rlgate.bench.<module>`."""

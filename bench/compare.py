@@ -1,6 +1,6 @@
 """Before vs after: two checkouts' servers side by side, under the same loads, measured in one run.
 
-Run: `python -m bench.compare OLD_CHECKOUT [NEW_CHECKOUT] --loads 1x1 64x1 16x32 [--rounds 2]`
+Run: `python -m rlgate.bench.compare OLD_CHECKOUT [NEW_CHECKOUT] --loads 1x1 64x1 16x32 [--rounds 2]`
 (NEW defaults to this checkout; make OLD with e.g. `git worktree add /tmp/old <commit>`). Both servers
 start together, pinned to the same core; each round measures every load against each server in turn,
 in alternating order, so that drift on a shared host hits both alike. The load generators are this
@@ -14,9 +14,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.main import SERVE
-from bench.measure import Load, Timing, under_load
-from bench.procs import ServerProcess, split_cores
+from rlgate.bench.main import SERVE
+from rlgate.bench.measure import Load, Timing, under_load
+from rlgate.bench.procs import ServerProcess, split_cores
 
 FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step")
 
@@ -26,7 +26,7 @@ def compare(checkouts: dict[str, Path], loads: list[Load], rounds: int, timing: 
     server_cores, client_cores = split_cores()
     logs = Path(tempfile.mkdtemp(prefix="rlgate-compare-"))
     servers = {
-        name: ServerProcess("server", SERVE, server_cores, logs / f"{name}.log", checkout=checkout)
+        name: ServerProcess("rlgate", SERVE, server_cores, logs / f"{name}.log", checkout=checkout)
         for name, checkout in checkouts.items()
     }
     results: dict[Load, dict] = {load: {name: {f: [] for f in FIGURES} for name in servers} for load in loads}
@@ -48,7 +48,7 @@ def compare(checkouts: dict[str, Path], loads: list[Load], rounds: int, timing: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlgate.bench.compare", description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path, help="the checkout to compare against (before)")
     parser.add_argument("new", type=Path, nargs="?", default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--loads", nargs="+", default=["1x1", "64x1", "16x32", "16x128"], help="CLIENTSxENVS")

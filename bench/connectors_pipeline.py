@@ -4,7 +4,7 @@ Per env step cost of env-to-module + module-to-env with the default pieces plus 
 running CartPole episodes (list mode, CPU), called as the inference server calls them (see
 `connectors/__init__.py`). The forward pass is left out: module-to-env gets the module's outputs
 (ACTION_DIST_INPUTS) computed once. Stepping the envs and appending to the episodes is not
-timed. Run: `.venv/bin/python -m bench.connectors_pipeline`.
+timed. Run: `.venv/bin/python -m rlgate.bench.connectors_pipeline`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from connectors.builders import build_env_to_module_pipeline, build_module_to_env_pipeline
-from connectors.columns import Columns
-from connectors.env_to_module import MeanStdFilter
-from episodes import SingleAgentEpisode
-from models import build_module
+from rlgate.connectors.builders import build_env_to_module_pipeline, build_module_to_env_pipeline
+from rlgate.connectors.env_to_module import MeanStdFilter
+from rlgate.core.columns import Columns
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.models import build_module
 
 
 class _CartPoles:

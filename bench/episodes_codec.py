@@ -5,7 +5,7 @@ model_version). Encode is
 `episode_to_proto` + `SerializeToString`, decode is `Episode.FromString` + `episode_from_proto` (always
 into numpy mode). Encoding a list-mode episode (the server's) includes stacking its per-step items
 into arrays, the work RLlib does in `to_numpy()`. Also measures `add_env_step` per call.
-Run: `.venv/bin/python -m bench.episodes_codec`.
+Run: `.venv/bin/python -m rlgate.bench.episodes_codec`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 
-from connectors.columns import Columns
-from episodes import SingleAgentEpisode
-from episodes.codec import episode_from_proto, episode_to_proto
+from rlgate.core.columns import Columns
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.codec import episode_from_proto, episode_to_proto
 from rlgate.v1 import episode_pb2
 
 OBSERVATION_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)

@@ -9,7 +9,7 @@ no metrics. It answers a hello with a welcome and ends a stream on close.
 With `--transport-only` it is the transport floor instead: each step message is parsed and answered at
 once with zero actions serialized once per env count, with no model and no batching. What that costs is
 what Python gRPC, protobuf and the event loop cost on the machine, below which no goal can be met.
-Run: `python -m bench.floor --port 0 [--transport-only]`; logs `serving grpc=HOST:PORT` like `rlgate serve`.
+Run: `python -m rlgate.bench.floor --port 0 [--transport-only]`; logs `serving grpc=HOST:PORT` like `rlgate serve`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import grpc
 import numpy as np
 import torch
 
-from bench.cartpole import spaces
-from connectors.columns import Columns
-from models import build_module
-from rlgate import codec
+from rlgate.bench.cartpole import spaces
+from rlgate.core import codec
+from rlgate.core.columns import Columns
+from rlgate.models import build_module
 from rlgate.v1 import policy_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ async def serve(host: str, port: int, max_batch_size: int, transport_only: bool)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlgate.bench.floor", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--max-batch-size", type=int, default=256)

@@ -21,8 +21,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.measure import Load, Timing, under_load
-from bench.procs import ServerProcess
+from rlgate.bench.measure import Load, Timing, under_load
+from rlgate.bench.procs import ServerProcess
 from rlgate.v1 import learner_pb2
 
 # Spool samples per second during a window.
@@ -43,13 +43,13 @@ def hand_off(load: Load, timing: Timing, serve: list[str], cores: tuple[set[int]
     learn = ["learn", "--env", "CartPole-v1", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
     learn += ["--checkpoint-dir", str(logs / "learner"), "--no-resume"]
     learn += ["--train-batch-size", NEVER, "--checkpoint-every", NEVER]
-    learner = ServerProcess("server", learn, client_cores, logs / "learner.log")
+    learner = ServerProcess("rlgate", learn, client_cores, logs / "learner.log")
     server = None
     try:
         learner.wait_serving()
         serve = [*serve, "--learner", learner.target, "--spool-dir", str(spool), "--server-id", "bench"]
         serve += ["--max-spool", str(SPOOL_LIMIT)]
-        server = ServerProcess("server", [*serve, "--drain-timeout-s", "60"], server_cores, logs / "rlgate-handoff.log")
+        server = ServerProcess("rlgate", [*serve, "--drain-timeout-s", "60"], server_cores, logs / "rlgate-handoff.log")
         server.wait_serving().wait_ready()  # ready: the learner's first weights have arrived
         watch = partial(_watch, server, learner, intake)
         result = under_load(server, load, timing, client_cores, logs, watch=watch)

@@ -5,7 +5,7 @@ same env steps: the server's `Session` appends them to their episodes, the serve
 env-to-module pipeline, the forward pass and the module-to-env pipeline, and `Session.record` keeps the
 outputs. No gRPC, no codec, no event loop, no batcher. The envs are split into vector envs of at most
 `max_batch_size` sub-envs (the server's batch limit), stepped in turn.
-Run: `python -m bench.inprocess --envs N [N ...] --window-s S`; prints one JSON line per measuring window:
+Run: `python -m rlgate.bench.inprocess --envs N [N ...] --window-s S`; prints one JSON line per measuring window:
 `{"envs": N, "steps": ..., "seconds": ..., "latency_us": [duration of every step of all sub-envs]}`.
 """
 
@@ -17,11 +17,11 @@ import time
 
 import numpy as np
 
-from bench.cartpole import make_env
-from connectors.columns import Columns
-from server.metrics import ServerMetrics
-from server.policy import Policy
-from server.session import Session, SessionSpec
+from rlgate.bench.cartpole import make_env
+from rlgate.core.columns import Columns
+from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy import Policy
+from rlgate.server.session import Session, SessionSpec
 
 
 class InProcess:
@@ -71,7 +71,7 @@ def measure(floor: InProcess, window_s: float) -> dict[str, float | list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.inprocess", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlgate.bench.inprocess", description=__doc__.splitlines()[0])
     parser.add_argument("--envs", type=int, nargs="+", required=True, help="sub-envs in all, one run per value")
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--warmup-s", type=float, default=1.0)

@@ -12,7 +12,7 @@ first answer, then obeys one command per line:
   `{"total_steps": ...}` (env steps answered since the start) and exit.
 
 Env steps are transitions, as the server counts them: a reset observation is not one.
-Run: `python -m bench.load --target HOST:PORT --clients K --envs E [--real-envs]`.
+Run: `python -m rlgate.bench.load --target HOST:PORT --clients K --envs E [--real-envs]`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import traceback
 import grpc
 import numpy as np
 
-from bench.cartpole import make_env, spaces
-from client.env_client import hello_message
-from rlgate import codec
+from rlgate.bench.cartpole import make_env, spaces
+from rlgate.client.env_client import hello_message
+from rlgate.core import codec
 from rlgate.v1 import policy_pb2 as pb
 
 CONNECT = "/rlgate.v1.PolicyService/Connect"
@@ -148,7 +148,7 @@ async def run(target: str, clients: int, envs: int, real_envs: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlgate.bench.load", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="HOST:PORT of the policy server")
     parser.add_argument("--clients", type=int, default=1, help="env clients (streams) in this process")
     parser.add_argument("--envs", type=int, default=1, help="sub-envs per client (rows per message)")

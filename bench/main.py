@@ -25,10 +25,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import report
-from bench.handoff import hand_off
-from bench.measure import Load, Timing, in_process, under_load
-from bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
+from rlgate.bench import report
+from rlgate.bench.handoff import hand_off
+from rlgate.bench.measure import Load, Timing, in_process, under_load
+from rlgate.bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
 
 SERVE = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--env", "CartPole-v1", "--seed", "0"]
 FLOOR = ["--host", "127.0.0.1", "--port", "0"]
@@ -42,7 +42,7 @@ FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "p999_ms", "mean_batch", "serv
 # Figures of the B7 record, from bench.handoff.
 HAND_OFF = ("shipped_per_s", "episodes_per_s", "bytes_per_s", "max_spool_bytes", "spool_limit_bytes", "unacked_batches")
 HAND_OFF += ("chunks", "steps_lost")
-MICRO = ("bench.episodes_codec", "bench.connectors_pipeline")
+MICRO = ("rlgate.bench.episodes_codec", "rlgate.bench.connectors_pipeline")
 # Share of one core used outside the bench during a run above which its figures are not to be trusted.
 BUSY = 0.1
 
@@ -116,11 +116,11 @@ def run(
     measured: dict[tuple[str, Load], dict[str, Any]] = {}
     servers = {}
     try:
-        servers["rlgate"] = ServerProcess("server", SERVE, server_cores, logs / "rlgate.log")
-        servers["floor"] = ServerProcess("bench.floor", FLOOR, server_cores, logs / "floor.log")
-        servers["no-wait"] = ServerProcess("server", [*SERVE, "--max-wait-us", "0"], server_cores, logs / "no-wait.log")
+        servers["rlgate"] = ServerProcess("rlgate", SERVE, server_cores, logs / "rlgate.log")
+        servers["floor"] = ServerProcess("rlgate.bench.floor", FLOOR, server_cores, logs / "floor.log")
+        servers["no-wait"] = ServerProcess("rlgate", [*SERVE, "--max-wait-us", "0"], server_cores, logs / "no-wait.log")
         transport = [*FLOOR, "--transport-only"]
-        servers["transport"] = ServerProcess("bench.floor", transport, server_cores, logs / "transport.log")
+        servers["transport"] = ServerProcess("rlgate.bench.floor", transport, server_cores, logs / "transport.log")
         for server in servers.values():  # started together, waited for in turn
             server.wait_serving()
         for load in loads:

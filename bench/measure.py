@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from bench import profile
-from bench.procs import Child, LoadProcess, ServerProcess
+from rlgate.bench import profile
+from rlgate.bench.procs import Child, LoadProcess, ServerProcess
 
 # Sleeps through a measuring window of this many seconds; may return figures it watched meanwhile.
 Watch = Callable[[float], dict[str, Any]]
@@ -178,7 +178,7 @@ def in_process(envs: list[int], timing: Timing, cores: set[int], logs: Path) -> 
     """The in-process floor for each number of sub-envs (bench.inprocess in one child pinned to `cores`)."""
     args = ["--envs", *map(str, envs), "--warmup-s", str(timing.warmup_s), "--window-s", str(timing.window_s)]
     args += ["--repeats", str(timing.repeats)]
-    child = Child("bench.inprocess", args, cores, logs / "inprocess.log", pipes=True)
+    child = Child("rlgate.bench.inprocess", args, cores, logs / "inprocess.log", pipes=True)
     windows: dict[int, list[dict[str, float]]] = {n: [] for n in envs}
     try:
         assert child.proc.stdout is not None

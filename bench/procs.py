@@ -10,10 +10,12 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -44,12 +46,34 @@ def own_seconds() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+def source_path(checkout: Path, scratch: Path, module: str) -> tuple[list[str], str]:
+    """The PYTHONPATH that imports a checkout's code from its folders, and `module`'s name in that checkout.
+
+    A checkout with the `rlgate.*` namespace maps its folders into the package at install time
+    (pyproject's package-dir); uninstalled, `scratch/rlgate` is made as that package out of symbolic links
+    to its folders. A checkout from before the namespace had top-level packages (`python -m server`).
+    """
+    pyproject = tomllib.loads((checkout / "pyproject.toml").read_text())
+    folders = pyproject.get("tool", {}).get("setuptools", {}).get("package-dir")
+    if folders is None:
+        return [str(checkout), str(checkout / "proto")], "server" if module == "rlgate" else module
+    package = scratch / "rlgate"
+    shutil.rmtree(scratch, ignore_errors=True)
+    package.mkdir(parents=True)
+    for entry in (checkout / folders["rlgate"]).iterdir():
+        (package / entry.name).symlink_to(entry.resolve())
+    for name, folder in folders.items():
+        if name != "rlgate":
+            (package / name.removeprefix("rlgate.")).symlink_to((checkout / folder).resolve())
+    return [str(scratch)], module
+
+
 class Child:
     """A `python -m module args...` child pinned to `cores`; stderr goes to `log`.
 
     With `checkout` (a directory holding another copy of this repository), the child runs that copy's
-    code: it starts there (`python -m` puts its working directory first on sys.path) with the copy's
-    `proto/` on PYTHONPATH. Used to measure two versions side by side (`bench.compare`).
+    code, imported from its source folders (`source_path`). Used to measure two versions side by side
+    (`bench.compare`).
     """
 
     def __init__(
@@ -66,7 +90,8 @@ class Child:
         self._log_file = log.open("wb")
         env = None
         if checkout is not None:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(checkout / "proto")])}
+            path, module = source_path(checkout, log.with_suffix(".src"), module)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
@@ -149,7 +174,7 @@ class LoadProcess(Child):
 
     def __init__(self, target: str, clients: int, envs: int, real_envs: bool, cores: set[int], log: Path) -> None:
         args = ["--target", target, "--clients", str(clients), "--envs", str(envs)]
-        super().__init__("bench.load", args + (["--real-envs"] if real_envs else []), cores, log, pipes=True)
+        super().__init__("rlgate.bench.load", args + (["--real-envs"] if real_envs else []), cores, log, pipes=True)
 
     def send(self, command: str) -> None:
         assert self.proc.stdin is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bench.measure import STAGES
+from rlgate.bench.measure import STAGES
 
 Record = dict[str, Any]
 

@@ -22,7 +22,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-from rlgate import codec
+from rlgate.core import codec
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import policy_pb2_grpc
 

@@ -13,8 +13,8 @@ from collections import deque
 import numpy as np
 from tqdm import tqdm
 
-from client.env_client import ClientStats, EnvClient, make_env
-from client.settings import ClientSettings
+from rlgate.client.env_client import ClientStats, EnvClient, make_env
+from rlgate.client.settings import ClientSettings
 
 log = logging.getLogger(__name__)
 

@@ -65,8 +65,8 @@ Timings: with `metrics={}` (a plain dict), each pipeline call adds the seconds s
 `metrics[piece class name]`.
 """
 
-from connectors.columns import Columns
-from connectors.connector_pipeline_v2 import ConnectorPipelineV2
-from connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.connector_pipeline_v2 import ConnectorPipelineV2
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.core.columns import Columns
 
 __all__ = ["Columns", "ConnectorPipelineV2", "ConnectorV2"]

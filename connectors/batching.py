@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from episodes.tree import batch as stack_items
-from episodes.tree import first_leaf, map_structure
+from rlgate.core.tree import batch as stack_items
+from rlgate.core.tree import first_leaf, map_structure
 
 
 class BatchedNdArray(np.ndarray):

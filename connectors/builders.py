@@ -7,7 +7,7 @@ from collections.abc import Callable
 import gymnasium as gym
 import torch
 
-from connectors.common import (
+from rlgate.connectors.common import (
     AddObservationsFromEpisodesToBatch,
     AddStatesFromEpisodesToBatch,
     AddTimeDimToBatchAndZeroPad,
@@ -15,14 +15,14 @@ from connectors.common import (
     NumpyToTensor,
     TensorToNumpy,
 )
-from connectors.connector_pipeline_v2 import ConnectorPipelineV2
-from connectors.connector_v2 import ConnectorV2
-from connectors.learner import (
+from rlgate.connectors.connector_pipeline_v2 import ConnectorPipelineV2
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.learner import (
     AddColumnsFromEpisodesToTrainBatch,
     AddOneTsToEpisodesAndTruncate,
     GeneralAdvantageEstimation,
 )
-from connectors.module_to_env import (
+from rlgate.connectors.module_to_env import (
     GetActions,
     ListifyDataForVectorEnv,
     NormalizeAndClipActions,

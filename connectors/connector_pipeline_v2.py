@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
-from connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.connector_v2 import ConnectorV2
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 Anchor = str | type
 

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from connectors.batching import BatchedNdArray, batch_items, is_batched
-from episodes.tree import map_structure, unbatch
+from rlgate.connectors.batching import BatchedNdArray, batch_items, is_batched
+from rlgate.core.tree import map_structure, unbatch
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 def episode_key(episode: SingleAgentEpisode) -> tuple:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from episodes.tree import map_structure
+from rlgate.core.tree import map_structure
 
 
 def num_sequences(episode_len: int, max_seq_len: int) -> int:

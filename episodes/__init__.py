@@ -1,6 +1,6 @@
 """Episodes as RLlib 2.60 defines them (SingleAgentEpisode, InfiniteLookbackBuffer), and their wire codec."""
 
-from episodes.infinite_lookback_buffer import InfiniteLookbackBuffer
-from episodes.single_agent_episode import SingleAgentEpisode
+from rlgate.episodes.infinite_lookback_buffer import InfiniteLookbackBuffer
+from rlgate.episodes.single_agent_episode import SingleAgentEpisode
 
 __all__ = ["InfiniteLookbackBuffer", "SingleAgentEpisode"]

@@ -18,11 +18,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from connectors.columns import Columns
-from episodes.infinite_lookback_buffer import InfiniteLookbackBuffer
-from episodes.single_agent_episode import SingleAgentEpisode
-from episodes.tree import flatten
-from rlgate.codec import CodecError, from_struct, from_tensor, from_value, to_struct, to_tensor, to_value
+from rlgate.core.codec import CodecError, from_struct, from_tensor, from_value, to_struct, to_tensor, to_value
+from rlgate.core.columns import Columns
+from rlgate.core.tree import flatten
+from rlgate.episodes.infinite_lookback_buffer import InfiniteLookbackBuffer
+from rlgate.episodes.single_agent_episode import SingleAgentEpisode
 from rlgate.v1 import episode_pb2
 
 

@@ -24,8 +24,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils.env_checker import data_equivalence
 
-from episodes.space_utils import fill_for_space, one_hot, space_struct
-from episodes.tree import batch, first_leaf, flatten, map_structure, unbatch
+from rlgate.core.spaces import fill_for_space, one_hot, space_struct
+from rlgate.core.tree import batch, first_leaf, flatten, map_structure, unbatch
 
 Indices = int | list[int] | slice | None
 

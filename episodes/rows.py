@@ -16,8 +16,8 @@ from typing import Any, Protocol, overload
 
 import gymnasium as gym
 
-from episodes.single_agent_episode import SingleAgentEpisode
-from episodes.tree import map_structure
+from rlgate.core.tree import map_structure
+from rlgate.episodes.single_agent_episode import SingleAgentEpisode
 
 
 class RowSource(Protocol):

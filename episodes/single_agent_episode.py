@@ -22,8 +22,8 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from episodes.infinite_lookback_buffer import Indices, InfiniteLookbackBuffer
-from episodes.tree import first_leaf, flatten, map_structure
+from rlgate.core.tree import first_leaf, flatten, map_structure
+from rlgate.episodes.infinite_lookback_buffer import Indices, InfiniteLookbackBuffer
 
 _REWARDS_SPACE = gym.spaces.Box(float("-inf"), float("inf"), (), np.float32)
 

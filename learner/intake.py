@@ -19,8 +19,8 @@ from pathlib import Path
 
 import gymnasium as gym
 
-from episodes import SingleAgentEpisode
-from episodes.codec import episode_from_proto
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.codec import episode_from_proto
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)

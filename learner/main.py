@@ -16,18 +16,18 @@ import gymnasium as gym
 import torch
 from grpc_health.v1 import health
 
-from learner import checkpoint
-from learner.intake import Intake
-from learner.metrics import LearnerMetrics
-from learner.page import PAGE
-from learner.settings import LearnerSettings
-from learner.trainer import Trainer
-from models import ModelConfig, build_module, load_weights, weights_to_bytes
-from rlgate import codec
+from rlgate.core import codec
+from rlgate.learner.intake import Intake
+from rlgate.learner.metrics import LearnerMetrics
+from rlgate.learner.page import PAGE
+from rlgate.learner.settings import LearnerSettings
+from rlgate.learner.trainer import Trainer
+from rlgate.models import ModelConfig, build_module, load_weights, weights_to_bytes
+from rlgate.service.http import HttpServer, build_app
+from rlgate.service.process import run_until_signal, start_grpc_server
+from rlgate.spec import checkpoint
+from rlgate.spec.policy import build_env_to_module
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
-from server.http import HttpServer, build_app
-from server.policy import build_env_to_module
-from server.process import run_until_signal, start_grpc_server
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from connectors.columns import Columns
-from models import RLModule
+from rlgate.core.columns import Columns
+from rlgate.models import RLModule
 
 
 @dataclass(frozen=True)

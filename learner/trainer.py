@@ -8,12 +8,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from connectors.builders import build_learner_pipeline
-from connectors.columns import Columns
-from episodes import SingleAgentEpisode
-from learner.ppo import PPOConfig, ppo_update
-from learner.settings import LearnerSettings
-from models import RLModule
+from rlgate.connectors.builders import build_learner_pipeline
+from rlgate.core.columns import Columns
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.learner.ppo import PPOConfig, ppo_update
+from rlgate.learner.settings import LearnerSettings
+from rlgate.models import RLModule
 
 
 class Trainer:

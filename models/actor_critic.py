@@ -6,12 +6,12 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from connectors.columns import Columns
-from models.catalog import action_distribution, build_encoder
-from models.config import ModelConfig
-from models.distributions import DiagGaussian, Distribution
-from models.networks import MLP, LSTMEncoder
-from models.rl_module import RLModule
+from rlgate.core.columns import Columns
+from rlgate.models.catalog import action_distribution, build_encoder
+from rlgate.models.config import ModelConfig
+from rlgate.models.distributions import DiagGaussian, Distribution
+from rlgate.models.networks import MLP, LSTMEncoder
+from rlgate.models.rl_module import RLModule
 
 
 class ActorCriticModule(RLModule):

@@ -3,9 +3,9 @@
 import gymnasium as gym
 import numpy as np
 
-from models.config import ConvFilter, ModelConfig
-from models.distributions import Categorical, DiagGaussian, Distribution, MultiCategorical
-from models.networks import CNN, MLP
+from rlgate.models.config import ConvFilter, ModelConfig
+from rlgate.models.distributions import Categorical, DiagGaussian, Distribution, MultiCategorical
+from rlgate.models.networks import CNN, MLP
 
 # RLlib's default Conv2D stacks by square image size. The 11x11 layers use "valid" padding (as RLlib's
 # old VisionNetwork did), so those stacks end at 1x1x256 features instead of 11x11x256.

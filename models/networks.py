@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import Activation, ConvFilter
+from rlgate.models.config import Activation, ConvFilter
 
 HIDDEN_GAIN = math.sqrt(2)
 

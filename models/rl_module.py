@@ -7,8 +7,8 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from models.config import ModelConfig
-from models.distributions import Distribution
+from rlgate.models.config import ModelConfig
+from rlgate.models.distributions import Distribution
 
 
 class RLModule(nn.Module, abc.ABC):

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from episodes.rows import EpisodeRows
-from episodes.tree import map_structure
-from server.metrics import ServerMetrics
-from server.policy import Policy
+from rlgate.core.tree import map_structure
+from rlgate.episodes.rows import EpisodeRows
+from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy import Policy
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import grpc
 
-from episodes import SingleAgentEpisode
-from episodes.codec import episode_to_proto
-from rlgate import codec
+from rlgate.core import codec
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.codec import episode_to_proto
+from rlgate.server.metrics import ServerMetrics
+from rlgate.service.auth import bearer_metadata
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
-from server.auth import bearer_metadata
-from server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 

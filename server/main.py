@@ -12,21 +12,21 @@ import gymnasium as gym
 import torch
 from grpc_health.v1 import health
 
-from episodes import SingleAgentEpisode
-from learner import checkpoint
-from models import ModelConfig
-from rlgate import codec
+from rlgate.core import codec
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.models import ModelConfig
+from rlgate.server.batcher import Batcher
+from rlgate.server.learner_link import LearnerLink
+from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy import Policy
+from rlgate.server.service import SERVICE_NAME, PolicyService, RequestError
+from rlgate.server.session import SessionSpec
+from rlgate.server.settings import ServerSettings
+from rlgate.server.shipping import DirectorySink, episode_end
+from rlgate.service.http import HttpServer, build_app
+from rlgate.service.process import run_until_signal, start_grpc_server
+from rlgate.spec import checkpoint
 from rlgate.v1 import learner_pb2
-from server.batcher import Batcher
-from server.http import HttpServer, build_app
-from server.learner_link import LearnerLink
-from server.metrics import ServerMetrics
-from server.policy import Policy
-from server.process import run_until_signal, start_grpc_server
-from server.service import SERVICE_NAME, PolicyService, RequestError
-from server.session import SessionSpec
-from server.settings import ServerSettings
-from server.shipping import DirectorySink, episode_end
 
 log = logging.getLogger(__name__)
 

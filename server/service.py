@@ -17,16 +17,16 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from connectors.columns import Columns
-from episodes import SingleAgentEpisode
-from rlgate import codec
-from rlgate.codec import CodecError
+from rlgate.core import codec
+from rlgate.core.codec import CodecError
+from rlgate.core.columns import Columns
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.server.batcher import Batcher
+from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy import Policy
+from rlgate.server.session import Session, SessionSpec
+from rlgate.server.settings import ServerSettings
 from rlgate.v1 import policy_pb2 as pb
-from server.batcher import Batcher
-from server.metrics import ServerMetrics
-from server.policy import Policy
-from server.session import Session, SessionSpec
-from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from connectors.columns import Columns
-from episodes import SingleAgentEpisode
-from episodes.rows import EpisodeRows
-from episodes.tree import map_structure
-from server.step_table import StepTable
+from rlgate.core.columns import Columns
+from rlgate.core.tree import map_structure
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.rows import EpisodeRows
+from rlgate.server.step_table import StepTable
 
 # Outputs of the module-to-env pipeline that are stored in the episode as extra model outputs.
 RECORDED_OUTPUTS = (

@@ -11,8 +11,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from episodes import SingleAgentEpisode
-from episodes.codec import episode_to_proto
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.codec import episode_to_proto
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from episodes.tree import map_structure
+from rlgate.core.tree import map_structure
 
 _MIN_ROWS = 16
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from server.main import InferenceServer
-from server.settings import ServerSettings
+from rlgate.server.main import InferenceServer
+from rlgate.server.settings import ServerSettings
 
 
 @pytest.fixture

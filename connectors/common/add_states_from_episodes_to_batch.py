@@ -6,16 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from connectors.batching import batch_items
-from connectors.columns import Columns
-from connectors.common.tensor_to_numpy import to_numpy
-from connectors.connector_v2 import ConnectorV2
-from connectors.zero_padding import num_sequences
-from episodes.tree import map_structure
+from rlgate.connectors.batching import batch_items
+from rlgate.connectors.common.tensor_to_numpy import to_numpy
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.zero_padding import num_sequences
+from rlgate.core.columns import Columns
+from rlgate.core.tree import map_structure
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 class AddStatesFromEpisodesToBatch(ConnectorV2):

@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from connectors.batching import BatchedNdArray, batch_items, is_batched
-from connectors.columns import Columns
-from connectors.connector_v2 import ConnectorV2
-from connectors.zero_padding import create_mask_and_seq_lens, split_and_zero_pad
-from episodes.tree import map_structure
+from rlgate.connectors.batching import BatchedNdArray, batch_items, is_batched
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.zero_padding import create_mask_and_seq_lens, split_and_zero_pad
+from rlgate.core.columns import Columns
+from rlgate.core.tree import map_structure
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 class AddTimeDimToBatchAndZeroPad(ConnectorV2):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from connectors.batching import BatchedNdArray, batch_items, is_batched, num_rows
-from connectors.columns import Columns
-from connectors.connector_v2 import ConnectorV2
-from episodes.tree import first_leaf
+from rlgate.connectors.batching import BatchedNdArray, batch_items, is_batched, num_rows
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.core.columns import Columns
+from rlgate.core.tree import first_leaf
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 class BatchIndividualItems(ConnectorV2):

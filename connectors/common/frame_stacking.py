@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from connectors.columns import Columns
-from connectors.connector_v2 import ConnectorV2, make_episode_keys_unique
+from rlgate.connectors.connector_v2 import ConnectorV2, make_episode_keys_unique
+from rlgate.core.columns import Columns
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 def stack_frames(frames: np.ndarray) -> np.ndarray:

@@ -8,13 +8,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from connectors.columns import Columns
-from connectors.connector_v2 import ConnectorV2
-from episodes.tree import map_structure
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.core.columns import Columns
+from rlgate.core.tree import map_structure
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 def to_tensor(value: Any, device: torch.device | str = "cpu") -> torch.Tensor:

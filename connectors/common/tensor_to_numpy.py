@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from connectors.connector_v2 import ConnectorV2
-from episodes.tree import map_structure
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.core.tree import map_structure
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 def to_numpy(struct: Any) -> Any:

@@ -1,10 +1,10 @@
 """Optional env-to-module pieces (the defaults live in connectors.common)."""
 
-from connectors.env_to_module.flatten_observations import FlattenObservations
-from connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
-from connectors.env_to_module.mean_std_filter import MeanStdFilter
-from connectors.env_to_module.observation_preprocessor import ObservationPreprocessor
-from connectors.env_to_module.prev_actions_prev_rewards import PrevActionsPrevRewards
+from rlgate.connectors.env_to_module.flatten_observations import FlattenObservations
+from rlgate.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
+from rlgate.connectors.env_to_module.mean_std_filter import MeanStdFilter
+from rlgate.connectors.env_to_module.observation_preprocessor import ObservationPreprocessor
+from rlgate.connectors.env_to_module.prev_actions_prev_rewards import PrevActionsPrevRewards
 
 __all__ = [
     "FlattenObservations",

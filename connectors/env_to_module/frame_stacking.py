@@ -2,6 +2,6 @@
 
 from functools import partial
 
-from connectors.common.frame_stacking import FrameStacking
+from rlgate.connectors.common.frame_stacking import FrameStacking
 
 FrameStackingEnvToModule = partial(FrameStacking, as_learner_connector=False)

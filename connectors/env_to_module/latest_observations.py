@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
-from connectors.batching import batch_items, is_batched
-from connectors.columns import Columns
-from episodes.rows import EpisodeRows
-from episodes.tree import unbatch
+from rlgate.connectors.batching import batch_items, is_batched
+from rlgate.core.columns import Columns
+from rlgate.core.tree import unbatch
+from rlgate.episodes.rows import EpisodeRows
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
+    from rlgate.episodes import SingleAgentEpisode
 
 
 def get_latest_observations(batch: dict[str, Any], episodes: list[SingleAgentEpisode]) -> Any:

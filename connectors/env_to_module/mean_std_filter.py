@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from connectors.connector_v2 import ConnectorV2
-from connectors.env_to_module.latest_observations import get_latest_observations, set_latest_observations
-from episodes.space_utils import space_struct
-from episodes.tree import flatten, map_structure
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.env_to_module.latest_observations import get_latest_observations, set_latest_observations
+from rlgate.core.spaces import space_struct
+from rlgate.core.tree import flatten, map_structure
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any
 
-from connectors.batching import batch_items, is_batched
-from connectors.columns import Columns
-from connectors.connector_v2 import ConnectorV2
-from connectors.env_to_module.latest_observations import set_latest_observations
-from episodes.tree import unbatch
+from rlgate.connectors.batching import batch_items, is_batched
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.env_to_module.latest_observations import set_latest_observations
+from rlgate.core.columns import Columns
+from rlgate.core.tree import unbatch
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 class ObservationPreprocessor(ConnectorV2, abc.ABC):

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from connectors.batching import batch_items
-from connectors.connector_v2 import ConnectorV2
-from connectors.env_to_module.latest_observations import get_latest_observations, set_latest_observations
+from rlgate.connectors.batching import batch_items
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.env_to_module.latest_observations import get_latest_observations, set_latest_observations
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 class PrevActionsPrevRewards(ConnectorV2):

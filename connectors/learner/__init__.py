@@ -1,12 +1,12 @@
 """Learner pieces: from finished episodes to a train batch (PPO's advantages included)."""
 
-from connectors.learner.add_columns_from_episodes_to_train_batch import AddColumnsFromEpisodesToTrainBatch
-from connectors.learner.add_one_ts_to_episodes_and_truncate import (
+from rlgate.connectors.learner.add_columns_from_episodes_to_train_batch import AddColumnsFromEpisodesToTrainBatch
+from rlgate.connectors.learner.add_one_ts_to_episodes_and_truncate import (
     AddOneTsToEpisodesAndTruncate,
     remove_last_ts_from_episodes_and_restore_truncateds,
 )
-from connectors.learner.frame_stacking import FrameStackingLearner
-from connectors.learner.general_advantage_estimation import GeneralAdvantageEstimation, compute_value_targets
+from rlgate.connectors.learner.frame_stacking import FrameStackingLearner
+from rlgate.connectors.learner.general_advantage_estimation import GeneralAdvantageEstimation, compute_value_targets
 
 __all__ = [
     "AddColumnsFromEpisodesToTrainBatch",

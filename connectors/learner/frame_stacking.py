@@ -2,6 +2,6 @@
 
 from functools import partial
 
-from connectors.common.frame_stacking import FrameStacking
+from rlgate.connectors.common.frame_stacking import FrameStacking
 
 FrameStackingLearner = partial(FrameStacking, as_learner_connector=True)

@@ -8,15 +8,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from connectors.columns import Columns
-from connectors.common.numpy_to_tensor import to_tensor
-from connectors.common.tensor_to_numpy import to_numpy
-from connectors.connector_v2 import ConnectorV2
-from connectors.zero_padding import pad, unpad
+from rlgate.connectors.common.numpy_to_tensor import to_tensor
+from rlgate.connectors.common.tensor_to_numpy import to_numpy
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.zero_padding import pad, unpad
+from rlgate.core.columns import Columns
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 def compute_value_targets(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from connectors.columns import Columns
-from connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.core.columns import Columns
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 class GetActions(ConnectorV2):

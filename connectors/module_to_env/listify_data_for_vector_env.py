@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from connectors.batching import batch_items, is_batched
-from connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.batching import batch_items, is_batched
+from rlgate.connectors.connector_v2 import ConnectorV2
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 class ListifyDataForVectorEnv(ConnectorV2):

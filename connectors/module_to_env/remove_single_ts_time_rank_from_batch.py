@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from connectors.batching import is_batched
-from connectors.columns import Columns
-from connectors.connector_v2 import ConnectorV2
-from episodes.tree import map_structure
+from rlgate.connectors.batching import is_batched
+from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.core.columns import Columns
+from rlgate.core.tree import map_structure
 
 if TYPE_CHECKING:
-    from episodes import SingleAgentEpisode
-    from models import RLModule
+    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.models import RLModule
 
 
 class RemoveSingleTsTimeRankFromBatch(ConnectorV2):

@@ -37,7 +37,7 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     marker = f"RLGATE_BENCH_TEST={uuid.uuid4().hex}"
     key, value = marker.split("=")
-    command = [sys.executable, "-m", "server", "bench", "--quick", "--warmup-s", "0.2", "--window-s", "0.3"]
+    command = [sys.executable, "-m", "rlgate", "bench", "--quick", "--warmup-s", "0.2", "--window-s", "0.3"]
     bench = subprocess.Popen(
         [*command, "--json", str(out), "--logs", str(tmp_path / "logs")],
         env={**os.environ, key: value},

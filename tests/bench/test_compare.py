@@ -1,4 +1,4 @@
-"""`python -m bench.compare` runs two checkouts' servers side by side; here this checkout against itself."""
+"""`python -m rlgate.bench.compare` runs two checkouts' servers side by side; here this checkout against itself."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_compare_measures_both_checkouts_and_prints_ratios() -> None:
-    command = [sys.executable, "-m", "bench.compare", str(ROOT), "--loads", "1x1", "2x4", "--rounds", "2"]
+    command = [sys.executable, "-m", "rlgate.bench.compare", str(ROOT), "--loads", "1x1", "2x4", "--rounds", "2"]
     command += ["--warmup-s", "0.2", "--window-s", "0.3", "--repeats", "1"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.profile import summary
+from rlgate.bench.profile import summary
 
 # py-spy --format raw: one `frame;frame;... count` line per distinct stack, outermost frame first. The middle
 # three lines are one torn sample, read while a function name changed (seen in a real bench run).

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from connectors.columns import Columns
-from episodes import SingleAgentEpisode
-from models import Categorical, ModelConfig, RLModule, build_module
+from rlgate.core.columns import Columns
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.models import Categorical, ModelConfig, RLModule, build_module
 
 
 class CountingEnv(gym.Env):

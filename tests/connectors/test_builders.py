@@ -4,12 +4,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from connectors.builders import (
+from rlgate.connectors.builders import (
     build_env_to_module_pipeline,
     build_learner_pipeline,
     build_module_to_env_pipeline,
 )
-from connectors.env_to_module import FlattenObservations, MeanStdFilter
+from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
 
 
 def names(pipeline):

@@ -4,9 +4,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from connectors import ConnectorV2
-from connectors.batching import BatchedNdArray, batch_items, is_batched
-from connectors.connector_v2 import make_episode_keys_unique
+from rlgate.connectors import ConnectorV2
+from rlgate.connectors.batching import BatchedNdArray, batch_items, is_batched
+from rlgate.connectors.connector_v2 import make_episode_keys_unique
 
 
 class Identity(ConnectorV2):

@@ -7,26 +7,26 @@ import numpy as np
 import pytest
 import torch
 
-from connectors import Columns, ConnectorV2
-from connectors.batching import batch_items
-from connectors.builders import build_env_to_module_pipeline, build_module_to_env_pipeline
-from connectors.common import (
+from rlgate.connectors import Columns, ConnectorV2
+from rlgate.connectors.batching import batch_items
+from rlgate.connectors.builders import build_env_to_module_pipeline, build_module_to_env_pipeline
+from rlgate.connectors.common import (
     AddObservationsFromEpisodesToBatch,
     AddStatesFromEpisodesToBatch,
     AddTimeDimToBatchAndZeroPad,
     BatchIndividualItems,
     NumpyToTensor,
 )
-from connectors.env_to_module import (
+from rlgate.connectors.env_to_module import (
     FlattenObservations,
     FrameStackingEnvToModule,
     MeanStdFilter,
     ObservationPreprocessor,
     PrevActionsPrevRewards,
 )
-from connectors.learner import FrameStackingLearner
-from episodes import SingleAgentEpisode
-from models import ModelConfig, build_module
+from rlgate.connectors.learner import FrameStackingLearner
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.models import ModelConfig, build_module
 
 
 class AddT(ConnectorV2):

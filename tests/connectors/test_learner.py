@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from connectors import Columns
-from connectors.builders import build_learner_pipeline
-from connectors.learner import (
+from rlgate.connectors import Columns
+from rlgate.connectors.builders import build_learner_pipeline
+from rlgate.connectors.learner import (
     AddOneTsToEpisodesAndTruncate,
     compute_value_targets,
     remove_last_ts_from_episodes_and_restore_truncateds,
 )
-from connectors.zero_padding import create_mask_and_seq_lens, pad, split_and_zero_pad, unpad
+from rlgate.connectors.zero_padding import create_mask_and_seq_lens, pad, split_and_zero_pad, unpad
 
 GAMMA, LAMBDA = 0.9, 0.8
 

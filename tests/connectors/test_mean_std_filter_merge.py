@@ -3,9 +3,9 @@
 import gymnasium as gym
 import numpy as np
 
-from connectors import Columns
-from connectors.env_to_module import MeanStdFilter
-from episodes import SingleAgentEpisode
+from rlgate.connectors import Columns
+from rlgate.connectors.env_to_module import MeanStdFilter
+from rlgate.episodes import SingleAgentEpisode
 
 SPACE = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
 

@@ -4,10 +4,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from connectors import Columns, ConnectorV2
-from connectors.builders import build_module_to_env_pipeline
-from connectors.common import TensorToNumpy
-from connectors.module_to_env import (
+from rlgate.connectors import Columns, ConnectorV2
+from rlgate.connectors.builders import build_module_to_env_pipeline
+from rlgate.connectors.common import TensorToNumpy
+from rlgate.connectors.module_to_env import (
     GetActions,
     ListifyDataForVectorEnv,
     NormalizeAndClipActions,

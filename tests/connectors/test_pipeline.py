@@ -4,8 +4,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from connectors import ConnectorPipelineV2, ConnectorV2
-from connectors.env_to_module import FlattenObservations, MeanStdFilter, PrevActionsPrevRewards
+from rlgate.connectors import ConnectorPipelineV2, ConnectorV2
+from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter, PrevActionsPrevRewards
 
 
 class AddOne(ConnectorV2):

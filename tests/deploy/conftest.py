@@ -15,9 +15,9 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from client.settings import ClientSettings
-from learner.settings import LearnerSettings
-from server.settings import ServerSettings
+from rlgate.client.settings import ClientSettings
+from rlgate.learner.settings import LearnerSettings
+from rlgate.server.settings import ServerSettings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # The settings class each `rlgate` subcommand reads.

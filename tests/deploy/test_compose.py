@@ -13,7 +13,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from server.cli import COMMANDS
+from rlgate.cli.main import COMMANDS
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

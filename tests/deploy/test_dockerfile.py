@@ -10,11 +10,11 @@ import sys
 import tomllib
 from pathlib import Path
 
-from learner.settings import LearnerSettings
-from server.cli import COMMANDS
-from server.http import HttpServer, build_app
-from server.metrics import ServerMetrics
-from server.settings import ServerSettings
+from rlgate.cli.main import COMMANDS
+from rlgate.learner.settings import LearnerSettings
+from rlgate.server.metrics import ServerMetrics
+from rlgate.server.settings import ServerSettings
+from rlgate.service.http import HttpServer, build_app
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -135,9 +135,9 @@ def test_dockerignore_keeps_local_state_out() -> None:
 def test_dockerignore_keeps_what_the_build_needs() -> None:
     """pyproject.toml, its readme, constraints.txt and the .py and .proto files of the wheel's packages."""
     patterns = _ignore_patterns()
-    packages = PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    folders = PYPROJECT["tool"]["setuptools"]["package-dir"].values()
     sources = [Path(p) for p in ("pyproject.toml", PYPROJECT["project"]["readme"], "constraints.txt")]
-    for package in packages:
+    for package in folders:
         sources += [path.relative_to(REPO) for path in (REPO / package).rglob("*.py")]
         sources += [path.relative_to(REPO) for path in (REPO / package).rglob("*.proto")]
     assert len(sources) > 10

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from learner.metrics import LearnerMetrics
-from server.metrics import ServerMetrics
+from rlgate.learner.metrics import LearnerMetrics
+from rlgate.server.metrics import ServerMetrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROMETHEUS = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())

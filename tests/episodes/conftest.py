@@ -9,8 +9,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from episodes import InfiniteLookbackBuffer, SingleAgentEpisode
-from episodes.tree import batch
+from rlgate.core.tree import batch
+from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
 
 NESTED_OBS_SPACE = gym.spaces.Dict(
     {

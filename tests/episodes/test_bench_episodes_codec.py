@@ -1,6 +1,6 @@
 """The episode codec micro benchmark runs and reports what it promises (tiny sizes; timings not checked)."""
 
-from bench.episodes_codec import cartpole_episode, run
+from rlgate.bench.episodes_codec import cartpole_episode, run
 
 
 def test_run_reports_all_figures():

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connectors.columns import Columns
-from episodes import InfiniteLookbackBuffer, SingleAgentEpisode
-from episodes.codec import episode_from_proto, episode_to_proto
-from rlgate.codec import CodecError, to_tensor, to_value
+from rlgate.core.codec import CodecError, to_tensor, to_value
+from rlgate.core.columns import Columns
+from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
+from rlgate.episodes.codec import episode_from_proto, episode_to_proto
 from rlgate.v1 import episode_pb2
 
 BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

@@ -4,7 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from episodes import InfiniteLookbackBuffer
+from rlgate.episodes import InfiniteLookbackBuffer
 
 
 def values(x):

@@ -9,8 +9,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from connectors.columns import Columns
-from episodes import InfiniteLookbackBuffer, SingleAgentEpisode
+from rlgate.core.columns import Columns
+from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
 
 
 def values(x):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from episodes.tree import batch, first_leaf, flatten, map_structure, stack, unbatch
+from rlgate.core.tree import batch, first_leaf, flatten, map_structure, stack, unbatch
 
 
 def test_map_structure_keeps_nesting_and_key_order():

@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from support.learners import Learners
 
-from connectors.columns import Columns
-from episodes import SingleAgentEpisode
-from episodes.codec import episode_to_proto
-from learner.main import LearnerServer
-from learner.settings import LearnerSettings
+from rlgate.core.columns import Columns
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.codec import episode_to_proto
+from rlgate.learner.main import LearnerServer
+from rlgate.learner.settings import LearnerSettings
+from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy import Policy
+from rlgate.server.session import Session, SessionSpec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
-from server.metrics import ServerMetrics
-from server.policy import Policy
-from server.session import Session, SessionSpec
 
 ENV = "CartPole-v1"
 # Small, quick PPO updates: an update takes milliseconds, so versions advance fast.

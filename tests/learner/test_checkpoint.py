@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from connectors.columns import Columns
-from learner import checkpoint
-from models import ModelConfig, RLModule, build_module, load_weights, weights_to_bytes
+from rlgate.core.columns import Columns
+from rlgate.models import ModelConfig, RLModule, build_module, load_weights, weights_to_bytes
+from rlgate.spec import checkpoint
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space  # Box with infinite bounds: they must survive JSON
 ACTION_SPACE = gym.spaces.Discrete(2)

@@ -7,8 +7,8 @@ import asyncio
 import gymnasium as gym
 from support.servers import target
 
-from client.env_client import EnvClient
-from learner.main import LearnerServer
+from rlgate.client.env_client import EnvClient
+from rlgate.learner.main import LearnerServer
 
 ENV = "CartPole-v1"
 

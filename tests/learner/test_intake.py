@@ -7,9 +7,9 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from episodes import SingleAgentEpisode
-from episodes.codec import episode_to_proto
-from learner.intake import Intake, chunk_key
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.codec import episode_to_proto
+from rlgate.learner.intake import Intake, chunk_key
 from rlgate.v1 import learner_pb2
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space

@@ -23,9 +23,9 @@ import pytest
 from support.learners import ENV, intake_chunks, shipped_chunks
 from support.servers import running_client, target, until
 
-from client.env_client import EnvClient
-from learner import checkpoint
-from server.main import InferenceServer
+from rlgate.client.env_client import EnvClient
+from rlgate.server.main import InferenceServer
+from rlgate.spec import checkpoint
 
 TRAIN_BATCH_SIZE = 128
 # Checkpoints every 2 versions; quick updates.

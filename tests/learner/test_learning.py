@@ -12,13 +12,13 @@ import gymnasium as gym
 import numpy as np
 from support.servers import DISCRETE2, SpaceEnv, running_client, target
 
-from client.env_client import EnvClient
-from episodes.codec import episode_from_proto
-from learner.main import LearnerServer
-from models import build_module, load_weights
-from rlgate import codec
+from rlgate.client.env_client import EnvClient
+from rlgate.core import codec
+from rlgate.episodes.codec import episode_from_proto
+from rlgate.learner.main import LearnerServer
+from rlgate.models import build_module, load_weights
+from rlgate.server.main import InferenceServer
 from rlgate.v1 import episode_pb2, learner_pb2, learner_pb2_grpc
-from server.main import InferenceServer
 
 ENV = "CartPole-v1"
 DICT_ENV = "rlgate-test/DictObservations-v0"

@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 from support.servers import RawStream, hello, step, target
 
-from client.env_client import EnvClient
-from learner import checkpoint
-from models import weights_to_bytes
+from rlgate.client.env_client import EnvClient
+from rlgate.models import weights_to_bytes
+from rlgate.spec import checkpoint
 
 ENV = "CartPole-v1"
 

@@ -17,7 +17,7 @@ import pytest
 from support.learners import ENV, intake_chunks, shipped_chunks
 from support.servers import running_client, target, until
 
-from client.env_client import EnvClient
+from rlgate.client.env_client import EnvClient
 
 LIMIT = 16 << 10  # a few batches of 4 envs' 8-step chunks
 NEVER = ("--train-batch-size", "1000000000", "--checkpoint-every", "1000000000")

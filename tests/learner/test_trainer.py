@@ -6,8 +6,8 @@ import math
 
 import gymnasium as gym
 
-from learner.trainer import Trainer
-from models import build_module, weights_to_bytes
+from rlgate.learner.trainer import Trainer
+from rlgate.models import build_module, weights_to_bytes
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)

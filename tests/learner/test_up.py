@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from learner import checkpoint
+from rlgate.spec import checkpoint
 
-UP = [sys.executable, "-m", "server", "up", "--env", "CartPole-v1", "--seed", "0"]
+UP = [sys.executable, "-m", "rlgate", "up", "--env", "CartPole-v1", "--seed", "0"]
 
 
 def descendants(pid: int) -> set[int]:

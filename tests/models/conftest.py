@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import RLModule
+from rlgate.models import RLModule
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from connectors.columns import Columns
-from models import Categorical, DiagGaussian, ModelConfig, MultiCategorical, build_module, load_weights
-from models.catalog import build_encoder
-from models.weights import weights_to_bytes
+from rlgate.core.columns import Columns
+from rlgate.models import Categorical, DiagGaussian, ModelConfig, MultiCategorical, build_module, load_weights
+from rlgate.models.catalog import build_encoder
+from rlgate.models.weights import weights_to_bytes
 
 FLAT_OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 IMAGE_OBS = gym.spaces.Box(0, 255, (10, 10, 3), np.uint8)

@@ -6,7 +6,7 @@ import math
 import pydantic
 import pytest
 
-from models import ModelConfig
+from rlgate.models import ModelConfig
 
 
 def test_defaults() -> None:

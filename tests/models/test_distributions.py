@@ -7,7 +7,7 @@ import torch
 from torch.distributions import Categorical as TorchCategorical
 from torch.distributions import Normal, kl_divergence
 
-from models import Categorical, DiagGaussian, MultiCategorical
+from rlgate.models import Categorical, DiagGaussian, MultiCategorical
 
 
 @pytest.fixture(autouse=True)

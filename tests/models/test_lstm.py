@@ -6,8 +6,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from connectors.columns import Columns
-from models import ModelConfig, build_module
+from rlgate.core.columns import Columns
+from rlgate.models import ModelConfig, build_module
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 CONFIG = ModelConfig(use_lstm=True, lstm_cell_size=8, fcnet_hiddens=(16,))

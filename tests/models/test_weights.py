@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from connectors.columns import Columns
-from models import ModelConfig, build_module, load_weights, weights_to_bytes
+from rlgate.core.columns import Columns
+from rlgate.models import ModelConfig, build_module, load_weights, weights_to_bytes
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 DISCRETE = gym.spaces.Discrete(2)

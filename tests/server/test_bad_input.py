@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from support.servers import BOX4, DISCRETE2, RawStream, SpaceEnv, hello, running_client, step, target, wait_for_steps
 
-from client.env_client import EnvClient
-from rlgate import codec
+from rlgate.client.env_client import EnvClient
+from rlgate.core import codec
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import tensor_pb2
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from support.servers import shipped, target
 
-from client.env_client import EnvClient
-from connectors.columns import Columns
-from episodes.codec import episode_from_proto
+from rlgate.client.env_client import EnvClient
+from rlgate.core.columns import Columns
+from rlgate.episodes.codec import episode_from_proto
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from support.servers import BOX4, DISCRETE2, SpaceEnv, shipped, target
 
-from client.env_client import EnvClient
-from connectors.columns import Columns
-from episodes.codec import episode_from_proto
+from rlgate.client.env_client import EnvClient
+from rlgate.core.columns import Columns
+from rlgate.episodes.codec import episode_from_proto
 
 OBSERVATION_SPACES = {
     "box": BOX4,

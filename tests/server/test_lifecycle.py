@@ -29,7 +29,7 @@ from support.servers import (
     wait_for_steps,
 )
 
-from client.env_client import EnvClient
+from rlgate.client.env_client import EnvClient
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
@@ -148,8 +148,8 @@ def test_tls_and_token_together(tls_files):
     cert, key = tls_files
 
     async def scenario() -> None:
-        from server.main import InferenceServer
-        from server.settings import ServerSettings
+        from rlgate.server.main import InferenceServer
+        from rlgate.server.settings import ServerSettings
 
         server = InferenceServer(
             ServerSettings(
@@ -184,7 +184,7 @@ def test_sigterm_drains_flushes_and_exits_zero(tmp_path):
         [
             sys.executable,
             "-m",
-            "server",
+            "rlgate",
             "serve",
             "--port",
             "0",

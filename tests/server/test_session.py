@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from support.reference_session import ReferenceSession
 
-from connectors import ConnectorV2
-from connectors.columns import Columns
-from episodes import SingleAgentEpisode
-from episodes.tree import batch, map_structure
-from models import ModelConfig
-from server.metrics import ServerMetrics
-from server.policy import Policy
-from server.session import Session, SessionSpec
+from rlgate.connectors import ConnectorV2
+from rlgate.core.columns import Columns
+from rlgate.core.tree import batch, map_structure
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.models import ModelConfig
+from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy import Policy
+from rlgate.server.session import Session, SessionSpec
 
 BOX = gym.spaces.Box(-10.0, 10.0, (4,), np.float32)
 DICT = gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "mode": gym.spaces.Discrete(3)})

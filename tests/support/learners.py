@@ -9,8 +9,8 @@ from pathlib import Path
 
 import gymnasium as gym
 
-from episodes.codec import episode_from_proto
-from learner.intake import chunk_key
+from rlgate.episodes.codec import episode_from_proto
+from rlgate.learner.intake import chunk_key
 from rlgate.v1 import episode_pb2, learner_pb2
 
 ENV = "CartPole-v1"
@@ -34,7 +34,7 @@ class Learners:
     def start(self, name: str, *flags: str) -> subprocess.Popen:
         """Start one with these extra `rlgate learn` flags; its log goes to `name`.log."""
         command = [
-            *(sys.executable, "-m", "server", "learn", "--env", ENV, "--seed", "0"),
+            *(sys.executable, "-m", "rlgate", "learn", "--env", ENV, "--seed", "0"),
             *("--port", str(self.port), "--http-port", "0", "--checkpoint-dir", str(self.checkpoints)),
             *flags,
         ]

@@ -12,11 +12,11 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-from client.env_client import ClientStats, EnvClient, hello_message
-from rlgate import codec
+from rlgate.client.env_client import ClientStats, EnvClient, hello_message
+from rlgate.core import codec
+from rlgate.server.main import InferenceServer
 from rlgate.v1 import episode_pb2
 from rlgate.v1 import policy_pb2 as pb
-from server.main import InferenceServer
 
 CONNECT = "/rlgate.v1.PolicyService/Connect"
 

@@ -23,8 +23,8 @@ from google.protobuf import json_format
 from safetensors.torch import load as load_torch
 from safetensors.torch import save as save_torch
 
-from models import ModelConfig
-from rlgate import codec
+from rlgate.core import codec
+from rlgate.models import ModelConfig
 from rlgate.v1 import tensor_pb2
 
 LATEST = "latest"

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from server.auth import TokenInterceptor, server_credentials
+from rlgate.service.auth import TokenInterceptor, server_credentials
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from learner.settings import LearnerSettings
+from rlgate.learner.settings import LearnerSettings
 
 POLL_S = 0.5
 WINDOW = 20  # episodes in the mean return
@@ -113,7 +113,7 @@ def run(settings: UpSettings) -> int:
         for name, args in commands.items():
             log = stack.enter_context(open(run_dir / f"{name}.log", "w"))
             processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "server", *map(str, args)],
+                [sys.executable, "-m", "rlgate", *map(str, args)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

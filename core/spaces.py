@@ -7,7 +7,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from episodes.tree import map_structure
+from rlgate.core.tree import map_structure
 
 # Checked first: gymnasium's Dict and Tuple spaces are also Mapping and Sequence, so checking for them is
 # an ABC check (a Python-level call), and every lookback buffer an episode is built with asks.

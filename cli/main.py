@@ -7,11 +7,11 @@ import sys
 
 # name -> (module whose `main(argv)` runs it, one-line help). Only commands that exist are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("server.main", "run the inference server"),
-    "env": ("client.main", "run env clients against a server"),
-    "learn": ("learner.main", "run the learner: trains on the servers' episodes, pushes weights"),
-    "up": ("server.up", "train locally: learner, server and env clients as processes, until a return is reached"),
-    "bench": ("bench.main", "measure throughput and latency against in-process and bare-gRPC floors"),
+    "serve": ("rlgate.server.main", "run the inference server"),
+    "env": ("rlgate.client.main", "run env clients against a server"),
+    "learn": ("rlgate.learner.main", "run the learner: trains on the servers' episodes, pushes weights"),
+    "up": ("rlgate.cli.up", "train locally: learner, server and env clients as processes, until a return is reached"),
+    "bench": ("rlgate.bench.main", "measure throughput and latency against in-process and bare-gRPC floors"),
 }
 
 

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rlgate import codec
-from rlgate.codec import CodecError
+from rlgate.core import codec
+from rlgate.core.codec import CodecError
 from rlgate.v1 import tensor_pb2 as pb
 
 WIRE_DTYPES = [
