@@ -27,7 +27,7 @@ def run_clients(settings: ClientSettings) -> int:
     context = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
     reports: mp.Queue = context.Queue()
     processes = [
-        context.Process(target=_client_process, args=(settings.model_dump(mode="json"), i, reports), daemon=True)
+        context.Process(target=_client_process, args=(settings, i, reports), daemon=True)
         for i in range(settings.num_clients)
     ]
     for p in processes:
@@ -63,10 +63,12 @@ def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _client_process(settings_data: dict, index: int, reports: mp.Queue) -> None:
-    """One client process: runs until max_steps, SIGTERM or Ctrl-C, then closes its stream cleanly."""
+def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> None:
+    """One client process: runs until max_steps, SIGTERM or Ctrl-C, then closes its stream cleanly.
+
+    `settings` arrive as the parent's object (the token in them too: a JSON dump would mask it).
+    """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = ClientSettings.model_validate(settings_data)
     n = settings.envs_per_client
     reported = {"at": 0.0, "episodes": 0}
 
@@ -84,7 +86,7 @@ def _client_process(settings_data: dict, index: int, reports: mp.Queue) -> None:
         client_id=f"{settings.env}-{index}",
         explore=settings.explore,
         seed=None if settings.seed is None else settings.seed + index * n,
-        token=settings.token.get_secret_value() if settings.token else None,
+        token=settings.bearer_token(),
         tls_ca=settings.tls_ca,
         on_step=report,
     )

@@ -2,14 +2,13 @@
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
+
+from rlgate.service.settings import RlgateSettings
 
 
-class ClientSettings(BaseSettings):
+class ClientSettings(RlgateSettings):
     """Every knob of `rlgate env`; `RLGATE_SERVER=host:50051` and `--server host:50051` set the same field."""
-
-    model_config = SettingsConfigDict(env_prefix="RLGATE_", cli_kebab_case=True, cli_implicit_flags=True)
 
     server: str = Field(
         "127.0.0.1:50051",
@@ -21,6 +20,5 @@ class ClientSettings(BaseSettings):
     max_steps: int = Field(0, ge=0, description="Env steps each client runs before it stops (0: until Ctrl-C).")
     seed: int | None = Field(None, description="Seed of the first sub-env; the others count up from it.")
     explore: bool = Field(True, description="Ask for sampled actions (training) rather than greedy ones.")
-    token: SecretStr | None = Field(None, description="Bearer token the server expects.")
     tls_ca: Path | None = Field(None, description="PEM CA to verify the server by; set to connect over TLS.")
     progress: bool = Field(True, description="Show a progress bar with steps/s and mean return.")

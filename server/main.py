@@ -50,7 +50,7 @@ class InferenceServer:
                 metrics=self.metrics,
                 max_spool_bytes=settings.max_spool,
                 on_room=self._wake_batcher,
-                token=settings.token.get_secret_value() if settings.token else None,
+                token=settings.bearer_token(),
                 tls_ca=settings.learner_tls_ca.read_bytes() if settings.learner_tls_ca else None,
             )
         self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)
@@ -96,9 +96,9 @@ class InferenceServer:
             self._health,
             address=f"{s.host}:{s.port}",
             max_message_bytes=s.max_message_bytes,
-            token=s.token.get_secret_value() if s.token else None,
+            token=s.bearer_token(),
             on_reject=reject,
-            tls=(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert and s.tls_key else None,
+            tls=s.tls(s.tls_client_ca),
         )
         app = build_app(
             "rlgate inference server",
@@ -134,7 +134,7 @@ class InferenceServer:
             "observation_space": str(policy.observation_space) if policy else None,
             "action_space": str(policy.action_space) if policy else None,
             "sessions": len(self.service.sessions),
-            "env_steps": self.metrics.env_steps._value.get(),
+            "env_steps": self.service.env_steps,
             "draining": self.service.draining,
             "paused": self.batcher.pause_reason() if self.batcher else None,
         }

@@ -4,16 +4,14 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ByteSize, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ByteSize, Field
+
+from rlgate.service.settings import ServiceSettings
 
 
-class ServerSettings(BaseSettings):
+class ServerSettings(ServiceSettings):
     """Every knob of `rlgate serve`: `RLGATE_MAX_BATCH_SIZE=64` equals `--max-batch-size 64`."""
 
-    model_config = SettingsConfigDict(env_prefix="RLGATE_", cli_kebab_case=True, cli_implicit_flags=True)
-
-    host: str = Field("127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers).")
     port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one (logged at start).")
     http_port: int = Field(8000, ge=0, le=65535, description="HTTP port for /healthz /readyz /status /metrics.")
     env: str | None = Field(
@@ -82,7 +80,4 @@ class ServerSettings(BaseSettings):
     )
     episode_lookback_horizon: int = Field(1, ge=0, description="Steps of lookback kept when an episode is cut.")
     drain_timeout_s: float = Field(10.0, ge=0, description="On SIGTERM, how long open sessions may finish.")
-    token: SecretStr | None = Field(None, description="Bearer token every gRPC call must carry (unset: none).")
-    tls_cert: Path | None = Field(None, description="PEM certificate chain; with tls_key, gRPC is served over TLS.")
-    tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
     tls_client_ca: Path | None = Field(None, description="PEM CA that client certificates must chain to (mTLS).")
