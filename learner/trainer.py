@@ -11,7 +11,7 @@ import torch
 from rlgate.connectors.builders import build_learner_pipeline
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.learner.ppo import PPOConfig, ppo_update
+from rlgate.learner.ppo import ppo_update
 from rlgate.learner.settings import LearnerSettings
 from rlgate.models import RLModule
 
@@ -32,20 +32,12 @@ class Trainer:
         self.version = version
         self.env_steps = env_steps  # trained on by every update since version 0 (kept in checkpoints)
         self.max_staleness = settings.max_staleness
-        self.optimizer = torch.optim.Adam(module.parameters(), lr=settings.lr, eps=1e-5)
+        self.config = settings.ppo()
+        self.optimizer = torch.optim.Adam(module.parameters(), lr=self.config.lr, eps=1e-5)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
         self.pipeline = build_learner_pipeline(
-            module.observation_space, module.action_space, gae=(settings.gamma, settings.lambda_)
-        )
-        self.config = PPOConfig(
-            minibatch_size=settings.minibatch_size,
-            num_epochs=settings.num_epochs,
-            clip_param=settings.clip_param,
-            vf_clip_param=settings.vf_clip_param,
-            vf_loss_coeff=settings.vf_loss_coeff,
-            entropy_coeff=settings.entropy_coeff,
-            grad_clip=settings.grad_clip,
+            module.observation_space, module.action_space, gae=(self.config.gamma, self.config.lambda_)
         )
         self._rng = np.random.default_rng(settings.seed)
 
