@@ -74,8 +74,8 @@ async def test_versions_advance_and_reach_the_server(learner_server, server_fact
         assert re.search(rf"^{name} \S+$", metrics, re.M), name
     await server.stop()
     sample = server.metrics.registry.get_sample_value
-    assert sample("rlgate_spool_batches") == len(server.learner.spooled()) == 0
-    assert sample("rlgate_acked_batches_total") == server.learner.acked >= 3
+    assert sample("rlgate_spool_batches") == len(server.learner.spool.files()) == 0
+    assert sample("rlgate_acked_batches_total") == server.learner.spool.acked >= 3
     assert sample("rlgate_spooled_bytes_total") > 0
 
 
@@ -138,7 +138,7 @@ async def test_a_learner_serving_tls_with_a_token_is_reached_verified(learner_se
         async with running_client(client):
             await wait_for_version(server, 2)  # weights came in over TLS...
         await server.stop()
-        assert server.learner.acked > 0 and not server.learner.spooled()  # ...and episodes went out over it
+        assert server.learner.spool.acked > 0 and not server.learner.spool.files()  # ...and episodes went out over it
     finally:
         await learner_server.stop()
 

@@ -48,8 +48,8 @@ async def test_a_full_spool_pauses_sampling_until_the_learner_catches_up(
         with pytest.raises(TimeoutError):
             await until(lambda: client.stats.env_steps > stalled_at + 4, timeout=1.0)
         # ...and the spool stops growing: it overshoots the limit by at most the last batch written.
-        assert LIMIT <= server.learner.spool_bytes < 2 * LIMIT
-        assert server.metrics.registry.get_sample_value("rlgate_spool_bytes") == server.learner.spool_bytes
+        assert LIMIT <= server.learner.spool.bytes < 2 * LIMIT
+        assert server.metrics.registry.get_sample_value("rlgate_spool_bytes") == server.learner.spool.bytes
 
         if falls_behind == "stalled":
             learner.send_signal(signal.SIGCONT)
@@ -57,7 +57,7 @@ async def test_a_full_spool_pauses_sampling_until_the_learner_catches_up(
             learner = learners.start("learner-2", *NEVER)
         await until(lambda: client.stats.env_steps > stalled_at + 400, timeout=60)  # the spool drained
     await server.stop()  # sends what is left in the spool
-    assert not server.learner.spooled() and server.learner.spool_bytes == 0
+    assert not server.learner.spool.files() and server.learner.spool.bytes == 0
     learner.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(learner.wait, 30) == 0
 

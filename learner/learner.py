@@ -1,0 +1,258 @@
+"""The learner's domain object: episode intake, the training loop, weight publishing, checkpoints, status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from rlgate.core import codec
+from rlgate.learner.intake import Intake
+from rlgate.learner.metrics import LearnerMetrics
+from rlgate.learner.settings import LearnerSettings
+from rlgate.learner.trainer import Trainer
+from rlgate.models import ModelConfig, build_module, load_weights, weights_to_bytes
+from rlgate.spec import checkpoint
+from rlgate.spec.policy import build_env_to_module
+from rlgate.v1 import learner_pb2
+
+log = logging.getLogger(__name__)
+
+# Throughput samples kept for the live page (one per update).
+HISTORY = 2000
+
+
+class Learner:
+    """Takes episode chunks, trains on them, publishes every new version to the watching servers.
+
+    Everything but the trainer's own work runs on the event loop: intake state, published weights
+    and the counters are only ever touched there. Updates, weight snapshots and checkpoints run one at
+    a time on the trainer thread.
+    """
+
+    def __init__(self, settings: LearnerSettings) -> None:
+        self.settings = settings
+        self.metrics = LearnerMetrics()
+        found = checkpoint.latest(settings.checkpoint_dir) if settings.resume else None
+        ckpt = checkpoint.load(found) if found is not None else None
+        if ckpt is not None:
+            log.info("resuming from checkpoint %s version=%d", found, ckpt.version)
+            self.observation_space, self.action_space = ckpt.observation_space, ckpt.action_space
+            self.model_config = ckpt.model_config
+        elif settings.env is None:
+            raise SystemExit(f"no checkpoint in {settings.checkpoint_dir}: set --env to build a fresh model for it")
+        else:
+            env = gym.make(settings.env)
+            self.observation_space, self.action_space = env.observation_space, env.action_space
+            env.close()
+            self.model_config = ModelConfig(fcnet_hiddens=tuple(settings.fcnet_hiddens))
+            if settings.seed is not None:
+                torch.manual_seed(settings.seed)
+        # The servers' env-to-module pipeline, here as the coordinator of their statistics (MeanStdFilter).
+        self.connectors = build_env_to_module(
+            self.observation_space, self.action_space, mean_std_filter=settings.mean_std_filter
+        )
+        if ckpt is not None and ckpt.connector_state:
+            self.connectors.set_state(ckpt.connector_state)
+        module = build_module(self.connectors.observation_space, self.action_space, self.model_config)
+        if ckpt is not None:
+            load_weights(module, ckpt.weights)
+        module.eval()
+        self.trainer = Trainer(
+            module,
+            settings,
+            version=ckpt.version if ckpt else 0,
+            optimizer_state=ckpt.optimizer_state if ckpt else None,
+            env_steps=ckpt.env_steps if ckpt else 0,
+        )
+        self.intake = Intake(
+            settings.checkpoint_dir / "intake",
+            self.connectors.observation_space,
+            self.action_space,
+            trained=set(ckpt.trained_chunks if ckpt else ()),
+            resume=settings.resume,
+        )
+        self.weights = self._weights_message()
+        self.last_update: dict[str, Any] = {}
+        self.history: list[dict[str, float]] = []
+        self.started = time.time()
+        self._published = asyncio.Condition()
+        # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
+        self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-trainer")
+        self._data = asyncio.Event()
+        if self.intake.pending_steps >= settings.train_batch_size:  # a full batch survived a restart
+            self._data.set()
+        self.chunks_accepted = 0  # episode chunks taken into the intake by this process
+        self.stale_steps = 0  # env steps dropped for exceeding max_staleness, by this process
+        self.metrics.model_version.set(self.trainer.version)
+
+    # --- data in, weights out ---------------------------------------------------------------------
+
+    def accept(self, batch: learner_pb2.EpisodeBatch) -> learner_pb2.EpisodeAck:
+        """Take a server's batch into the intake (durably), merge its connector statistics; the ack."""
+        ack = self.intake.accept(batch)
+        if batch.HasField("connector_state"):
+            self._merge_connector_state(batch)
+        self.chunks_accepted += ack.accepted
+        self.metrics.duplicates.inc(ack.duplicates)
+        self.metrics.episodes.inc(ack.accepted)
+        if self.intake.pending_steps >= self.settings.train_batch_size:
+            self._data.set()
+        return ack
+
+    async def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
+        """Every version newer than `version`, as it is published (the newest first, if newer already)."""
+        if version >= self.weights.version:
+            # The server may hold a version this learner published before a restart and lost (or has since
+            # reused for other weights): publish ours under a newer number, which every server takes.
+            await self._in_trainer_thread(self._skip_version, version + 1)
+            await self._publish()
+            log.info("server %s has version %d: published version %d", server_id, version, self.weights.version)
+        while True:
+            async with self._published:
+                await self._published.wait_for(lambda v=version: self.weights.version > v)
+                weights = self.weights
+            version = weights.version
+            yield weights
+
+    def status_message(self) -> learner_pb2.LearnerStatus:
+        mean = self.mean_return()
+        return learner_pb2.LearnerStatus(
+            model_version=self.trainer.version,
+            env_steps_trained=self.trainer.env_steps,
+            episodes_received=self.chunks_accepted,
+            duplicates=self.intake.duplicates,
+            stale_dropped=self.stale_steps,
+            mean_return=mean if mean is not None else float("nan"),
+        )
+
+    # --- training -----------------------------------------------------------------------------------
+
+    async def train_forever(self) -> None:
+        """Update whenever train_batch_size env steps are pending; publish; checkpoint every N updates."""
+        while True:
+            await self._data.wait()
+            self._data.clear()
+            if self.intake.pending_steps < self.settings.train_batch_size:
+                continue
+            await self.train_once()
+
+    async def train_once(self) -> None:
+        episodes = self.intake.take()
+        started = time.perf_counter()
+        stats = await self._in_trainer_thread(self.trainer.update, episodes)
+        self.last_update = {**stats, "seconds": time.perf_counter() - started, "version": self.trainer.version}
+        self._record(stats)
+        await self._publish()
+        if self.trainer.version % self.settings.checkpoint_every == 0:
+            await self.save_checkpoint()
+        log.info(
+            "update version=%d env_steps=%d mean_return=%s kl=%.4f",
+            self.trainer.version,
+            stats["env_steps"],
+            self.mean_return(),
+            stats.get("kl", 0.0),
+        )
+
+    async def save_checkpoint(self) -> Path:
+        """Write a checkpoint (on the trainer thread, so never during an update), then drop intake files."""
+        keys, files = self.intake.checkpoint_state()
+        path = await self._in_trainer_thread(self._write_checkpoint, keys)
+        self.intake.checkpointed(keys, files)
+        log.info("checkpoint %s", path)
+        return path
+
+    def _write_checkpoint(self, trained_chunks: list[str]) -> Path:
+        return checkpoint.save(
+            self.settings.checkpoint_dir,
+            version=self.trainer.version,
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+            model_config=self.model_config,
+            weights=weights_to_bytes(self.trainer.module),
+            optimizer=self.trainer.optimizer,
+            connector_state=self.connectors.get_state(),
+            trained_chunks=trained_chunks,
+            env_steps=self.trainer.env_steps,
+        )
+
+    def _merge_connector_state(self, batch: learner_pb2.EpisodeBatch) -> None:
+        """Add a server's statistics delta to the merged ones, which go out with the next weights."""
+        try:
+            delta = codec.from_value(batch.connector_state, "connector_state")
+            if delta:
+                self.connectors.set_state(self.connectors.merge_states([delta]))
+        except (codec.CodecError, KeyError, ValueError) as exc:  # a server configured unlike this learner
+            log.warning("ignored connector state from server %s: %s", batch.server_id, exc)
+
+    def _skip_version(self, version: int) -> None:
+        self.trainer.version = max(self.trainer.version, version)
+
+    async def _in_trainer_thread(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._trainer_thread, fn, *args)
+
+    async def _publish(self) -> None:
+        weights = await self._in_trainer_thread(self._weights_message)
+        async with self._published:
+            self.weights = weights
+            self._published.notify_all()
+        self.metrics.model_version.set(weights.version)
+
+    def _weights_message(self) -> learner_pb2.Weights:
+        return learner_pb2.Weights(
+            version=self.trainer.version,
+            safetensors=weights_to_bytes(self.trainer.module),
+            observation_space=codec.space_to_proto(self.observation_space),
+            action_space=codec.space_to_proto(self.action_space),
+            model_config_json=json.dumps(self.model_config.to_dict()),
+            connector_state=codec.to_value(self.connectors.get_state()),
+        )
+
+    def _record(self, stats: dict[str, Any]) -> None:
+        m = self.metrics
+        m.env_steps.inc(stats["env_steps"])
+        m.stale.inc(stats["stale_steps"])
+        self.stale_steps += stats["stale_steps"]
+        m.staleness.set(stats["staleness"])
+        for gauge, key in (
+            (m.policy_loss, "policy_loss"),
+            (m.vf_loss, "vf_loss"),
+            (m.entropy, "entropy"),
+            (m.kl, "kl"),
+        ):
+            if key in stats:
+                gauge.set(stats[key])
+        mean = self.mean_return()
+        if mean is not None:
+            m.mean_return.set(mean)
+        elapsed = time.time() - self.started
+        m.episodes_per_s.set(self.intake.episodes_finished / max(elapsed, 1e-9))
+        self.history.append({"t": elapsed, "env_steps": self.trainer.env_steps, "version": self.trainer.version})
+        del self.history[:-HISTORY]
+
+    def mean_return(self) -> float | None:
+        returns = self.intake.returns
+        return sum(returns) / len(returns) if returns else None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "model_version": self.trainer.version,
+            "env_steps_trained": self.trainer.env_steps,
+            "episodes": self.intake.episodes_finished,
+            "mean_return": self.mean_return(),
+            "pending_steps": self.intake.pending_steps,
+            "duplicates": self.intake.duplicates,
+            "stale_steps": self.stale_steps,
+            "last_update": self.last_update,
+            "uptime_s": time.time() - self.started,
+            "returns": [[t - self.started, r] for t, r in self.intake.return_history[-HISTORY:]],
+            "throughput": self.history,
+        }

@@ -1,0 +1,36 @@
+"""`rlgate.v1.LearnerService` over gRPC: a thin layer that hands every call to the `Learner`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from rlgate.learner.learner import Learner
+from rlgate.v1 import learner_pb2, learner_pb2_grpc
+
+SERVICE_NAME = "rlgate.v1.LearnerService"
+
+
+class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
+    """SubmitEpisodes (acked batches in), WatchWeights (every new version out), GetStatus."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
+
+    async def SubmitEpisodes(
+        self, request_iterator: AsyncIterator[learner_pb2.EpisodeBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[learner_pb2.EpisodeAck]:
+        async for batch in request_iterator:
+            yield self.learner.accept(batch)
+
+    async def WatchWeights(
+        self, request: learner_pb2.WatchWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[learner_pb2.Weights]:
+        async for weights in self.learner.weights_after(request.after_version, request.server_id):
+            yield weights
+
+    async def GetStatus(
+        self, request: learner_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> learner_pb2.LearnerStatus:
+        return self.learner.status_message()
