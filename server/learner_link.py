@@ -1,8 +1,8 @@
 """The server's link to the learner: episode chunks out (spooled until acknowledged), weights in.
 
 Shipping is at least once: `ship()` only queues; a writer task encodes the chunks into an
-`EpisodeBatch` file in the spool directory; a sender task streams spool files to `SubmitEpisodes` and
-deletes each only when its ack arrives. A broken stream is re-opened with backoff and every unacked
+`EpisodeBatch` file in the spool (`server/spool.py`); a sender task streams spool files to
+`SubmitEpisodes` and deletes each only when its ack arrives. A broken stream is re-opened with backoff and every unacked
 file is sent again (the learner drops duplicates by episode id and chunk index). A server that is
 killed keeps its spool on disk and sends it after restart; only chunks still in memory are lost,
 and `stop()` says how many.
@@ -26,6 +26,7 @@ from rlgate.core import codec
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_to_proto
 from rlgate.server.metrics import ServerMetrics
+from rlgate.server.spool import Spool
 from rlgate.service.auth import bearer_metadata
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
@@ -60,27 +61,17 @@ class LearnerLink:
         tls_ca: bytes | None = None,
     ) -> None:
         self.target = target
-        self.spool_dir = spool_dir
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self.spool = Spool(spool_dir, max_bytes=max_spool_bytes, metrics=metrics)
         self.server_id = server_id
-        self.acked = 0
         self._on_weights = on_weights
         self._current_version = current_version
         self._connector_delta = connector_delta
         self._metadata = bearer_metadata(token)
-        self._metrics = metrics
-        self.max_spool_bytes = max_spool_bytes
         self._on_room = on_room
         self._queue: list[SingleAgentEpisode] = []
         self._queued = asyncio.Event()
         self._spooled = asyncio.Event()
         self._write_lock = asyncio.Lock()  # one spool writer at a time (seq numbers, stop() vs the writer)
-        existing = self.spooled()
-        self._next_seq = int(existing[-1].stem) + 1 if existing else 0
-        self._sizes = {int(path.stem): path.stat().st_size for path in existing}  # seq -> bytes, unacked
-        self.spool_bytes = sum(self._sizes.values())
-        metrics.spool_batches.set(len(existing))
-        metrics.spool_bytes.set(self.spool_bytes)
         self._tasks: list[asyncio.Task] = []
         options = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
         self._channel = (
@@ -91,8 +82,8 @@ class LearnerLink:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        if self.spooled():
-            log.info("spool holds %d batches from before: sending them first", len(self.spooled()))
+        if self.spool.files():
+            log.info("spool holds %d batches from before: sending them first", len(self.spool.files()))
             self._spooled.set()
         self._tasks = [
             loop.create_task(self._write_forever(), name="spool-writer"),
@@ -106,12 +97,8 @@ class LearnerLink:
             self._queued.set()
 
     def full(self) -> bool:
-        """The spool holds max_spool_bytes or more: sampling should wait for the learner."""
-        return self.spool_bytes >= self.max_spool_bytes
-
-    def spooled(self) -> list[Path]:
-        """Batch files not yet acknowledged, oldest first."""
-        return sorted(self.spool_dir.glob("*.pb"))
+        """The spool is full: sampling should wait for the learner."""
+        return self.spool.full()
 
     async def stop(self, flush_timeout_s: float) -> None:
         """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
@@ -120,13 +107,13 @@ class LearnerLink:
         self._spooled.set()  # the sender sends the final batch too
         try:
             async with asyncio.timeout(flush_timeout_s):
-                while self.spooled():
+                while self.spool.files():
                     await asyncio.sleep(0.05)
         except TimeoutError:
             log.warning(
                 "learner did not ack %d batches in time: they stay in %s for the next start",
-                len(self.spooled()),
-                self.spool_dir,
+                len(self.spool.files()),
+                self.spool.directory,
             )
         for task in self._tasks:
             task.cancel()
@@ -152,45 +139,20 @@ class LearnerLink:
         episodes, self._queue = self._queue, []
         if not episodes:
             return None
-        seq = self._next_seq
-        self._next_seq += 1
+        seq = self.spool.next_seq()
         batch = learner_pb2.EpisodeBatch(
             seq=seq,
             server_id=self.server_id,
             episodes=[episode_to_proto(e) for e in episodes],
             connector_state=codec.to_value(connector_delta) if connector_delta else None,
         )
-        tmp = self.spool_dir / f"{seq:012d}.tmp"
         data = batch.SerializeToString()
-        tmp.write_bytes(data)
-        return seq, tmp, len(data)
+        return seq, self.spool.write_tmp(seq, data), len(data)
 
     def _add_to_spool(self, written: tuple[int, Path, int] | None) -> None:
-        """Rename a written batch into the spool (a crash never leaves a torn batch there) and count it.
-
-        On the event loop, like the acks: the sender cannot see the file before it is counted.
-        """
-        if written is None:
-            return
-        seq, tmp, size = written
-        tmp.replace(tmp.with_suffix(".pb"))
-        self._sizes[seq] = size
-        self.spool_bytes += size
-        self._metrics.spooled_bytes.inc(size)
-        self._metrics.spool_batches.inc()
-        self._metrics.spool_bytes.set(self.spool_bytes)
-
-    def _acked(self, seq: int, path: Path) -> None:
-        """The learner holds batch `seq`: delete its file, and say so when that makes room in the spool."""
-        was_full = self.full()
-        path.unlink(missing_ok=True)
-        self.spool_bytes -= self._sizes.pop(seq, 0)
-        self.acked += 1
-        self._metrics.acked_batches.inc()
-        self._metrics.spool_batches.dec()
-        self._metrics.spool_bytes.set(self.spool_bytes)
-        if was_full and not self.full():
-            self._on_room()
+        """On the event loop, like the acks: the sender cannot see the file before it is counted."""
+        if written is not None:
+            self.spool.add(*written)
 
     async def _retry(self, stream: Callable[[], Awaitable[None]]) -> None:
         """Run a stream forever, re-opening it with backoff when it breaks."""
@@ -220,15 +182,15 @@ class LearnerLink:
         async def read_acks() -> None:
             async for ack in call:
                 path = in_flight.pop(ack.seq, None)
-                if path is not None:
-                    self._acked(ack.seq, path)
+                if path is not None and self.spool.ack(ack.seq, path):
+                    self._on_room()
                 room.set()
 
         reader = asyncio.get_running_loop().create_task(read_acks())
         try:
             while True:
                 self._spooled.clear()  # before listing: a file written from here on sets it again
-                for path in self.spooled():
+                for path in self.spool.files():
                     seq = int(path.stem)
                     if seq in in_flight:
                         continue

@@ -1,0 +1,79 @@
+"""The spool: episode batches waiting for the learner's ack, one file per batch, bounded in bytes.
+
+A batch is the serialized `rlgate.v1.EpisodeBatch` with sequence number `seq`, kept as
+`DIR/<seq:012d>.pb` until the learner acknowledges it. Writing happens in two steps so that a crash
+never leaves a torn batch in the spool: `write_tmp` (any thread) writes `<seq>.tmp`, `add` (the event
+loop) renames it into the spool and counts it. Sequence numbers continue after a restart from the
+newest file found; a `.tmp` left by a crash mid-write is deleted then (its batch was never counted as
+shipped, and may be torn). Once the spool holds `max_bytes` it is `full()`: the server stops sampling until
+acks make room.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rlgate.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class Spool:
+    """Unacknowledged batch files, their sizes and sequence numbers (no gRPC here)."""
+
+    def __init__(self, directory: Path, *, max_bytes: int, metrics: ServerMetrics) -> None:
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.acked = 0  # batches acknowledged since start
+        self._metrics = metrics
+        for torn in self.directory.glob("*.tmp"):
+            log.warning("deleting %s: a batch write that a crash interrupted", torn)
+            torn.unlink()
+        existing = self.files()
+        self._next_seq = int(existing[-1].stem) + 1 if existing else 0
+        self._sizes = {int(path.stem): path.stat().st_size for path in existing}  # seq -> bytes, unacked
+        self.bytes = sum(self._sizes.values())
+        metrics.spool_batches.set(len(existing))
+        metrics.spool_bytes.set(self.bytes)
+
+    def files(self) -> list[Path]:
+        """Batch files not yet acknowledged, oldest first."""
+        return sorted(self.directory.glob("*.pb"))
+
+    def full(self) -> bool:
+        """The spool holds max_bytes or more: sampling should wait for the learner."""
+        return self.bytes >= self.max_bytes
+
+    def next_seq(self) -> int:
+        """The sequence number of the next batch (each call takes a new one)."""
+        seq = self._next_seq
+        self._next_seq += 1
+        return seq
+
+    def write_tmp(self, seq: int, data: bytes) -> Path:
+        """Write batch `seq` to a temporary file beside the spool (safe on a worker thread)."""
+        tmp = self.directory / f"{seq:012d}.tmp"
+        tmp.write_bytes(data)
+        return tmp
+
+    def add(self, seq: int, tmp: Path, size: int) -> None:
+        """Rename a written batch into the spool and count it (on the event loop, like `ack`)."""
+        tmp.replace(tmp.with_suffix(".pb"))
+        self._sizes[seq] = size
+        self.bytes += size
+        self._metrics.spooled_bytes.inc(size)
+        self._metrics.spool_batches.inc()
+        self._metrics.spool_bytes.set(self.bytes)
+
+    def ack(self, seq: int, path: Path) -> bool:
+        """The learner holds batch `seq`: delete its file. True when that took the spool from full to not full."""
+        was_full = self.full()
+        path.unlink(missing_ok=True)
+        self.bytes -= self._sizes.pop(seq, 0)
+        self.acked += 1
+        self._metrics.acked_batches.inc()
+        self._metrics.spool_batches.dec()
+        self._metrics.spool_bytes.set(self.bytes)
+        return was_full and not self.full()
