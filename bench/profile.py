@@ -1,6 +1,6 @@
 """Sampling profiles of the bench's processes with py-spy, to say what limits a scenario.
 
-py-spy is not a dependency: `rlgate bench --profile DIR --py-spy PATH` uses the executable at PATH.
+py-spy is not a dependency: `rlgate bench --py-spy PATH [--logs DIR]` uses the executable at PATH.
 Each profile is py-spy's raw output (one collapsed stack and its sample count per line), kept in DIR;
 `summary` ranks the functions of one by their share of the busy samples.
 """

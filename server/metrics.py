@@ -8,7 +8,7 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
 class ServerMetrics:
-    """The server's counters, gauges and histograms (names as in DESIGN.md)."""
+    """The server's counters, gauges and histograms (the names deploy/grafana and deploy/prometheus.yml use)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

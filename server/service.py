@@ -54,6 +54,7 @@ class PolicyService:
         self.settings = settings
         self.metrics = metrics
         self.sessions: dict[str, Session] = {}
+        self.env_steps = 0  # env steps received (transitions), as the rlgate_env_steps counter counts them
         self.draining = False
         self._get_policy = get_policy
         self._ship = ship
@@ -197,6 +198,7 @@ class PolicyService:
         self._stage["append"].inc(appended - decoded)
         self._stage["encode"].inc(time.thread_time() - computed)
         self.metrics.env_steps.inc(steps)
+        self.env_steps += steps
         return reply
 
     def _end(self, session: Session) -> None:

@@ -70,7 +70,7 @@ async def test_many_single_env_clients_and_a_vector_client_share_batches(server_
     batch = server.metrics.batch_size.collect()[0]
     count = next(s.value for s in batch.samples if s.name.endswith("_count"))
     total = next(s.value for s in batch.samples if s.name.endswith("_sum"))
-    assert server.metrics.env_steps._value.get() == 4 * 200 + 800
+    assert server.metrics.registry.get_sample_value("rlgate_env_steps_total") == 4 * 200 + 800
     assert total >= 4 * 200 + 800  # every row went through a forward pass (reset observations too)
     assert total / count > 1  # and forward passes were shared between clients
     threads = {t.name.split("_")[0] for t in threading.enumerate()}
