@@ -42,7 +42,7 @@ def hand_off(load: Load, timing: Timing, serve: list[str], cores: tuple[set[int]
         shutil.rmtree(leftover, ignore_errors=True)
     learn = ["learn", "--env", "CartPole-v1", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
     learn += ["--checkpoint-dir", str(logs / "learner"), "--no-resume"]
-    learn += ["--train-batch-size", NEVER, "--checkpoint-every", NEVER]
+    learn += ["--spec.algorithm.train-batch-size", NEVER, "--checkpoint-every", NEVER]
     learner = ServerProcess("rlgate", learn, client_cores, logs / "learner.log")
     server = None
     try:

@@ -22,6 +22,7 @@ from rlgate.core.columns import Columns
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
+from rlgate.spec.run import RunSpec
 
 
 class InProcess:
@@ -31,7 +32,7 @@ class InProcess:
         sizes = [min(max_batch_size, envs - start) for start in range(0, envs, max_batch_size)]
         self.envs = [make_env(size, real=True) for size in sizes]
         observation_space, action_space = self.envs[0].single_observation_space, self.envs[0].single_action_space
-        self.policy = Policy.create(observation_space, action_space, metrics=ServerMetrics(), seed=0)
+        self.policy = Policy.create(RunSpec(), observation_space, action_space, metrics=ServerMetrics(), seed=0)
         self.sessions = [
             Session(
                 SessionSpec("bench", observation_space, action_space, size, explore=True),

@@ -30,7 +30,9 @@ from rlgate.bench.handoff import hand_off
 from rlgate.bench.measure import Load, Timing, in_process, under_load
 from rlgate.bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
 
-SERVE = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--env", "CartPole-v1", "--seed", "0"]
+# A server fed by a learner serves the learner's env; a lone one is told its env.
+SERVE_FED = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
+SERVE = [*SERVE_FED, "--env", "CartPole-v1"]
 FLOOR = ["--host", "127.0.0.1", "--port", "0"]
 # The transport floor runs at the points the goals are set for (clients, envs per message).
 TRANSPORT_POINTS = {(clients, envs) for _, _, clients, envs, *_ in report.GOALS}
@@ -139,7 +141,7 @@ def run(
     floors = in_process(sorted({load.clients * load.envs for load in loads}), timing, server_cores, logs)
     progress.update()
     progress.set_postfix_str("hand-off")
-    measured["hand-off", b7_load] = hand_off(b7_load, timing, SERVE, (server_cores, client_cores), logs)
+    measured["hand-off", b7_load] = hand_off(b7_load, timing, SERVE_FED, (server_cores, client_cores), logs)
     progress.update()
     progress.close()
     profiles = {f"{name} {load.label}": m["profile"] for (name, load), m in measured.items() if "profile" in m}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -17,23 +18,33 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, ClassVar
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from rlgate.learner.settings import LearnerSettings
+from rlgate.spec.imports import ImportPolicy, SpecError, split_path
+from rlgate.spec.run import RunSpec
+from rlgate.spec.settings import SpecSettings
 
 POLL_S = 0.5
 WINDOW = 20  # episodes in the mean return
 
 
-class UpSettings(BaseSettings):
-    """Knobs of `rlgate up`; the services' own settings keep their defaults unless set via RLGATE_*."""
+class UpSettings(SpecSettings):
+    """Knobs of `rlgate up`; what the run is comes from the run spec (--config, --spec.*, --env, --seed)."""
 
-    model_config = SettingsConfigDict(env_prefix="RLGATE_UP_", cli_kebab_case=True, cli_implicit_flags=True)
+    model_config = SettingsConfigDict(
+        env_prefix="RLGATE_UP_", env_nested_delimiter="__", cli_kebab_case=True, cli_implicit_flags=True
+    )
+    SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {
+        **SpecSettings.SHORTHANDS,
+        "envs_per_client": ("env", "num_envs"),
+    }
+    # Without --config: CartPole, 4 sub-envs per client, seed 0.
+    DEFAULT_SPEC: ClassVar[dict[str, Any]] = {"env": {"id": "CartPole-v1", "num_envs": 4}, "seed": 0}
 
-    env: str = Field("CartPole-v1", description="Gymnasium env id to train on.")
-    seed: int = Field(0, description="Seed for the learner, the server's sampling and the envs.")
+    envs_per_client: int | None = Field(None, ge=1, description="Shorthand for --spec.env.num-envs.")
     stop_return: float | None = Field(
         None,
         description="Stop when the mean return of the last 20 episodes reaches this (default: the env's "
@@ -41,68 +52,36 @@ class UpSettings(BaseSettings):
     )
     max_steps: int = Field(100_000, ge=1, description="Stop (exit 1) after this many env steps.")
     num_clients: int = Field(2, ge=1, description="Env client processes.")
-    envs_per_client: int = Field(4, ge=1, description="Sub-envs per client (one message carries all).")
-    rollout_fragment_length: int = Field(32, ge=1, description="Server ships episode chunks of this many steps.")
-    run_dir: Path = Field(Path("runs"), description="Logs and checkpoints go to run_dir/<env>-<time>.")
+    run_dir: Path = Field(Path("runs"), description="Logs, the run spec and checkpoints go to run_dir/<env>-<time>.")
 
 
 def run(settings: UpSettings) -> int:
     """Start everything, show progress, stop at the goal or the step budget; returns the exit code."""
-    import gymnasium as gym
-
-    spec = gym.spec(settings.env)
-    stop_return = settings.stop_return if settings.stop_return is not None else spec.reward_threshold
+    s, spec = settings, settings.spec
+    stop_return = s.stop_return if s.stop_return is not None else _reward_threshold(spec, ImportPolicy(spec.modules()))
     if stop_return is None:
-        raise SystemExit(f"{settings.env} has no reward_threshold: pass --stop-return")
-    run_dir = settings.run_dir / f"{settings.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+        raise SpecError(f"{spec.env.id} has no reward_threshold: pass --stop-return")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.env.id)
+    run_dir = s.run_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
+    spec_file = run_dir / "spec.json"  # the one run spec every process reads (the server gets it from the learner)
+    spec_file.write_text(spec.model_dump_json(indent=2))
     learner_port, learner_http, server_port, server_http = _free_ports(4)
-    s = settings
     commands = {
         "learner": [
-            "learn",
-            "--env",
-            s.env,
-            "--port",
-            learner_port,
-            "--http-port",
-            learner_http,
-            "--checkpoint-dir",
-            run_dir / "checkpoints",
-            "--no-resume",
-            "--seed",
-            s.seed,
+            *("learn", "--config", spec_file, "--port", learner_port, "--http-port", learner_http),
+            *("--checkpoint-dir", run_dir / "checkpoints", "--no-resume"),
         ],
         "server": [
-            "serve",
-            "--learner",
-            f"127.0.0.1:{learner_port}",
-            "--port",
-            server_port,
-            "--http-port",
-            server_http,
-            "--spool-dir",
-            run_dir / "spool",
-            "--seed",
-            s.seed,
-            "--rollout-fragment-length",
-            s.rollout_fragment_length,
+            *("serve", "--learner", f"127.0.0.1:{learner_port}", "--port", server_port, "--http-port", server_http),
+            *("--spool-dir", run_dir / "spool", "--seed", spec.seed if spec.seed is not None else 0),
+            *("--allow-import", json.dumps(spec.policy_modules())),  # the operator of `up` chose this spec
             "--steps-per-version",  # sample at the learner's pace: on-policy data, no stale piles
-            LearnerSettings().train_batch_size,
+            spec.algorithm.train_batch_size,
         ],
         "envs": [
-            "env",
-            "--server",
-            f"127.0.0.1:{server_port}",
-            "--env",
-            s.env,
-            "--num-clients",
-            s.num_clients,
-            "--envs-per-client",
-            s.envs_per_client,
-            "--seed",
-            s.seed,
-            "--no-progress",
+            *("env", "--server", f"127.0.0.1:{server_port}", "--config", spec_file),
+            *("--num-clients", s.num_clients, "--no-progress"),
         ],
     }
     processes: dict[str, subprocess.Popen] = {}
@@ -118,7 +97,7 @@ def run(settings: UpSettings) -> int:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        print(f"rlgate up: {s.env}, logs and checkpoints in {run_dir}", flush=True)
+        print(f"rlgate up: {spec.env.id}, logs, run spec and checkpoints in {run_dir}", flush=True)
         try:
             while True:
                 time.sleep(POLL_S)
@@ -157,6 +136,22 @@ def run(settings: UpSettings) -> int:
     else:
         print(f"stopped at return {mean_return:.1f} after {steps} env steps in {elapsed:.1f} s")
     return code
+
+
+def _reward_threshold(spec: RunSpec, imports: ImportPolicy) -> float | None:
+    """The registered env's reward_threshold (None for an env class or factory, or when it has none)."""
+    import gymnasium as gym
+
+    env_id = spec.env.id
+    if ":" in env_id:
+        module, env_id = split_path(env_id)
+        if env_id.isidentifier():  # an env class or factory: not registered
+            return None
+        imports.import_module(module, "env.id")  # registers the id
+    try:
+        return gym.spec(env_id).reward_threshold
+    except gym.error.Error as exc:
+        raise SpecError(f"env.id: {exc}") from exc
 
 
 def _shut_down(processes: dict[str, subprocess.Popen]) -> None:

@@ -188,10 +188,3 @@ def hello_message(
             explore=explore,
         )
     )
-
-
-def make_env(env_id: str, num_envs: int) -> gym.Env | gym.vector.VectorEnv:
-    """A plain env for one sub-env, else a synchronous vector env (NEXT_STEP autoreset)."""
-    if num_envs == 1:
-        return gym.make(env_id)
-    return gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)])

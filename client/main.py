@@ -13,8 +13,10 @@ from collections import deque
 import numpy as np
 from tqdm import tqdm
 
-from rlgate.client.env_client import ClientStats, EnvClient, make_env
+from rlgate.client.env_client import ClientStats, EnvClient
 from rlgate.client.settings import ClientSettings
+from rlgate.spec.env import make_env
+from rlgate.spec.imports import ImportPolicy
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,8 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
     `settings` arrive as the parent's object (the token in them too: a JSON dump would mask it).
     """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    n = settings.envs_per_client
+    env = settings.spec.env
+    n, seed = env.num_envs, settings.spec.seed
     reported = {"at": 0.0, "episodes": 0}
 
     def report(stats: ClientStats, force: bool = False) -> None:
@@ -81,11 +84,11 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
             reported.update(at=now, episodes=stats.episodes)
 
     client = EnvClient(
-        make_env(settings.env, n),
+        make_env(env, ImportPolicy(settings.spec.modules())),  # the operator's own spec: its env may be imported
         settings.server,
-        client_id=f"{settings.env}-{index}",
+        client_id=f"{env.id}-{index}",
         explore=settings.explore,
-        seed=None if settings.seed is None else settings.seed + index * n,
+        seed=None if seed is None else seed + index * n,
         token=settings.bearer_token(),
         tls_ca=settings.tls_ca,
         on_step=report,

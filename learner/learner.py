@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -11,17 +10,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-import torch
-
 from rlgate.core import codec
 from rlgate.learner.intake import Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
-from rlgate.models import ModelConfig, build_module, load_weights, weights_to_bytes
+from rlgate.models import load_weights, weights_to_bytes
 from rlgate.spec import checkpoint
-from rlgate.spec.policy import build_env_to_module
+from rlgate.spec.env import env_spaces
+from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
+from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
@@ -43,32 +42,34 @@ class Learner:
         self.metrics = LearnerMetrics()
         found = checkpoint.latest(settings.checkpoint_dir) if settings.resume else None
         ckpt = checkpoint.load(found) if found is not None else None
+        given = settings.spec if settings.spec_given() else None
+        # Code named by the operator's own spec may be imported; a checkpoint's only where allowed.
+        self.imports = ImportPolicy([*settings.allow_import, *(given.modules() if given else ())])
         if ckpt is not None:
             log.info("resuming from checkpoint %s version=%d", found, ckpt.version)
             self.observation_space, self.action_space = ckpt.observation_space, ckpt.action_space
-            self.model_config = ckpt.model_config
-        elif settings.env is None:
-            raise SystemExit(f"no checkpoint in {settings.checkpoint_dir}: set --env to build a fresh model for it")
+            self.spec = ckpt.spec if given is None else resumable(ckpt, given, self.imports, found)
+        elif given is None:
+            raise SpecError(
+                f"no checkpoint in {settings.checkpoint_dir} and no run spec: pass --config run.toml or --env ENV_ID"
+            )
         else:
-            env = gym.make(settings.env)
-            self.observation_space, self.action_space = env.observation_space, env.action_space
-            env.close()
-            self.model_config = ModelConfig(fcnet_hiddens=tuple(settings.fcnet_hiddens))
-            if settings.seed is not None:
-                torch.manual_seed(settings.seed)
+            self.spec = given
+            self.observation_space, self.action_space = env_spaces(given.env, self.imports)
         # The servers' env-to-module pipeline, here as the coordinator of their statistics (MeanStdFilter).
-        self.connectors = build_env_to_module(
-            self.observation_space, self.action_space, mean_std_filter=settings.mean_std_filter
-        )
+        self.connectors = build_env_to_module(self.spec, self.observation_space, self.action_space, self.imports)
         if ckpt is not None and ckpt.connector_state:
             self.connectors.set_state(ckpt.connector_state)
-        module = build_module(self.connectors.observation_space, self.action_space, self.model_config)
+        module = build_rl_module(self.spec, self.connectors.observation_space, self.action_space, self.imports)
         if ckpt is not None:
             load_weights(module, ckpt.weights)
         module.eval()
         self.trainer = Trainer(
             module,
-            settings,
+            build_learner_connector(self.spec, module.observation_space, module.action_space, self.imports),
+            self.spec.algorithm,
+            max_staleness=settings.max_staleness,
+            seed=self.spec.seed,
             version=ckpt.version if ckpt else 0,
             optimizer_state=ckpt.optimizer_state if ckpt else None,
             env_steps=ckpt.env_steps if ckpt else 0,
@@ -88,7 +89,7 @@ class Learner:
         # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
         self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-trainer")
         self._data = asyncio.Event()
-        if self.intake.pending_steps >= settings.train_batch_size:  # a full batch survived a restart
+        if self.intake.pending_steps >= self.spec.algorithm.train_batch_size:  # a full batch survived a restart
             self._data.set()
         self.chunks_accepted = 0  # episode chunks taken into the intake by this process
         self.stale_steps = 0  # env steps dropped for exceeding max_staleness, by this process
@@ -104,7 +105,7 @@ class Learner:
         self.chunks_accepted += ack.accepted
         self.metrics.duplicates.inc(ack.duplicates)
         self.metrics.episodes.inc(ack.accepted)
-        if self.intake.pending_steps >= self.settings.train_batch_size:
+        if self.intake.pending_steps >= self.spec.algorithm.train_batch_size:
             self._data.set()
         return ack
 
@@ -141,7 +142,7 @@ class Learner:
         while True:
             await self._data.wait()
             self._data.clear()
-            if self.intake.pending_steps < self.settings.train_batch_size:
+            if self.intake.pending_steps < self.spec.algorithm.train_batch_size:
                 continue
             await self.train_once()
 
@@ -174,9 +175,9 @@ class Learner:
         return checkpoint.save(
             self.settings.checkpoint_dir,
             version=self.trainer.version,
+            spec=self.spec,
             observation_space=self.observation_space,
             action_space=self.action_space,
-            model_config=self.model_config,
             weights=weights_to_bytes(self.trainer.module),
             optimizer=self.trainer.optimizer,
             connector_state=self.connectors.get_state(),
@@ -212,7 +213,7 @@ class Learner:
             safetensors=weights_to_bytes(self.trainer.module),
             observation_space=codec.space_to_proto(self.observation_space),
             action_space=codec.space_to_proto(self.action_space),
-            model_config_json=json.dumps(self.model_config.to_dict()),
+            spec_json=self.spec.to_json(),
             connector_state=codec.to_value(self.connectors.get_state()),
         )
 
@@ -256,3 +257,34 @@ class Learner:
             "returns": [[t - self.started, r] for t, r in self.intake.return_history[-HISTORY:]],
             "throughput": self.history,
         }
+
+
+def resumable(ckpt: checkpoint.Checkpoint, given: RunSpec, imports: ImportPolicy, where: Path) -> RunSpec:
+    """The given spec, if the checkpoint's run can go on under it: same env, spaces, model and env-to-module
+    pieces (sampling, learner pieces and the algorithm's hyper-parameters may change). Else SpecError."""
+    spaces = env_spaces(given.env, imports)
+    mine = f"{ckpt.spec.env.id} {ckpt.spec.env.kwargs or ''}".strip()
+    theirs = f"{given.env.id} {given.env.kwargs or ''}".strip()
+    if (mine, ckpt.observation_space, ckpt.action_space) != (theirs, *spaces):
+        raise SpecError(
+            f"{where} holds a run of {mine} (observations {ckpt.observation_space}, actions "
+            f"{ckpt.action_space}); the run spec given is {theirs} (observations {spaces[0]}, actions "
+            f"{spaces[1]}): pass another --checkpoint-dir, or --no-resume to start afresh"
+        )
+    for part in ("model", "connectors.env_to_module"):
+        old, new = (_part(s, part) for s in (ckpt.spec, given))
+        if old != new:
+            raise SpecError(
+                f"{where} holds a model built with {part} = {old}; the run spec given has {new}: the weights "
+                "would not fit. Pass another --checkpoint-dir, or --no-resume to start afresh"
+            )
+    if given != ckpt.spec:
+        log.info("resuming %s under a changed run spec (sampling, learner pieces or algorithm)", where)
+    return given
+
+
+def _part(spec: RunSpec, dotted: str) -> Any:
+    value: Any = spec
+    for name in dotted.split("."):
+        value = getattr(value, name)
+    return value.model_dump() if hasattr(value, "model_dump") else [v.model_dump() for v in value]

@@ -8,12 +8,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlgate.connectors.builders import build_learner_pipeline
+from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.ppo import ppo_update
-from rlgate.learner.settings import LearnerSettings
 from rlgate.models import RLModule
+from rlgate.spec.algorithm import PPOConfig
 
 
 class Trainer:
@@ -22,24 +22,28 @@ class Trainer:
     def __init__(
         self,
         module: RLModule,
-        settings: LearnerSettings,
+        pipeline: ConnectorPipelineV2,
+        config: PPOConfig,
         *,
+        max_staleness: int,
+        seed: int | None = None,
         version: int = 0,
         optimizer_state: dict[str, Any] | None = None,
         env_steps: int = 0,
     ) -> None:
+        """`pipeline`: the learner connector pipeline (with GAE) that turns chunks into a train batch."""
         self.module = module
+        self.pipeline = pipeline
+        self.config = config
         self.version = version
         self.env_steps = env_steps  # trained on by every update since version 0 (kept in checkpoints)
-        self.max_staleness = settings.max_staleness
-        self.config = settings.ppo()
-        self.optimizer = torch.optim.Adam(module.parameters(), lr=self.config.lr, eps=1e-5)
+        self.max_staleness = max_staleness
+        self.optimizer = torch.optim.Adam(module.parameters(), lr=config.lr, eps=1e-5)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
-        self.pipeline = build_learner_pipeline(
-            module.observation_space, module.action_space, gae=(self.config.gamma, self.config.lambda_)
-        )
-        self._rng = np.random.default_rng(settings.seed)
+            for group in self.optimizer.param_groups:  # a resumed run may have been given another lr
+                group["lr"] = config.lr
+        self._rng = np.random.default_rng(seed)
 
     @property
     def spaces(self) -> tuple[gym.Space, gym.Space]:

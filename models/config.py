@@ -47,6 +47,13 @@ class ModelConfig(BaseModel):
     #: Longest sequence the learner cuts episodes into for an LSTM model.
     max_seq_len: PositiveInt = 20
 
+    def __getitem__(self, key: str) -> Any:
+        """`config["max_seq_len"]`: connectors read a module's model_config as RLlib's (a dict) is read, so a
+        user's module may hold a plain dict instead."""
+        if key not in type(self).model_fields:
+            raise KeyError(key)
+        return getattr(self, key)
+
     def to_dict(self) -> dict[str, Any]:
         """Return the config as JSON-able builtins (lists, not tuples)."""
         return self.model_dump(mode="json")

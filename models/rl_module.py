@@ -21,10 +21,13 @@ class RLModule(nn.Module, abc.ABC):
     Subclasses implement `_forward`, `compute_values` and `get_train_action_dist_cls`; inference and
     exploration share `_forward`, the train forward is `_forward_train` (by default `_forward`), and the
     inference and exploration distributions are the train one (callers use `to_deterministic()` for
-    greedy actions).
+    greedy actions). `model_config` is the default catalog's ModelConfig, or for a user's module the
+    run spec's `model.config` dict (read either as `model_config["key"]`, as in RLlib).
     """
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig) -> None:
+    def __init__(
+        self, observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig | dict[str, Any]
+    ) -> None:
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space

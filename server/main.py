@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -14,7 +13,6 @@ from grpc_health.v1 import health
 
 from rlgate.core import codec
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.models import ModelConfig
 from rlgate.server.batcher import Batcher
 from rlgate.server.learner_link import LearnerLink
 from rlgate.server.metrics import ServerMetrics
@@ -26,6 +24,9 @@ from rlgate.server.shipping import DirectorySink, episode_end
 from rlgate.service.http import HttpServer, build_app
 from rlgate.service.process import run_until_signal, start_grpc_server
 from rlgate.spec import checkpoint
+from rlgate.spec.env import env_spaces
+from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,18 @@ log = logging.getLogger(__name__)
 class InferenceServer:
     """Owns the policy, batcher, sinks, gRPC server and HTTP server of one `rlgate serve` process."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, spec: RunSpec | None = None) -> None:
+        """`spec`: without a learner or checkpoint, the run spec of a fresh model (else settings.config's)."""
         self.settings = settings
+        if (settings.learner or settings.checkpoint) and (spec or settings.config or settings.env):
+            raise SpecError(
+                "--config and --env describe a fresh model: a server with --learner or --checkpoint "
+                "serves the run spec that comes with the learner's weights or the checkpoint"
+            )
+        # A fresh model's spec is the operator's own: the code it names may be imported.
+        self.spec = None if settings.learner or settings.checkpoint else self._standalone_spec(spec)
+        self.imports = ImportPolicy([*settings.allow_import, *(self.spec.modules() if self.spec else ())])
+        self.refused: str | None = None  # why this server will not serve the learner's run spec
         self.metrics = ServerMetrics()
         self.files = DirectorySink(settings.episode_dir) if settings.episode_dir else None
         self.learner: LearnerLink | None = None
@@ -71,18 +82,17 @@ class InferenceServer:
             found = checkpoint.load(s.checkpoint)
             self._set_policy(
                 self._new_policy(
+                    found.spec,
                     found.observation_space,
                     found.action_space,
-                    model_config=found.model_config,
                     weights=found.weights,
                     connector_state=found.connector_state,
                     version=found.version,
                 )
             )
-        elif s.env and not s.learner:
-            env = gym.make(s.env)
-            self._set_policy(self._new_policy(env.observation_space, env.action_space))
-            env.close()
+        elif self.spec is not None and "env" in self.spec.model_fields_set:
+            spaces = env_spaces(self.spec.env, self.imports)
+            self._set_policy(self._new_policy(self.spec, *spaces))
         if self.files is not None:
             self.files.start()
         if self.learner is not None:
@@ -139,31 +149,53 @@ class InferenceServer:
             "paused": self.batcher.pause_reason() if self.batcher else None,
         }
 
+    def _standalone_spec(self, given: RunSpec | None) -> RunSpec:
+        """The run spec of a fresh model: the one given in Python, else --config's, with --env and --seed.
+        Its env is built (for its spaces) only when one is named; else the first session's spaces count."""
+        s = self.settings
+        spec = given or (RunSpec.load(s.config) if s.config else RunSpec())
+        if s.env:
+            spec = spec.model_copy(update={"env": spec.env.model_copy(update={"id": s.env})})
+        if spec.seed is None and s.seed is not None:
+            spec = spec.model_copy(update={"seed": s.seed})
+        return spec
+
     def _not_ready_reason(self) -> str | None:
         if self.service.draining:
             return "shutting down"
+        if self.refused is not None:
+            return self.refused
         if self.policy is None and self.learner is not None:
             return "no model yet: waiting for the learner's first weights"
         return None
 
-    async def _policy_for(self, spec: SessionSpec) -> tuple[Policy, Batcher]:
+    async def _policy_for(self, session: SessionSpec) -> tuple[Policy, Batcher]:
         """The served policy; without one yet, a fresh model for the first session's spaces."""
         async with self._policy_lock:
             if self.policy is None and self.learner is not None:
-                raise RequestError(grpc.StatusCode.UNAVAILABLE, "no model yet: waiting for the learner's first weights")
+                reason = self.refused or "no model yet: waiting for the learner's first weights"
+                raise RequestError(grpc.StatusCode.UNAVAILABLE, reason)
             if self.policy is None:
-                self._set_policy(self._new_policy(spec.observation_space, spec.action_space))
+                assert self.spec is not None
+                self._set_policy(self._new_policy(self.spec, session.observation_space, session.action_space))
         assert self.policy is not None and self.batcher is not None
         return self.policy, self.batcher
 
-    def _new_policy(self, observation_space: gym.Space, action_space: gym.Space, **source: Any) -> Policy:
-        """A policy for these env spaces with this server's settings; `source`: weights, version, ... if any."""
+    def _new_policy(
+        self,
+        spec: RunSpec,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        **source: Any,
+    ) -> Policy:
+        """The spec's policy for these env spaces on this server; `source`: weights, version, ... if any."""
         s = self.settings
         return Policy.create(
+            spec,
             observation_space,
             action_space,
+            imports=self.imports,
             metrics=self.metrics,
-            mean_std_filter=s.mean_std_filter,
             device=s.device,
             seed=s.seed,
             **source,
@@ -207,24 +239,46 @@ class InferenceServer:
                 sink.ship(episodes)
 
     async def _apply_weights(self, weights: learner_pb2.Weights) -> None:
-        """A new version from the learner: the first builds the policy, later ones swap between batches."""
+        """A new version from the learner: the first builds the policy from the learner's run spec, later
+        ones swap weights between batches. A spec this server may not build is refused: it serves nothing
+        and says why (/readyz, and every hello)."""
+        try:
+            spec = RunSpec.from_json(weights.spec_json, "the learner's run spec")
+        except SpecError as exc:
+            self._refuse(str(exc))
+            return
         if self.policy is None:
-            policy = await asyncio.to_thread(
-                self._new_policy,
-                codec.space_from_proto(weights.observation_space),
-                codec.space_from_proto(weights.action_space),
-                model_config=ModelConfig.from_dict(json.loads(weights.model_config_json)),
-                weights=weights.safetensors,
-                connector_state=_connector_state(weights),
-                version=weights.version,
-            )
+            try:
+                policy = await asyncio.to_thread(
+                    self._new_policy,
+                    spec,
+                    codec.space_from_proto(weights.observation_space),
+                    codec.space_from_proto(weights.action_space),
+                    weights=weights.safetensors,
+                    connector_state=_connector_state(weights),
+                    version=weights.version,
+                )
+            except SpecError as exc:
+                self._refuse(str(exc))
+                return
             async with self._policy_lock:
+                self.refused = None
                 self._set_policy(policy)
+        elif spec != self.policy.spec:
+            self._refuse(
+                "the learner now runs another run spec than the one this server was built for: restart this "
+                "server to serve it (it keeps serving the old version meanwhile)"
+            )
         elif self.batcher is not None:
             await self.batcher.between_batches(
                 self.policy.set_weights, weights.version, weights.safetensors, _connector_state(weights)
             )
             self.batcher.new_version()
+
+    def _refuse(self, reason: str) -> None:
+        if reason != self.refused:
+            log.error("not serving the learner's weights: %s", reason)
+        self.refused = reason
 
 
 def _connector_state(weights: learner_pb2.Weights) -> dict[str, Any] | None:

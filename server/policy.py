@@ -15,12 +15,13 @@ import numpy as np
 import torch
 
 from rlgate.connectors import ConnectorPipelineV2
-from rlgate.connectors.builders import build_module_to_env_pipeline
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.models import ModelConfig, RLModule, build_module, load_weights
+from rlgate.models import RLModule, load_weights
 from rlgate.server.metrics import ServerMetrics
-from rlgate.spec.policy import build_env_to_module
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.policy import build_env_to_module, build_module_to_env, build_rl_module
+from rlgate.spec.run import RunSpec
 
 
 class Policy:
@@ -30,6 +31,7 @@ class Policy:
         self,
         module: RLModule,
         *,
+        spec: RunSpec,
         env_to_module: ConnectorPipelineV2,
         module_to_env: ConnectorPipelineV2,
         observation_space: gym.Space,
@@ -38,6 +40,7 @@ class Policy:
         version: int = 0,
     ) -> None:
         self.module = module
+        self.spec = spec
         self.env_to_module = env_to_module
         self.module_to_env = module_to_env
         self.observation_space = observation_space
@@ -52,34 +55,38 @@ class Policy:
     @classmethod
     def create(
         cls,
+        spec: RunSpec,
         observation_space: gym.Space,
         action_space: gym.Space,
         *,
         metrics: ServerMetrics,
-        model_config: ModelConfig | None = None,
+        imports: ImportPolicy | None = None,
         weights: bytes | None = None,
         connector_state: dict[str, Any] | None = None,
         version: int = 0,
-        mean_std_filter: bool = False,
         device: str = "cpu",
         seed: int | None = None,
     ) -> Policy:
-        """The default pipelines and model for these env spaces: fresh, or with these weights and state."""
-        if seed is not None:
-            torch.manual_seed(seed)
-        env_to_module = build_env_to_module(
-            observation_space, action_space, mean_std_filter=mean_std_filter, device=device
-        )
+        """The spec's pipelines and module for these env spaces: fresh, or with these weights and state.
+
+        A fresh model's weights follow the spec's seed; `seed` then seeds this server's action sampling.
+        `imports`: where code the spec names may come from (default: rlgate's own pieces only).
+        """
+        imports = imports or ImportPolicy()
+        env_to_module = build_env_to_module(spec, observation_space, action_space, imports, device=device)
         if connector_state:
             env_to_module.set_state(connector_state)
-        module = build_module(env_to_module.observation_space, action_space, model_config)
+        module = build_rl_module(spec, env_to_module.observation_space, action_space, imports)
         if weights is not None:
             load_weights(module, weights)
         module.to(device).eval()
+        if seed is not None:
+            torch.manual_seed(seed)
         return cls(
             module,
+            spec=spec,
             env_to_module=env_to_module,
-            module_to_env=build_module_to_env_pipeline(observation_space, action_space),
+            module_to_env=build_module_to_env(spec, observation_space, action_space, imports),
             observation_space=observation_space,
             action_space=action_space,
             metrics=metrics,

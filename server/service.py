@@ -154,10 +154,13 @@ class PolicyService:
                 f"this server's model is for observation space {policy.observation_space} and action space "
                 f"{policy.action_space}; the client has {spec.observation_space} and {spec.action_space}",
             )
+        sampling = policy.spec.sampling
         session = Session(
             spec,
-            rollout_fragment_length=self.settings.rollout_fragment_length,
-            lookback=self.settings.episode_lookback_horizon,
+            rollout_fragment_length=sampling.rollout_fragment_length
+            if sampling.batch_mode == "truncate_episodes"
+            else None,
+            lookback=sampling.episode_lookback_horizon,
         )
         self.sessions[session.id] = session
         self.metrics.sessions.set(len(self.sessions))

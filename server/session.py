@@ -58,11 +58,12 @@ class Session:
     so the table does not keep them.
     """
 
-    def __init__(self, spec: SessionSpec, *, rollout_fragment_length: int, lookback: int) -> None:
+    def __init__(self, spec: SessionSpec, *, rollout_fragment_length: int | None, lookback: int) -> None:
+        """`rollout_fragment_length`: cut running episodes every this many steps; None: never (whole episodes)."""
         self.id = uuid.uuid4().hex
         self.spec = spec
         self.observation_space = spec.observation_space  # what episodes hold: changed by write-backs
-        self._fragment = rollout_fragment_length
+        self._fragment = rollout_fragment_length or np.iinfo(np.int64).max // 4
         self._lookback = lookback
         self._table = StepTable(spec.num_envs)
         n = spec.num_envs

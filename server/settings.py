@@ -15,9 +15,18 @@ class ServerSettings(ServiceSettings):
     port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one (logged at start).")
     http_port: int = Field(8000, ge=0, le=65535, description="HTTP port for /healthz /readyz /status /metrics.")
     env: str | None = Field(
-        None, description="Gymnasium env id whose spaces the model is built for; unset: the first session's."
+        None,
+        description="Without a learner or checkpoint: serve a fresh model for this env (an id as in a run spec's "
+        "env.id); unset: for the first session's spaces.",
     )
-    checkpoint: Path | None = Field(None, description="Serve the policy in this checkpoint directory.")
+    config: Path | None = Field(
+        None,
+        description="Without a learner or checkpoint: a run spec file (.toml/.yaml/.json) whose env, model and "
+        "connector pieces the fresh model is built with (--env overrides its env.id).",
+    )
+    checkpoint: Path | None = Field(
+        None, description="Serve the policy in this checkpoint directory (its run spec says how to build it)."
+    )
     learner: str | None = Field(
         None, description="host:port of the learner: episodes go there and weights come from there."
     )
@@ -50,11 +59,6 @@ class ServerSettings(ServiceSettings):
     torch_threads: int = Field(
         1, ge=1, description="Torch intra-op threads for the forward pass (1 avoids thread stalls on tiny batches)."
     )
-    mean_std_filter: bool = Field(
-        False,
-        description="Normalise observations with a MeanStdFilter; the learner merges its statistics across "
-        "servers and sends them back with the weights (server and learner must agree).",
-    )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Torch device of the forward pass.")
     inference_thread: bool | None = Field(
         None,
@@ -62,7 +66,10 @@ class ServerSettings(ServiceSettings):
         "forward pass (a GPU, a large model); off, they run on the event loop and skip the thread hand-offs. "
         "Unset: on for cuda, off for cpu.",
     )
-    seed: int | None = Field(None, description="Seed for the fresh model's weights and for action sampling.")
+    seed: int | None = Field(
+        None,
+        description="Seed of this server's action sampling (and of a fresh model's weights, unless its spec has one).",
+    )
     max_batch_size: int = Field(256, ge=1, description="Most env steps in one forward pass.")
     max_wait_us: int = Field(
         200,
@@ -75,9 +82,5 @@ class ServerSettings(ServiceSettings):
     idle_timeout_s: float = Field(
         300.0, gt=0, description="A session silent this long is closed; its episodes ship as truncated."
     )
-    rollout_fragment_length: int = Field(
-        200, ge=1, description="A running episode is cut and shipped every this many steps."
-    )
-    episode_lookback_horizon: int = Field(1, ge=0, description="Steps of lookback kept when an episode is cut.")
     drain_timeout_s: float = Field(10.0, ge=0, description="On SIGTERM, how long open sessions may finish.")
     tls_client_ca: Path | None = Field(None, description="PEM CA that client certificates must chain to (mTLS).")

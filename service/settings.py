@@ -16,7 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class RlgateSettings(BaseSettings):
     """`RLGATE_<NAME>=value` equals `--<name> value`; the flag wins."""
 
-    model_config = SettingsConfigDict(env_prefix="RLGATE_", cli_kebab_case=True, cli_implicit_flags=True)
+    model_config = SettingsConfigDict(
+        env_prefix="RLGATE_", env_nested_delimiter="__", cli_kebab_case=True, cli_implicit_flags=True
+    )
 
     token: SecretStr | None = Field(
         None,
@@ -56,6 +58,12 @@ class ServiceSettings(RlgateSettings):
     host: str = Field("127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers).")
     tls_cert: Path | None = Field(None, description="PEM certificate chain; with tls_key, gRPC is served over TLS.")
     tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
+    allow_import: list[str] = Field(
+        [],
+        description="Modules (each with its submodules) that a run spec from elsewhere (the learner, a "
+        "checkpoint) may name code in: connector pieces, a model class. rlgate's own are always allowed; "
+        "a spec given with --config allows what it names.",
+    )
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Self:

@@ -1,15 +1,18 @@
 """Checkpoints on disk: everything needed to resume training, or to serve the policy with no learner.
 
-Layout of `DIR/v000042/`: `weights.safetensors` (the module), `optimizer.safetensors` (Adam's
-moment tensors), `connector_state.pb` (e.g. MeanStdFilter statistics, as an `rlgate.v1.Value`: the
-wire codec's nested arrays) and `metadata.json` (version, spaces, model config, optimizer hyper-parameters,
-the ids of trained episode chunks, the env steps trained on by all updates up to this version).
-`DIR/latest` names the newest one. No pickle anywhere: a checkpoint from an untrusted source can at
-worst fail to load.
+Layout of `DIR/v000042/`: `spec.json` (the run spec: pass it back with `--config`),
+`weights.safetensors` (the module), `optimizer.safetensors` (Adam's moment tensors), `connector_state.pb`
+(e.g. MeanStdFilter statistics, as an `rlgate.v1.Value`: the wire codec's nested arrays) and
+`metadata.json` (plain JSON a person can read: version, env id, seed, the env's spaces, the rlgate version
+that wrote it, optimizer hyper-parameters, the ids of trained episode chunks, the env steps trained on by all
+updates up to this version). `DIR/latest` names the newest one. No pickle anywhere, and loading imports
+nothing: a checkpoint from an untrusted source can at worst fail to load (the code its spec names is
+imported later, only where the operator allowed it).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -24,7 +27,7 @@ from safetensors.torch import load as load_torch
 from safetensors.torch import save as save_torch
 
 from rlgate.core import codec
-from rlgate.models import ModelConfig
+from rlgate.spec.run import RunSpec
 from rlgate.v1 import tensor_pb2
 
 LATEST = "latest"
@@ -35,9 +38,9 @@ class Checkpoint:
     """A loaded checkpoint: plain data, from which a server or learner builds its module."""
 
     version: int
+    spec: RunSpec
     observation_space: gym.Space  # the env's spaces (the module's follow from the env-to-module pipeline)
     action_space: gym.Space
-    model_config: ModelConfig
     weights: bytes
     connector_state: dict[str, Any]
     optimizer_state: dict[str, Any] | None
@@ -49,9 +52,9 @@ def save(
     directory: Path,
     *,
     version: int,
+    spec: RunSpec,
     observation_space: gym.Space,
     action_space: gym.Space,
-    model_config: ModelConfig,
     weights: bytes,
     optimizer: torch.optim.Optimizer | None = None,
     connector_state: dict[str, Any] | None = None,
@@ -65,12 +68,15 @@ def save(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     (tmp / "weights.safetensors").write_bytes(weights)
+    (tmp / "spec.json").write_text(spec.model_dump_json(indent=2))
     (tmp / "connector_state.pb").write_bytes(codec.to_value(connector_state or {}).SerializeToString())
     metadata: dict[str, Any] = {
         "version": version,
+        "env_id": spec.env.id,
+        "seed": spec.seed,
+        "rlgate_version": importlib.metadata.version("rlgate"),
         "observation_space": _space_json(observation_space),
         "action_space": _space_json(action_space),
-        "model_config": model_config.to_dict(),
         "trained_chunks": trained_chunks or [],
         "env_steps": env_steps,
     }
@@ -105,11 +111,14 @@ def load(path: Path) -> Checkpoint:
     if "optimizer" in metadata:
         tensors = load_torch((found / "optimizer.safetensors").read_bytes())
         optimizer_state = _optimizer_from_tensors(tensors, metadata["optimizer"])
+    spec_file = found / "spec.json"
+    if not spec_file.exists():
+        raise FileNotFoundError(f"{found} has no spec.json: it was written by an rlgate from before run specs")
     return Checkpoint(
         version=int(metadata["version"]),
+        spec=RunSpec.from_json(spec_file.read_text(), str(spec_file)),
         observation_space=_space_from_json(metadata["observation_space"]),
         action_space=_space_from_json(metadata["action_space"]),
-        model_config=ModelConfig.from_dict(metadata["model_config"]),
         weights=(found / "weights.safetensors").read_bytes(),
         connector_state=codec.from_value(
             tensor_pb2.Value.FromString((found / "connector_state.pb").read_bytes()), "connector_state"

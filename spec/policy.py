@@ -1,32 +1,126 @@
-"""The pipelines of a policy: which connector pieces run for given env spaces, on the server and the learner."""
+"""A run spec's policy, built: its connector pipelines and its RLModule, for given env spaces.
+
+The server and the learner both build through these functions, so both run the same pieces and build
+the same module. User code named in the spec is imported through the process's ImportPolicy.
+"""
 
 from __future__ import annotations
 
-import gymnasium as gym
+from collections.abc import Callable
 
-from rlgate.connectors import ConnectorPipelineV2
-from rlgate.connectors.builders import build_env_to_module_pipeline
-from rlgate.connectors.env_to_module.flatten_observations import FlattenObservations
-from rlgate.connectors.env_to_module.mean_std_filter import MeanStdFilter
+import gymnasium as gym
+import torch
+
+from rlgate.connectors import ConnectorPipelineV2, ConnectorV2, common, env_to_module, learner, module_to_env
+from rlgate.connectors.builders import (
+    build_env_to_module_pipeline,
+    build_learner_pipeline,
+    build_module_to_env_pipeline,
+)
+from rlgate.connectors.env_to_module import FlattenObservations
+from rlgate.models import ModelConfig, RLModule, build_module
 from rlgate.models.catalog import encodes
+from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.run import PieceSpec, RunSpec
+
+
+def _builtin_pieces() -> dict[str, Callable[..., ConnectorV2]]:
+    """Every connector piece rlgate ships, by its RLlib name (FrameStackingEnvToModule, MeanStdFilter, ...)."""
+    pieces = {}
+    for package in (common, env_to_module, module_to_env, learner):
+        for name in package.__all__:
+            factory = getattr(package, name)
+            target = getattr(factory, "func", factory)  # FrameStackingEnvToModule is a partial of FrameStacking
+            if (
+                isinstance(target, type)
+                and issubclass(target, ConnectorV2)
+                and not getattr(target, "__abstractmethods__", None)
+            ):
+                pieces[name] = factory
+    return pieces
+
+
+BUILTIN_PIECES = _builtin_pieces()
+
+
+def build_piece(piece: PieceSpec, imports: ImportPolicy, what: str) -> ConnectorV2:
+    """One connector piece of a spec: a built-in by name, or the user's class by import path."""
+    if ":" in piece.type:
+        factory = imports.load(piece.type, what)
+        if not (isinstance(factory, type) and issubclass(factory, ConnectorV2)):
+            raise SpecError(f"{what}: {piece.type!r} is not a ConnectorV2 subclass")
+    else:
+        factory = BUILTIN_PIECES.get(piece.type)
+        if factory is None:
+            raise SpecError(
+                f"{what}: no built-in connector piece {piece.type!r} (built-ins: {', '.join(sorted(BUILTIN_PIECES))}); "
+                "a piece of your own is 'package.module:Class'"
+            )
+    try:
+        return factory(**piece.kwargs)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{what}: {piece.type}({piece.kwargs}): {exc}") from exc
+
+
+def _pieces(pieces: list[PieceSpec], imports: ImportPolicy, pipeline: str) -> list[ConnectorV2]:
+    return [build_piece(p, imports, f"connectors.{pipeline}[{i}]") for i, p in enumerate(pieces)]
 
 
 def build_env_to_module(
-    observation_space: gym.Space, action_space: gym.Space, *, mean_std_filter: bool = False, device: str = "cpu"
+    spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, imports: ImportPolicy, device: str = "cpu"
 ) -> ConnectorPipelineV2:
-    """The default env-to-module pipeline; its output observation space is the module's.
+    """The spec's env-to-module pipeline; its output observation space is the module's.
 
-    Observations the default encoders cannot take as they are (Dict, Tuple, Discrete, ...) are
-    flattened by a FlattenObservations piece first, so every gymnasium space works out of the box.
-    `mean_std_filter` adds a MeanStdFilter (after flattening), whose statistics the learner merges
-    across servers. The learner builds its module (and its statistics coordinator) through this too,
-    so both sides agree on the module's spaces and on the pieces that carry state.
+    With the default model, observations its encoders cannot take (Dict, Tuple, Discrete, ...) after the
+    user's pieces are flattened by a FlattenObservations piece appended to them, so every gymnasium space
+    works out of the box.
     """
 
-    def user_pieces(obs: gym.Space, _act: gym.Space) -> list:
-        pieces: list = [] if encodes(obs) else [FlattenObservations()]
-        return [*pieces, MeanStdFilter()] if mean_std_filter else pieces
+    def pieces(obs: gym.Space, act: gym.Space) -> list[ConnectorV2]:
+        user = _pieces(spec.connectors.env_to_module, imports, "env_to_module")
+        if spec.model.module_class is None:
+            output = ConnectorPipelineV2(obs, act, connectors=list(user)).observation_space
+            if not encodes(output):
+                user.append(FlattenObservations())
+        return user
 
-    return build_env_to_module_pipeline(
-        observation_space, action_space, env_to_module_connector=user_pieces, device=device
+    return build_env_to_module_pipeline(observation_space, action_space, env_to_module_connector=pieces, device=device)
+
+
+def build_module_to_env(
+    spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, imports: ImportPolicy
+) -> ConnectorPipelineV2:
+    """The spec's module-to-env pipeline (the env's spaces)."""
+    return build_module_to_env_pipeline(
+        observation_space,
+        action_space,
+        module_to_env_connector=lambda _o, _a: _pieces(spec.connectors.module_to_env, imports, "module_to_env"),
     )
+
+
+def build_learner_connector(
+    spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, imports: ImportPolicy, device: str = "cpu"
+) -> ConnectorPipelineV2:
+    """The spec's learner pipeline with PPO's pieces (GAE); the spaces are the module's."""
+    algorithm = spec.algorithm
+    return build_learner_pipeline(
+        observation_space,
+        action_space,
+        learner_connector=lambda _o, _a: _pieces(spec.connectors.learner, imports, "learner"),
+        device=device,
+        gae=(algorithm.gamma, algorithm.lambda_),
+    )
+
+
+def build_rl_module(
+    spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, imports: ImportPolicy
+) -> RLModule:
+    """The spec's module for these (env-to-module output) spaces, seeded with spec.seed when set."""
+    if spec.seed is not None:
+        torch.manual_seed(spec.seed)
+    if spec.model.module_class is None:
+        return build_module(observation_space, action_space, ModelConfig.from_dict(spec.model.config))
+    cls = imports.load(spec.model.module_class, "model.module_class")
+    if not (isinstance(cls, type) and issubclass(cls, RLModule)):
+        raise SpecError(f"model.module_class: {spec.model.module_class!r} is not an rlgate RLModule subclass")
+    return cls(observation_space, action_space, dict(spec.model.config))

@@ -11,6 +11,7 @@ import pytest
 
 from rlgate.server.main import InferenceServer
 from rlgate.server.settings import ServerSettings
+from rlgate.spec.run import RunSpec
 
 
 @pytest.fixture
@@ -30,7 +31,8 @@ async def server_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitabl
     """Factory: `await server_factory(**settings)` gives a started server; all are stopped at teardown."""
     started: list[InferenceServer] = []
 
-    async def start(**overrides: Any) -> InferenceServer:
+    async def start(spec: RunSpec | None = None, **overrides: Any) -> InferenceServer:
+        """`spec`: the run spec of a fresh model (a server without a learner); overrides: ServerSettings fields."""
         fields = {
             "host": "127.0.0.1",
             "port": 0,
@@ -41,7 +43,7 @@ async def server_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitabl
             "drain_timeout_s": 5.0,
         }
         fields.update(overrides)
-        server = InferenceServer(ServerSettings(**fields))
+        server = InferenceServer(ServerSettings(**fields), spec=spec)
         await server.start()
         started.append(server)
         return server

@@ -45,7 +45,7 @@ class AddStatesFromEpisodesToBatch(ConnectorV2):
         for episode in episodes:
             has_state_out = Columns.STATE_OUT in episode.extra_model_outputs
             if self._as_learner_connector:
-                max_seq_len = rl_module.model_config.max_seq_len
+                max_seq_len = rl_module.model_config["max_seq_len"]
                 states_in = _sequence_start_states(episode, initial_state, max_seq_len, has_state_out)
                 num_items = num_sequences(len(episode), max_seq_len)
                 self.add_n_batch_items(batch, Columns.STATE_IN, states_in, num_items, episode)

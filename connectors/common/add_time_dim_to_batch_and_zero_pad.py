@@ -23,7 +23,7 @@ class AddTimeDimToBatchAndZeroPad(ConnectorV2):
     Env-to-module: a time axis of 1 ([B, ...] -> [B, 1, ...]), and
     `shared_data["_added_single_ts_time_rank"]` so that module-to-env's RemoveSingleTsTimeRankFromBatch
     takes it off again.
-    Learner: each episode's steps are cut into sequences of `rl_module.model_config.max_seq_len` steps,
+    Learner: each episode's steps are cut into sequences of `rl_module.model_config["max_seq_len"]` steps,
     the last one zero-padded, and SEQ_LENS [N] plus LOSS_MASK [N, T] (False on padding; unless an earlier
     piece added LOSS_MASK already) are added.
     """
@@ -42,7 +42,7 @@ class AddTimeDimToBatchAndZeroPad(ConnectorV2):
         if rl_module is None or not rl_module.is_stateful() or Columns.STATE_IN in batch:
             return batch
         if self._as_learner_connector:
-            self._zero_pad(rl_module.model_config.max_seq_len, batch, episodes, shared_data)
+            self._zero_pad(rl_module.model_config["max_seq_len"], batch, episodes, shared_data)
         else:
             for column, data in batch.items():
                 if is_batched(data):

@@ -25,25 +25,31 @@ from rlgate.learner.settings import LearnerSettings
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
+from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
 ENV = "CartPole-v1"
 # Small, quick PPO updates: an update takes milliseconds, so versions advance fast.
-FAST = {"train_batch_size": 128, "minibatch_size": 64, "num_epochs": 2, "seed": 0}
+FAST = {
+    "algorithm": {"train_batch_size": 128, "minibatch_size": 64, "num_epochs": 2},
+    "sampling": {"rollout_fragment_length": 32},
+    "seed": 0,
+}
 
 
 @pytest.fixture
 def learner_settings(tmp_path: Path) -> Callable[..., LearnerSettings]:
     """learner_settings(**overrides): CartPole, port 0, fast updates, checkpoints under tmp_path."""
 
-    def make(**overrides: Any) -> LearnerSettings:
+    def make(spec: dict[str, Any] | None = None, **overrides: Any) -> LearnerSettings:
+        """`spec`: run spec fields over FAST's (e.g. {"connectors": {"env_to_module": ["MeanStdFilter"]}})."""
         fields = {
             "env": ENV,
             "host": "127.0.0.1",
             "port": 0,
             "http_port": 0,
             "checkpoint_dir": tmp_path / "checkpoints",
-            **FAST,
+            "spec": {**FAST, **(spec or {})},
         }
         fields.update(overrides)
         return LearnerSettings(**fields)
@@ -80,7 +86,7 @@ def cartpole_chunks() -> Callable[..., list[SingleAgentEpisode]]:
         envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
         spec = SessionSpec("test", envs.single_observation_space, envs.single_action_space, 4, explore=True)
         policy = Policy.create(
-            spec.observation_space, spec.action_space, metrics=ServerMetrics(), version=version, seed=seed
+            RunSpec(), spec.observation_space, spec.action_space, metrics=ServerMetrics(), version=version, seed=seed
         )
         session = Session(spec, rollout_fragment_length=16, lookback=1)
         obs, _ = envs.reset(seed=seed)
@@ -116,7 +122,7 @@ def train_updates(
         async with grpc.aio.insecure_channel(f"127.0.0.1:{learner_server.port}") as channel:
             call = learner_pb2_grpc.LearnerServiceStub(channel).SubmitEpisodes()
             for seq in range(1, updates + 1):  # each batch after the previous update, so one update per batch
-                chunks = cartpole_chunks(learner_server.settings.train_batch_size, seed=seq)
+                chunks = cartpole_chunks(learner.spec.algorithm.train_batch_size, seed=seq)
                 await call.write(learner_pb2.EpisodeBatch(seq=seq, episodes=[episode_to_proto(c) for c in chunks]))
                 async with asyncio.timeout(30):
                     acks.append(await call.read())

@@ -19,16 +19,15 @@ def filter_count(state: dict) -> int:
 
 
 async def test_two_servers_statistics_are_merged_by_the_learner_and_sent_back(learner_settings, server_factory):
-    learner = LearnerServer(learner_settings(mean_std_filter=True))
+    spec = {"connectors": {"env_to_module": ["MeanStdFilter"]}, "sampling": {"rollout_fragment_length": 16}}
+    learner = LearnerServer(learner_settings(spec=spec))
     await learner.start()
     try:
         servers = [
             await server_factory(
                 learner=f"127.0.0.1:{learner.port}",
-                mean_std_filter=True,
                 server_id=f"server-{i}",
                 steps_per_version=64,
-                rollout_fragment_length=16,
             )
             for i in range(2)
         ]

@@ -29,8 +29,9 @@ from rlgate.spec import checkpoint
 
 TRAIN_BATCH_SIZE = 128
 # Checkpoints every 2 versions; quick updates.
-QUICK = ("--checkpoint-every", "2", "--train-batch-size", str(TRAIN_BATCH_SIZE), "--minibatch-size", "64")
-QUICK += ("--num-epochs", "2")
+QUICK = ("--checkpoint-every", "2", "--spec.algorithm.train-batch-size", str(TRAIN_BATCH_SIZE))
+QUICK += ("--spec.algorithm.minibatch-size", "64", "--spec.algorithm.num-epochs", "2")
+QUICK += ("--spec.sampling.rollout-fragment-length", "16")  # many chunks, and episodes cut into several
 
 
 def served(server: InferenceServer) -> int:
@@ -56,7 +57,6 @@ async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk
     server = await server_factory(
         learner=learners.target,
         steps_per_version=TRAIN_BATCH_SIZE,
-        rollout_fragment_length=16,  # many chunks, and episodes cut into several
         episode_dir=shipped_dir,
     )
     first = learners.start("learner-1", *QUICK)

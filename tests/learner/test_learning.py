@@ -18,6 +18,7 @@ from rlgate.episodes.codec import episode_from_proto
 from rlgate.learner.main import LearnerServer
 from rlgate.models import build_module, load_weights
 from rlgate.server.main import InferenceServer
+from rlgate.spec.run import RunSpec
 from rlgate.v1 import episode_pb2, learner_pb2, learner_pb2_grpc
 
 ENV = "CartPole-v1"
@@ -37,14 +38,13 @@ async def serving(learner_server: LearnerServer, server_factory) -> InferenceSer
     """An inference server fed by `learner_server`, sampling at its pace (one train batch per version)."""
     return await server_factory(
         learner=f"127.0.0.1:{learner_server.port}",
-        steps_per_version=learner_server.settings.train_batch_size,
-        rollout_fragment_length=32,
+        steps_per_version=learner_server.learner.spec.algorithm.train_batch_size,
     )
 
 
 async def test_versions_advance_and_reach_the_server(learner_server, server_factory, http_get):
     server = await serving(learner_server, server_factory)
-    batch_size = learner_server.settings.train_batch_size
+    batch_size = learner_server.learner.spec.algorithm.train_batch_size
     client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)]), target(server), seed=0)
     async with running_client(client):
         await wait_for_version(server, 3)
@@ -99,7 +99,7 @@ async def test_watch_weights_pushes_every_new_version_to_another_subscriber(
     observation_space = codec.space_from_proto(second.observation_space)
     action_space = codec.space_from_proto(second.action_space)
     assert observation_space == gym.make(ENV).observation_space and action_space == gym.spaces.Discrete(2)
-    assert json.loads(second.model_config_json)["fcnet_hiddens"] == list(learner_settings().fcnet_hiddens)
+    assert RunSpec.from_json(second.spec_json, "weights") == learner_server.learner.spec  # what servers build
     module = build_module(observation_space, action_space)
     load_weights(module, second.safetensors)  # a complete, loadable model
 
@@ -117,7 +117,11 @@ async def test_get_status_reports_the_learners_progress(learner_server, server_f
         )
     after = learner.status()
     assert 2 <= status.model_version <= learner.trainer.version  # training may go on with what is in the intake
-    assert 2 * learner_server.settings.train_batch_size <= status.env_steps_trained <= after["env_steps_trained"]
+    assert (
+        2 * learner_server.learner.spec.algorithm.train_batch_size
+        <= status.env_steps_trained
+        <= after["env_steps_trained"]
+    )
     assert status.episodes_received > 0 and status.duplicates == 0 and status.stale_dropped == 0
     assert status.mean_return == learner.mean_return() > 0
 
@@ -132,7 +136,7 @@ async def test_a_learner_serving_tls_with_a_token_is_reached_verified(learner_se
             learner=f"localhost:{learner_server.port}",
             learner_tls_ca=cert,
             token="s3cret",
-            steps_per_version=learner_server.settings.train_batch_size,
+            steps_per_version=learner_server.learner.spec.algorithm.train_batch_size,
         )
         client = EnvClient(gym.make(ENV), f"localhost:{server.port}", seed=3, token="s3cret")
         async with running_client(client):
@@ -148,14 +152,13 @@ async def test_dict_observations_flattened_and_normalised_train_version_after_ve
 ):
     """Each version boundary pauses sampling with client steps still waiting; the pause's flush must ship only
     observations the pipeline has flattened and normalised (never a raw dict), and keep the server serving."""
-    learner_server = LearnerServer(learner_settings(env=DICT_ENV, mean_std_filter=True))
+    spec = {"connectors": {"env_to_module": ["MeanStdFilter"]}, "sampling": {"rollout_fragment_length": 16}}
+    learner_server = LearnerServer(learner_settings(env=DICT_ENV, spec=spec))
     await learner_server.start()
     try:
         server = await server_factory(
             learner=f"127.0.0.1:{learner_server.port}",
-            mean_std_filter=True,
-            steps_per_version=learner_server.settings.train_batch_size,
-            rollout_fragment_length=16,
+            steps_per_version=learner_server.learner.spec.algorithm.train_batch_size,
             episode_dir=tmp_path / "shipped",
         )
         envs = gym.vector.SyncVectorEnv([lambda: gym.make(DICT_ENV) for _ in range(4)])

@@ -20,7 +20,8 @@ from support.servers import running_client, target, until
 from rlgate.client.env_client import EnvClient
 
 LIMIT = 16 << 10  # a few batches of 4 envs' 8-step chunks
-NEVER = ("--train-batch-size", "1000000000", "--checkpoint-every", "1000000000")
+NEVER = ("--spec.algorithm.train-batch-size", "1000000000", "--checkpoint-every", "1000000000")
+NEVER += ("--spec.sampling.rollout-fragment-length", "8")
 
 
 @pytest.mark.parametrize("falls_behind", ["stalled", "gone"])
@@ -29,9 +30,7 @@ async def test_a_full_spool_pauses_sampling_until_the_learner_catches_up(
 ):
     shipped_dir = tmp_path / "shipped"
     learner = learners.start("learner-1", *NEVER)
-    server = await server_factory(
-        learner=learners.target, max_spool=LIMIT, rollout_fragment_length=8, episode_dir=shipped_dir
-    )
+    server = await server_factory(learner=learners.target, max_spool=LIMIT, episode_dir=shipped_dir)
     await until(lambda: server.policy is not None, timeout=60)  # the learner's first weights
     if falls_behind == "stalled":
         learner.send_signal(signal.SIGSTOP)

@@ -8,13 +8,18 @@ import gymnasium as gym
 
 from rlgate.learner.trainer import Trainer
 from rlgate.models import build_module, weights_to_bytes
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.policy import build_learner_connector
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)
 
 
 def trainer(learner_settings, version: int = 0) -> Trainer:
-    return Trainer(build_module(OBSERVATION_SPACE, ACTION_SPACE), learner_settings(max_staleness=4), version=version)
+    spec = learner_settings().spec
+    module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
+    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+    return Trainer(module, pipeline, spec.algorithm, max_staleness=4, seed=spec.seed, version=version)
 
 
 def test_an_update_bumps_the_version_changes_the_weights_and_reports_finite_losses(learner_settings, cartpole_chunks):

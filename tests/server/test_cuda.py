@@ -13,6 +13,7 @@ from support.servers import shipped, target
 from rlgate.client.env_client import EnvClient
 from rlgate.core.columns import Columns
 from rlgate.episodes.codec import episode_from_proto
+from rlgate.spec.run import RunSpec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -22,7 +23,8 @@ STEPS = 400
 
 async def greedy_episodes(server_factory, tmp_path, device: str) -> list:
     """Episodes of a greedy 8-env CartPole client against a fresh server on `device` (same seeds each time)."""
-    server = await server_factory(device=device, episode_dir=tmp_path / device, mean_std_filter=True)
+    spec = RunSpec.parse({"connectors": {"env_to_module": ["MeanStdFilter"]}}, "test")
+    server = await server_factory(spec=spec, device=device, episode_dir=tmp_path / device)
     env = gym.make_vec("CartPole-v1", num_envs=ENVS, vectorization_mode="sync")
     client = EnvClient(env, target(server), explore=False, seed=0)
     stats = await asyncio.wait_for(client.run(max_steps=STEPS), 60)

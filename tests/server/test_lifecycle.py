@@ -30,6 +30,7 @@ from support.servers import (
 )
 
 from rlgate.client.env_client import EnvClient
+from rlgate.spec.run import RunSpec, SamplingSpec
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
@@ -80,7 +81,8 @@ async def test_an_idle_session_is_closed_and_its_episode_shipped(server_factory,
 
 
 async def test_long_episodes_are_cut_into_chunks_with_lookback(server_factory, tmp_path):
-    server = await server_factory(rollout_fragment_length=4, episode_lookback_horizon=1)
+    sampling = SamplingSpec(rollout_fragment_length=4, episode_lookback_horizon=1)
+    server = await server_factory(spec=RunSpec(sampling=sampling))
     client = EnvClient(SpaceEnv(BOX4, DISCRETE2, length=10), target(server), seed=0)
     await client.run(max_steps=10)
     await server.stop()

@@ -25,6 +25,7 @@ from rlgate.models import ModelConfig
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
+from rlgate.spec.run import RunSpec
 
 BOX = gym.spaces.Box(-10.0, 10.0, (4,), np.float32)
 DICT = gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "mode": gym.spaces.Discrete(3)})
@@ -163,14 +164,21 @@ class NegateObservations(ConnectorV2):
         return batch
 
 
+def policy_spec(model: ModelConfig | None, mean_std: bool) -> RunSpec:
+    pieces = ["MeanStdFilter"] if mean_std else []
+    return RunSpec.parse(
+        {"model": {"config": model.to_dict() if model else {}}, "connectors": {"env_to_module": pieces}, "seed": 0},
+        "test",
+    )
+
+
 def run_policies(
     space: gym.Space, model: ModelConfig | None, mean_std: bool, first_piece: ConnectorV2 | None = None
 ) -> None:
     """Drive a Session and a ReferenceSession through two identical policies; compare actions and episodes."""
     n, messages = 4, 60
     policies = [
-        Policy.create(space, ACTIONS, metrics=ServerMetrics(), model_config=model, mean_std_filter=mean_std, seed=0)
-        for _ in range(2)
+        Policy.create(policy_spec(model, mean_std), space, ACTIONS, metrics=ServerMetrics(), seed=0) for _ in range(2)
     ]
     if first_piece is not None:
         for policy in policies:

@@ -117,18 +117,22 @@ class Weights(_message.Message):
     CONNECTOR_STATE_FIELD_NUMBER: _builtins.int
     OBSERVATION_SPACE_FIELD_NUMBER: _builtins.int
     ACTION_SPACE_FIELD_NUMBER: _builtins.int
-    MODEL_CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    SPEC_JSON_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     safetensors: _builtins.bytes
     """The model's state dict as safetensors bytes."""
-    model_config_json: _builtins.str
-    """The model config (JSON), so a server can build the module from this message alone."""
+    spec_json: _builtins.str
+    """The learner's run spec (JSON; rlgate.spec.RunSpec): the model and connector pieces a server builds,
+    and how it cuts episodes. A server imports code the spec names only from modules it was allowed.
+    """
     @_builtins.property
     def connector_state(self) -> _tensor_pb2.Value:
         """Merged connector state (e.g. MeanStdFilter statistics) matching these weights."""
 
     @_builtins.property
-    def observation_space(self) -> _tensor_pb2.Space: ...
+    def observation_space(self) -> _tensor_pb2.Space:
+        """The env's spaces (the module's follow from the run spec's env-to-module pipeline)."""
+
     @_builtins.property
     def action_space(self) -> _tensor_pb2.Space: ...
     def __init__(
@@ -139,11 +143,11 @@ class Weights(_message.Message):
         connector_state: _tensor_pb2.Value | None = ...,
         observation_space: _tensor_pb2.Space | None = ...,
         action_space: _tensor_pb2.Space | None = ...,
-        model_config_json: _builtins.str = ...,
+        spec_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "observation_space", b"observation_space"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "model_config_json", b"model_config_json", "observation_space", b"observation_space", "safetensors", b"safetensors", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "observation_space", b"observation_space", "safetensors", b"safetensors", "spec_json", b"spec_json", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

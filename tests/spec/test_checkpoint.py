@@ -15,10 +15,14 @@ from safetensors import SafetensorError
 from rlgate.core.columns import Columns
 from rlgate.models import ModelConfig, RLModule, build_module, load_weights, weights_to_bytes
 from rlgate.spec import checkpoint
+from rlgate.spec.run import RunSpec
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space  # Box with infinite bounds: they must survive JSON
 ACTION_SPACE = gym.spaces.Discrete(2)
 MODEL_CONFIG = ModelConfig(fcnet_hiddens=(32, 16))
+SPEC = RunSpec.parse(
+    {"model": {"config": {"fcnet_hiddens": [32, 16]}}, "seed": 3, "env": {"id": "CartPole-v1"}}, "test"
+)
 
 
 def sgd_steps(module: RLModule, optimizer: torch.optim.Optimizer, steps: int) -> None:
@@ -46,7 +50,7 @@ def save(directory: Path, version: int, module: RLModule, optimizer: torch.optim
         version=version,
         observation_space=OBSERVATION_SPACE,
         action_space=ACTION_SPACE,
-        model_config=MODEL_CONFIG,
+        spec=SPEC,
         weights=weights_to_bytes(module),
         optimizer=optimizer,
         connector_state={"mean_std": {"mean": np.arange(4.0), "count": np.array(7)}},
@@ -63,7 +67,7 @@ def test_a_checkpoint_round_trip_restores_weights_spaces_config_and_trained_chun
     assert loaded.version == 7
     assert loaded.weights == weights_to_bytes(module)  # byte for byte
     assert loaded.observation_space == OBSERVATION_SPACE and loaded.action_space == ACTION_SPACE
-    assert loaded.model_config == MODEL_CONFIG
+    assert loaded.spec == SPEC
     assert loaded.trained_chunks == ["episode-a:0", "episode-a:1", "episode-b:0"]
     assert loaded.env_steps == 123
     np.testing.assert_array_equal(loaded.connector_state["mean_std"]["mean"], np.arange(4.0))
@@ -74,7 +78,7 @@ def test_the_optimizer_state_restores_so_that_adam_continues_identically(tmp_pat
     module, optimizer = trained()
     save(tmp_path, 1, module, optimizer)
     loaded = checkpoint.load(tmp_path)
-    restored = build_module(OBSERVATION_SPACE, ACTION_SPACE, loaded.model_config)
+    restored = build_module(OBSERVATION_SPACE, ACTION_SPACE, MODEL_CONFIG)
     load_weights(restored, loaded.weights)
     restored_optimizer = torch.optim.Adam(restored.parameters(), lr=0.5)  # the checkpoint's lr must win
     restored_optimizer.load_state_dict(loaded.optimizer_state)
@@ -85,7 +89,7 @@ def test_the_optimizer_state_restores_so_that_adam_continues_identically(tmp_pat
     for (name, original), copy in zip(module.state_dict().items(), restored.state_dict().values(), strict=True):
         assert torch.equal(original, copy), name
     # Without the moments Adam would take different steps: the test above can tell.
-    fresh = build_module(OBSERVATION_SPACE, ACTION_SPACE, loaded.model_config)
+    fresh = build_module(OBSERVATION_SPACE, ACTION_SPACE, MODEL_CONFIG)
     load_weights(fresh, loaded.weights)
     sgd_steps(fresh, torch.optim.Adam(fresh.parameters(), lr=1e-3, eps=1e-5), 2)
     assert not all(torch.equal(a, b) for a, b in zip(module.parameters(), fresh.parameters(), strict=True))
@@ -147,3 +151,13 @@ def test_corrupted_metadata_fails_to_load(tmp_path):
     metadata.write_text(metadata.read_text()[:-20])
     with pytest.raises(json.JSONDecodeError):
         checkpoint.load(tmp_path)
+
+
+def test_a_checkpoint_describes_itself_in_plain_json(tmp_path):
+    """What was trained, with what, by which rlgate: readable without rlgate (and spec.json is a --config)."""
+    module, _ = trained()
+    path = save(tmp_path, 4, module)
+    metadata = json.loads((path / "metadata.json").read_text())
+    assert metadata["env_id"] == "CartPole-v1" and metadata["seed"] == 3 and metadata["version"] == 4
+    assert metadata["rlgate_version"] and metadata["observation_space"]["box"]
+    assert RunSpec.load(path / "spec.json") == SPEC

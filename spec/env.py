@@ -1,0 +1,52 @@
+"""Making the env a run spec names: a registered id, an env class, a factory, or a module that registers ids."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import gymnasium as gym
+
+from rlgate.spec.imports import ImportPolicy, SpecError, split_path
+from rlgate.spec.run import EnvSpec
+
+
+def env_factory(spec: EnvSpec, imports: ImportPolicy) -> Callable[[], gym.Env]:
+    """A no-argument callable that makes one env of `spec` (with its kwargs)."""
+    if ":" not in spec.id:
+        return functools.partial(_make_registered, spec.id, spec.kwargs)
+    module, attribute = split_path(spec.id)
+    if attribute.isidentifier():
+        target = imports.load(spec.id, "env.id")
+        if not callable(target):
+            raise SpecError(f"env.id: {spec.id!r} is neither an env class nor a function that makes an env")
+        return functools.partial(target, **spec.kwargs)
+    imports.import_module(module, "env.id")  # importing the module registers its ids ("pkg.mod:Env-v0")
+    return functools.partial(_make_registered, attribute, spec.kwargs)
+
+
+def make_env(spec: EnvSpec, imports: ImportPolicy, num_envs: int | None = None) -> gym.Env | gym.vector.VectorEnv:
+    """One env for one sub-env, else a vector env of `num_envs` (spec.num_envs) with NEXT_STEP autoreset,
+    its sub-envs in this process (sync) or one subprocess each (async)."""
+    n = spec.num_envs if num_envs is None else num_envs
+    factory = env_factory(spec, imports)
+    if n == 1:
+        return factory()
+    vector = gym.vector.AsyncVectorEnv if spec.vectorize == "async" else gym.vector.SyncVectorEnv
+    return vector([factory] * n)
+
+
+def env_spaces(spec: EnvSpec, imports: ImportPolicy) -> tuple[gym.Space, gym.Space]:
+    """The observation and action space of one env (made once and closed)."""
+    env = env_factory(spec, imports)()
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def _make_registered(env_id: str, kwargs: dict) -> gym.Env:
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.Error as exc:
+        raise SpecError(f"env.id: {exc}") from exc

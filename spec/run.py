@@ -1,0 +1,216 @@
+"""The run spec: one validated object that says what a run is (RLlib's AlgorithmConfig, as data).
+
+A TOML, YAML or JSON file, or built in Python::
+
+    [env]
+    id = "CartPole-v1"            # a registered id, "pkg.mod:EnvClass", "pkg.mod:make_env" or "pkg.mod:EnvId"
+    num_envs = 4                   # sub-envs per env client (one message carries all)
+
+    [model.config]                 # the default catalog's ModelConfig; or model.module_class = "pkg.mod:MyModule"
+    fcnet_hiddens = [64, 64]
+
+    [connectors]                   # built-ins by RLlib's names, the user's by import path; keyword arguments beside
+    env_to_module = [{ type = "FrameStackingEnvToModule", num_frames = 4 }]
+    learner = [{ type = "FrameStackingLearner", num_frames = 4 }]
+
+    [sampling]
+    rollout_fragment_length = 32
+
+    [algorithm]                    # PPO's hyper-parameters
+    lr = 0.001
+
+The learner owns the spec: it sends it to every server with the weights and writes it into every
+checkpoint, so no two processes hold settings that must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rlgate.models import ModelConfig
+from rlgate.spec.algorithm import PPOConfig
+from rlgate.spec.imports import SpecError, split_path
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvSpec(_Section):
+    """Which env the clients run (and whose spaces the learner builds the model for)."""
+
+    id: str = Field(
+        "CartPole-v1",
+        description="A registered gymnasium id, 'pkg.mod:EnvClass', 'pkg.mod:make_env' "
+        "(a callable returning an env) or 'pkg.mod:EnvId' (importing pkg.mod registers EnvId).",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env.")
+    num_envs: int = Field(1, ge=1, description="Sub-envs per env client; more than one makes a vector env.")
+    vectorize: Literal["sync", "async"] = Field(
+        "sync", description="How a client's sub-envs run: in its process (sync) or one subprocess each (async)."
+    )
+
+    def module(self) -> str | None:
+        """The module this env's id names code from, if any."""
+        return split_path(self.id)[0] if ":" in self.id else None
+
+
+class PieceSpec(BaseModel):
+    """One connector piece: `type` is a built-in piece's name or 'pkg.mod:PieceClass'; other keys are its
+    keyword arguments (`{ type = "FrameStackingEnvToModule", num_frames = 4 }`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def module(self) -> str | None:
+        return split_path(self.type)[0] if ":" in self.type else None
+
+
+def _piece(value: Any) -> Any:
+    return {"type": value} if isinstance(value, str) else value
+
+
+class ConnectorsSpec(_Section):
+    """The user's pieces of each pipeline, placed where RLlib places custom pieces.
+
+    env_to_module: first, before the default pieces (the module sees what they output). When their output
+    is not an observation the default model takes (a Dict, Tuple, Discrete, ...), FlattenObservations is
+    appended after them. module_to_env: after the default pieces that make numpy actions per row, before
+    NormalizeAndClipActions. learner: first (after PPO's AddOneTsToEpisodesAndTruncate), before the
+    default pieces and GAE.
+    """
+
+    env_to_module: list[PieceSpec] = Field(default_factory=list)
+    module_to_env: list[PieceSpec] = Field(default_factory=list)
+    learner: list[PieceSpec] = Field(default_factory=list)
+
+    @field_validator("env_to_module", "module_to_env", "learner", mode="before")
+    @classmethod
+    def _names_alone(cls, value: Any) -> Any:
+        return [_piece(v) for v in value] if isinstance(value, list) else value
+
+
+class ModelSpec(_Section):
+    """The RLModule: the default catalog's actor-critic, or the user's class (RLlib's RLModuleSpec)."""
+
+    module_class: str | None = Field(
+        None, description="'pkg.mod:MyModule', an RLModule subclass; unset: rlgate's default actor-critic."
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The default catalog's ModelConfig fields (fcnet_hiddens, use_lstm, ...); for a user's "
+        "module, whatever it reads from its `model_config` (a dict, as RLlib passes it).",
+    )
+
+    def module(self) -> str | None:
+        return split_path(self.module_class)[0] if self.module_class else None
+
+    @model_validator(mode="after")
+    def _catalog_config(self) -> ModelSpec:
+        if self.module_class is None:  # validated here, so a bad field fails when the spec is read
+            try:
+                ModelConfig.from_dict(self.config)
+            except ValidationError as exc:
+                raise ValueError(f"model.config: {exc}") from None
+        return self
+
+
+class SamplingSpec(_Section):
+    """How servers cut episodes into the chunks they ship (RLlib's env-runner settings)."""
+
+    rollout_fragment_length: int = Field(
+        32,
+        ge=1,
+        description="A running episode is cut and shipped every this many steps (truncate_episodes): short "
+        "chunks reach the learner soon after they were sampled, each at the cost of one bootstrap value.",
+    )
+    batch_mode: Literal["truncate_episodes", "complete_episodes"] = Field(
+        "truncate_episodes",
+        description="truncate_episodes: ship chunks of rollout_fragment_length steps; complete_episodes: ship "
+        "only whole episodes (an env that never ends then never feeds the learner).",
+    )
+    episode_lookback_horizon: int = Field(
+        1, ge=0, description="Steps of lookback a chunk keeps from before its first step (for connectors)."
+    )
+
+
+class RunSpec(_Section):
+    """What a run is: env, model, connector pieces, sampling and the algorithm's hyper-parameters."""
+
+    env: EnvSpec = Field(default_factory=EnvSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    connectors: ConnectorsSpec = Field(default_factory=ConnectorsSpec)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    algorithm: PPOConfig = Field(default_factory=PPOConfig)
+    seed: int | None = Field(None, description="Seed of the initial weights, sampling and the envs.")
+
+    @classmethod
+    def load(cls, path: Path) -> RunSpec:
+        """Read a .toml, .yaml/.yml or .json file; a bad file raises SpecError naming it and the field."""
+        return cls.parse(read_spec_file(path), str(path))
+
+    @classmethod
+    def parse(cls, data: Any, source: str) -> RunSpec:
+        """Validate plain data (a parsed file, or JSON from the wire) into a spec; SpecError says what is wrong."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in error['loc']) or 'spec'}: {error['msg']}" for error in exc.errors()
+            )
+            raise SpecError(f"{source}: {problems}") from None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_defaults=False)
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> RunSpec:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{source}: not JSON: {exc}") from exc
+        return cls.parse(data, source)
+
+    def modules(self) -> list[str]:
+        """Every module this spec names code from (what a process must be allowed to import)."""
+        pieces = [*self.connectors.env_to_module, *self.connectors.module_to_env, *self.connectors.learner]
+        named = [self.env.module(), self.model.module(), *(p.module() for p in pieces)]
+        return sorted({name for name in named if name})
+
+    def policy_modules(self) -> list[str]:
+        """The modules a server needs (pieces and model; never the env, which runs in the clients)."""
+        pieces = [*self.connectors.env_to_module, *self.connectors.module_to_env]
+        return sorted({name for name in (self.model.module(), *(p.module() for p in pieces)) if name})
+
+
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """The plain data of a .toml, .yaml/.yml or .json spec file (not yet validated)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: {exc.strerror}") from exc
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise SpecError(f"{path}: a run spec is a .toml, .yaml, .yml or .json file")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise SpecError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a run spec is a table of sections ([env], [model], ...), not {type(data).__name__}")
+    return data

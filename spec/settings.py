@@ -1,0 +1,77 @@
+"""The run spec as settings: a spec file (`--config`), and every field of it also a flag or variable.
+
+`rlgate learn --config run.toml --spec.algorithm.lr 3e-4` reads run.toml, then sets one field on top;
+`RLGATE_SPEC__SAMPLING__ROLLOUT_FRAGMENT_LENGTH=32` does the same from the environment. `--env` and
+`--seed` are shorthands for `--spec.env.id` and `--spec.seed`. Precedence, highest first: flags,
+environment variables, the file, the spec's defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings
+
+from rlgate.spec.run import RunSpec, read_spec_file
+
+
+class SpecSettings(BaseSettings):
+    """Settings fields that say what the run is (mixed into a process's settings).
+
+    Put it first among a settings class's bases: pydantic takes the last base's model_config, and this
+    class leaves the process's own (env prefix, flag style) to the others. Subclasses may add shorthand fields (`SHORTHANDS`: field -> the spec field it sets) and a
+    `DEFAULT_SPEC` that stands in for a --config file when none is given.
+    """
+
+    SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {"env": ("env", "id"), "seed": ("seed",)}
+    DEFAULT_SPEC: ClassVar[dict[str, Any]] = {}
+
+    config: Path | None = Field(
+        None,
+        description="Run spec file (.toml, .yaml or .json): env, model, connector pieces, sampling, algorithm. "
+        "Code it names may be imported by this process: it is its operator's choice.",
+    )
+    env: str | None = Field(None, description="Shorthand for --spec.env.id: the env to run (see the spec's env.id).")
+    seed: int | None = Field(None, description="Shorthand for --spec.seed.")
+    spec: RunSpec = Field(
+        default_factory=RunSpec,
+        description="The run spec; each of its fields is also a flag (--spec.algorithm.lr) and a variable "
+        "(RLGATE_SPEC__ALGORITHM__LR), over the --config file.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_under_flags(cls, data: Any) -> Any:
+        """The --config file is the base; fields set by flags or variables go on top of it."""
+        if not isinstance(data, dict):
+            return data
+        given = data.get("spec")
+        overrides = given.model_dump(exclude_unset=True) if isinstance(given, RunSpec) else dict(given or {})
+        merged = read_spec_file(Path(data["config"])) if data.get("config") else dict(cls.DEFAULT_SPEC)
+        for field, path in cls.SHORTHANDS.items():
+            if data.get(field) is not None:
+                overrides = _deep_merge(_nested(path, data[field]), overrides)
+        return {**data, "spec": _deep_merge(merged, overrides)}
+
+    def spec_given(self) -> bool:
+        """Whether anything said what the run is (a file, a shorthand or a spec field), beyond the defaults."""
+        return self.config is not None or self.spec != RunSpec.model_validate(self.DEFAULT_SPEC)
+
+
+def _nested(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """("env", "id"), "X" -> {"env": {"id": "X"}}."""
+    for key in reversed(path):
+        value = {key: value}
+    return value
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
