@@ -21,8 +21,9 @@ class SpecSettings(BaseSettings):
     """Settings fields that say what the run is (mixed into a process's settings).
 
     Put it first among a settings class's bases: pydantic takes the last base's model_config, and this
-    class leaves the process's own (env prefix, flag style) to the others. Subclasses may add shorthand fields (`SHORTHANDS`: field -> the spec field it sets) and a
-    `DEFAULT_SPEC` that stands in for a --config file when none is given.
+    class leaves the process's own (env prefix, flag style) to the others. Subclasses may add shorthand
+    fields (`SHORTHANDS`: field -> the spec field it sets) and a `DEFAULT_SPEC` that stands in for a
+    --config file when none is given.
     """
 
     SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {"env": ("env", "id"), "seed": ("seed",)}
