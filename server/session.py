@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlgate.core.columns import Columns
-from rlgate.core.tree import map_structure
+from rlgate.core.tree import flatten, map_structure, unbatch
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.rows import EpisodeRows
 from rlgate.server.step_table import StepTable
@@ -198,11 +198,13 @@ class Session:
             observations = table.get(Columns.OBS, first, t + 1, i)
         else:  # the newest observation is not in the table until record()
             latest = pending.latest_observation(i)
-            observations = map_structure(
-                lambda rows, last: np.concatenate([rows, np.asarray(last)[None]]),
-                table.get(Columns.OBS, first, t, i) if first < t else _empty_like(latest),
-                latest,
-            )
+            stored = table.get(Columns.OBS, first, t, i) if first < t else _empty_like(latest)
+            if _same_layout(stored, latest):
+                observations = map_structure(
+                    lambda rows, last: np.concatenate([rows, np.asarray(last)[None]]), stored, latest
+                )
+            else:  # earlier steps hold what a piece wrote back (e.g. one-hot), the newest is still as sent
+                observations = [*unbatch(stored), latest]
         done = end == self._row and bool(self._done[i])
         episode = SingleAgentEpisode(
             self._ids[i],
@@ -260,6 +262,14 @@ class _Step:
 
 
 _NONE = np.zeros(0, np.int64)
+
+
+def _same_layout(rows: Any, observation: Any) -> bool:
+    """Whether `observation` has the structure, and each leaf the shape, of one of `rows`' [T, ...] items."""
+    row_leaves, leaves = flatten(rows), flatten(observation)
+    return len(row_leaves) == len(leaves) and all(
+        np.shape(r)[1:] == np.shape(x) for r, x in zip(row_leaves, leaves, strict=True)
+    )
 
 
 def _empty_like(observation: Any) -> Any:

@@ -18,6 +18,7 @@ import pytest
 from support.reference_session import ReferenceSession
 
 from rlgate.connectors import ConnectorV2
+from rlgate.connectors.env_to_module import ObservationPreprocessor
 from rlgate.core.columns import Columns
 from rlgate.core.tree import batch, map_structure
 from rlgate.episodes import SingleAgentEpisode
@@ -93,6 +94,8 @@ class Twins:
 
 
 def random_obs(rng: np.random.Generator, space: gym.Space, n: int) -> Any:
+    if isinstance(space, gym.spaces.Discrete):
+        return rng.integers(0, space.n, n)
     if isinstance(space, gym.spaces.Dict):
         return {"pos": rng.uniform(-1, 1, (n, 2)).astype(np.float32), "mode": rng.integers(0, 3, n)}
     return rng.standard_normal((n, 4)).astype(np.float32)
@@ -164,6 +167,17 @@ class NegateObservations(ConnectorV2):
         return batch
 
 
+class OneHotEach(ObservationPreprocessor):
+    """A per-episode piece (it iterates the episodes) that changes the observations' shape: Discrete(5) -> Box(5)."""
+
+    def recompute_output_observation_space(self, input_observation_space: Any, input_action_space: Any) -> Any:
+        return gym.spaces.Box(0.0, 1.0, (5,), np.float32)
+
+    def preprocess(self, observation: Any, episode: Any) -> Any:
+        assert len(episode.get_observations()) == len(episode) + 1  # the episode built around the raw newest one
+        return np.eye(5, dtype=np.float32)[int(observation)]
+
+
 def policy_spec(model: ModelConfig | None, mean_std: bool) -> RunSpec:
     pieces = ["MeanStdFilter"] if mean_std else []
     return RunSpec.parse(
@@ -207,6 +221,12 @@ def test_stateful_module_reads_states_from_built_episodes() -> None:
     """An LSTM's STATE_IN comes from the episodes (the per-episode path): built from the table, same states,
     after the batched write-back of flattened, normalised Dict observations."""
     run_policies(DICT, ModelConfig(use_lstm=True, lstm_cell_size=8, fcnet_hiddens=(8,)), mean_std=True)
+
+
+def test_a_per_episode_piece_sees_written_back_history_and_the_newest_observation_as_sent() -> None:
+    """Earlier steps hold the one-hot vectors the piece wrote back, the newest is still the Discrete int:
+    the episode it reads is built in list mode (RLlib's), not concatenated into one array."""
+    run_policies(gym.spaces.Discrete(5), None, mean_std=False, first_piece=OneHotEach())
 
 
 def test_per_episode_write_back_reaches_the_shipped_episodes() -> None:
