@@ -3,6 +3,7 @@
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 # name -> (module whose `main(argv)` runs it, one-line help). Only commands that exist are listed.
@@ -24,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, help_text) in COMMANDS.items():
         commands.add_parser(name, help=help_text, add_help=False)
     args, rest = parser.parse_known_args(argv)
+    # A run spec names the user's code by import path: find it in the working directory too, as `python -m`
+    # would, but after everything installed, so nothing there can shadow an installed package.
+    sys.path.append(os.getcwd())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.main(rest) or 0)
