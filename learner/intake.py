@@ -19,6 +19,7 @@ from pathlib import Path
 
 import gymnasium as gym
 
+from rlgate.core import codec
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_from_proto
 from rlgate.v1 import learner_pb2
@@ -41,10 +42,14 @@ class _File:
 
 @dataclass
 class Intake:
-    """Pending chunks, the keys already seen, and episode returns for progress reporting."""
+    """Pending chunks, the keys already seen, and episode returns for progress reporting.
+
+    `observation_spaces`: the spaces a batch may say its observations are in (the env's and each
+    env-to-module piece's output); the first is assumed when a batch says none.
+    """
 
     directory: Path
-    observation_space: gym.Space
+    observation_spaces: list[gym.Space]
     action_space: gym.Space
     trained: set[str] = field(default_factory=set)  # keys in the last checkpoint
     pending: list[SingleAgentEpisode] = field(default_factory=list)
@@ -109,13 +114,19 @@ class Intake:
 
     def _add(self, batch: learner_pb2.EpisodeBatch) -> list[str]:
         accepted = []
+        try:
+            observation_space = self._observation_space(batch)
+        except ValueError as exc:
+            self.rejected += len(batch.episodes)
+            log.warning("rejected %d chunks from server %s: %s", len(batch.episodes), batch.server_id, exc)
+            return accepted
         for message in batch.episodes:
             key = chunk_key(message.id, message.chunk_index)
             if key in self._seen:
                 self.duplicates += 1
                 continue
             try:
-                episode = episode_from_proto(message, self.observation_space, self.action_space)
+                episode = episode_from_proto(message, observation_space, self.action_space)
             except ValueError as exc:  # CodecError included: one bad chunk never blocks the others
                 self.rejected += 1
                 log.warning("rejected chunk %s from server %s: %s", key, batch.server_id, exc)
@@ -126,6 +137,15 @@ class Intake:
             accepted.append(key)
             self._track_return(episode)
         return accepted
+
+    def _observation_space(self, batch: learner_pb2.EpisodeBatch) -> gym.Space:
+        """The space the batch's observations are in: what it says, if that is one of the known spaces."""
+        if not batch.HasField("observation_space"):
+            return self.observation_spaces[0]
+        space = codec.space_from_proto(batch.observation_space, "observation_space")
+        if space not in self.observation_spaces:
+            raise ValueError(f"observation_space {space} is neither the env's nor an env-to-module piece's")
+        return space
 
     def _track_return(self, episode: SingleAgentEpisode) -> None:
         total = self._running_return.pop(episode.id_, 0.0) + episode.get_return()

@@ -74,9 +74,11 @@ class Learner:
             optimizer_state=ckpt.optimizer_state if ckpt else None,
             env_steps=ckpt.env_steps if ckpt else 0,
         )
+        # Chunks hold observations as the servers' write-back pieces left them: the env's, or some piece's output.
+        pieces = [piece.observation_space for piece in self.connectors.connectors]
         self.intake = Intake(
             settings.checkpoint_dir / "intake",
-            self.connectors.observation_space,
+            [self.connectors.observation_space, self.observation_space, *pieces],
             self.action_space,
             trained=set(ckpt.trained_chunks if ckpt else ()),
             resume=settings.resume,
@@ -149,7 +151,12 @@ class Learner:
     async def train_once(self) -> None:
         episodes = self.intake.take()
         started = time.perf_counter()
-        stats = await self._in_trainer_thread(self.trainer.update, episodes)
+        try:
+            stats = await self._in_trainer_thread(self.trainer.update, episodes)
+        except Exception:  # e.g. a user's learner piece failing: say so, keep the service (and the rest) alive
+            self.metrics.failed_updates.inc()
+            log.exception("update failed: the %d env steps it took are not trained on", sum(map(len, episodes)))
+            return
         self.last_update = {**stats, "seconds": time.perf_counter() - started, "version": self.trainer.version}
         self._record(stats)
         await self._publish()

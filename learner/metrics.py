@@ -16,6 +16,11 @@ class LearnerMetrics:
             "rlgate_learner_duplicates", "Chunks dropped as already seen (episode id, chunk index).", registry=r
         )
         self.stale = Counter("rlgate_learner_stale_steps", "Env steps dropped for exceeding max_staleness.", registry=r)
+        self.failed_updates = Counter(
+            "rlgate_learner_failed_updates",
+            "Updates that raised (their data is not trained on; see the log).",
+            registry=r,
+        )
         self.staleness = Gauge(
             "rlgate_learner_staleness", "Mean versions between acting and training, last update.", registry=r
         )

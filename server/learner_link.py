@@ -140,11 +140,13 @@ class LearnerLink:
         if not episodes:
             return None
         seq = self.spool.next_seq()
+        space = episodes[0].observation_space  # what the pipeline's write-backs left (the same for all)
         batch = learner_pb2.EpisodeBatch(
             seq=seq,
             server_id=self.server_id,
             episodes=[episode_to_proto(e) for e in episodes],
             connector_state=codec.to_value(connector_delta) if connector_delta else None,
+            observation_space=codec.space_to_proto(space) if space is not None else None,
         )
         data = batch.SerializeToString()
         return seq, self.spool.write_tmp(seq, data), len(data)

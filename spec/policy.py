@@ -6,6 +6,7 @@ the same module. User code named in the spec is imported through the process's I
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -31,11 +32,7 @@ def _builtin_pieces() -> dict[str, Callable[..., ConnectorV2]]:
         for name in package.__all__:
             factory = getattr(package, name)
             target = getattr(factory, "func", factory)  # FrameStackingEnvToModule is a partial of FrameStacking
-            if (
-                isinstance(target, type)
-                and issubclass(target, ConnectorV2)
-                and not getattr(target, "__abstractmethods__", None)
-            ):
+            if isinstance(target, type) and issubclass(target, ConnectorV2) and not inspect.isabstract(target):
                 pieces[name] = factory
     return pieces
 
@@ -56,10 +53,28 @@ def build_piece(piece: PieceSpec, imports: ImportPolicy, what: str) -> Connector
                 f"{what}: no built-in connector piece {piece.type!r} (built-ins: {', '.join(sorted(BUILTIN_PIECES))}); "
                 "a piece of your own is 'package.module:Class'"
             )
+    accepted = _keyword_arguments(getattr(factory, "func", factory))
+    unknown = sorted(set(piece.kwargs) - accepted)
+    if unknown:
+        raise SpecError(
+            f"{what}: {piece.type} takes no argument {', '.join(unknown)} (it takes: {', '.join(sorted(accepted))})"
+        )
     try:
         return factory(**piece.kwargs)
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{what}: {piece.type}({piece.kwargs}): {exc}") from exc
+
+
+def _keyword_arguments(cls: type) -> set[str]:
+    """The named arguments the constructors of `cls` and its bases take (pieces pass **kwargs upwards,
+    so an unknown name would otherwise vanish without a word)."""
+    names = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            names |= {p.name for p in inspect.signature(init).parameters.values() if p.kind in kinds}
+    return names - {"self", "input_observation_space", "input_action_space"}
 
 
 def _pieces(pieces: list[PieceSpec], imports: ImportPolicy, pipeline: str) -> list[ConnectorV2]:

@@ -60,6 +60,13 @@ class EnvSpec(_Section):
         """The module this env's id names code from, if any."""
         return split_path(self.id)[0] if ":" in self.id else None
 
+    @field_validator("id")
+    @classmethod
+    def _path_if_qualified(cls, value: str) -> str:
+        if ":" in value:
+            split_path(value)
+        return value
+
 
 class PieceSpec(BaseModel):
     """One connector piece: `type` is a built-in piece's name or 'pkg.mod:PieceClass'; other keys are its
@@ -68,6 +75,13 @@ class PieceSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: str
+
+    @field_validator("type")
+    @classmethod
+    def _path_if_qualified(cls, value: str) -> str:
+        if ":" in value:
+            split_path(value)
+        return value
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -115,6 +129,13 @@ class ModelSpec(_Section):
 
     def module(self) -> str | None:
         return split_path(self.module_class)[0] if self.module_class else None
+
+    @field_validator("module_class")
+    @classmethod
+    def _import_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_path(value)
+        return value
 
     @model_validator(mode="after")
     def _catalog_config(self) -> ModelSpec:

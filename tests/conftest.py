@@ -13,6 +13,17 @@ from rlgate.server.main import InferenceServer
 from rlgate.server.settings import ServerSettings
 from rlgate.spec.run import RunSpec
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def examples_importable(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The repository's `examples` package importable (and nothing else of the repository's top level)."""
+    folder = tmp_path_factory.mktemp("path")
+    (folder / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
 
 @pytest.fixture
 def tls_files(tmp_path: Path) -> tuple[Path, Path]:

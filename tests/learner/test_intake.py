@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
+from rlgate.core import codec
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_to_proto
 from rlgate.learner.intake import Intake, chunk_key
@@ -25,7 +27,7 @@ def keys(chunks: list[SingleAgentEpisode]) -> list[str]:
 
 
 def intake_at(directory: Path, trained: set[str] | None = None) -> Intake:
-    return Intake(directory, OBSERVATION_SPACE, ACTION_SPACE, trained=trained or set())
+    return Intake(directory, [OBSERVATION_SPACE], ACTION_SPACE, trained=trained or set())
 
 
 @pytest.fixture
@@ -109,10 +111,26 @@ def test_an_intake_that_does_not_resume_sets_earlier_files_aside_unread(tmp_path
     earlier.accept(batch(first, seq=0))
     (written,) = tmp_path.glob("*.pb")
     data = written.read_bytes()
-    fresh = Intake(tmp_path, OBSERVATION_SPACE, ACTION_SPACE, resume=False)
+    fresh = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, resume=False)
     assert fresh.pending == [] and fresh.pending_steps == 0
     (aside,) = tmp_path.glob("set-aside-*/*.pb")  # kept, not deleted
     assert aside.read_bytes() == data
     fresh.accept(batch(second, seq=0))
     # Resuming later reads the fresh run's files only.
     assert keys(intake_at(tmp_path).pending) == keys(second)
+
+
+def test_a_batch_says_which_known_space_its_observations_are_in(tmp_path, cartpole_chunks):
+    """Observations stay as the servers' write-back pieces left them (a FrameStacking module input is never
+    written back); the intake decodes with the space the batch names, if it is one it knows."""
+    chunks = cartpole_chunks(40)
+    stacked = gym.spaces.Box(-1.0, 1.0, (12,), np.float32)  # e.g. the module's input after frame stacking
+    intake = Intake(tmp_path, [stacked, OBSERVATION_SPACE], ACTION_SPACE)
+    named = batch(chunks, seq=1)
+    named.observation_space.CopyFrom(codec.space_to_proto(OBSERVATION_SPACE))
+    assert intake.accept(named).accepted == len(chunks)
+    assert all(episode.observation_space == OBSERVATION_SPACE for episode in intake.pending)
+    foreign = batch(cartpole_chunks(40, seed=1), seq=2)
+    foreign.observation_space.CopyFrom(codec.space_to_proto(gym.spaces.Box(-1.0, 1.0, (7,), np.float32)))
+    ack = intake.accept(foreign)
+    assert ack.accepted == 0 and ack.rejected == len(foreign.episodes)

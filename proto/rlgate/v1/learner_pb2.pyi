@@ -28,6 +28,7 @@ class EpisodeBatch(_message.Message):
     SERVER_ID_FIELD_NUMBER: _builtins.int
     EPISODES_FIELD_NUMBER: _builtins.int
     CONNECTOR_STATE_FIELD_NUMBER: _builtins.int
+    OBSERVATION_SPACE_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Per-stream sequence number, echoed in the ack; a batch is deleted from the spool only after its ack."""
     server_id: _builtins.str
@@ -38,6 +39,14 @@ class EpisodeBatch(_message.Message):
     def connector_state(self) -> _tensor_pb2.Value:
         """Connector statistics gathered since the last batch (e.g. MeanStdFilter count/mean/M2 deltas)."""
 
+    @_builtins.property
+    def observation_space(self) -> _tensor_pb2.Space:
+        """The space of the episodes' observations as the server's env-to-module pipeline left them: the output
+        of its last piece that writes observations back (MeanStdFilter, FlattenObservations, ...), not of
+        pieces that only build the module's input (FrameStacking). The learner decodes the chunks with it,
+        if it is the env's space or one of its own pipeline's; unset: the env-to-module pipeline's output.
+        """
+
     def __init__(
         self,
         *,
@@ -45,10 +54,11 @@ class EpisodeBatch(_message.Message):
         server_id: _builtins.str = ...,
         episodes: _abc.Iterable[_episode_pb2.Episode] | None = ...,
         connector_state: _tensor_pb2.Value | None = ...,
+        observation_space: _tensor_pb2.Space | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["connector_state", b"connector_state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["connector_state", b"connector_state", "observation_space", b"observation_space"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connector_state", b"connector_state", "episodes", b"episodes", "seq", b"seq", "server_id", b"server_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connector_state", b"connector_state", "episodes", b"episodes", "observation_space", b"observation_space", "seq", b"seq", "server_id", b"server_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

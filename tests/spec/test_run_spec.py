@@ -1,0 +1,188 @@
+"""The run spec: files and flags, validation messages, imports only where allowed, pipelines and modules built."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
+from rlgate.learner.settings import LearnerSettings
+from rlgate.models import ModelConfig
+from rlgate.spec.env import env_spaces, make_env
+from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_module_to_env, build_rl_module
+from rlgate.spec.run import EnvSpec, RunSpec
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CARTPOLE = gym.make("CartPole-v1")
+
+TOML = """
+[env]
+id = "CartPole-v1"
+num_envs = 3
+
+[model.config]
+fcnet_hiddens = [16]
+
+[connectors]
+env_to_module = ["MeanStdFilter", { type = "FrameStackingEnvToModule", num_frames = 2 }]
+learner = [{ type = "FrameStackingLearner", num_frames = 2 }]
+
+[sampling]
+rollout_fragment_length = 50
+
+[algorithm]
+lr = 0.0003
+"""
+
+
+def test_toml_yaml_and_json_files_read_into_the_same_spec(tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(TOML)
+    spec = RunSpec.load(tmp_path / "run.toml")
+    assert spec.env.num_envs == 3 and spec.algorithm.lr == 3e-4 and spec.sampling.rollout_fragment_length == 50
+    assert [p.type for p in spec.connectors.env_to_module] == ["MeanStdFilter", "FrameStackingEnvToModule"]
+    assert spec.connectors.env_to_module[1].kwargs == {"num_frames": 2}
+    (tmp_path / "run.json").write_text(spec.to_json())
+    assert RunSpec.load(tmp_path / "run.json") == spec
+    yaml = "env: {id: CartPole-v1, num_envs: 3}\nalgorithm: {lr: 0.0003}\n"
+    (tmp_path / "run.yaml").write_text(yaml)
+    assert RunSpec.load(tmp_path / "run.yaml").algorithm.lr == 3e-4
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[algorithm]\nlr = -1\n", "algorithm.lr: Input should be greater than 0"),
+        ("[algorithm]\nlearning_rate = 0.1\n", "algorithm.learning_rate: Extra inputs are not permitted"),
+        ("[model.config]\nfcnet_hidens = [8]\n", "model.config"),
+        ("[sampling]\nbatch_mode = 'whole'\n", "sampling.batch_mode"),
+        ("[env\nid = 1\n", "not valid TOML"),
+    ],
+)
+def test_a_bad_file_names_itself_and_the_field(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=r"bad\.toml") as raised:
+        RunSpec.load(path)
+    assert message in str(raised.value)
+
+
+def test_flags_and_variables_override_single_fields_of_the_file(tmp_path: Path, monkeypatch) -> None:
+    assert not LearnerSettings(_cli_parse_args=[]).spec_given()
+    (tmp_path / "run.toml").write_text(TOML)
+    monkeypatch.setenv("RLGATE_SPEC__SAMPLING__ROLLOUT_FRAGMENT_LENGTH", "7")
+    argv = ["--config", str(tmp_path / "run.toml"), "--spec.algorithm.lr", "0.01", "--env", "Acrobot-v1", "--seed", "5"]
+    settings = LearnerSettings(_cli_parse_args=argv)
+    spec = settings.spec
+    assert spec.algorithm.lr == 0.01  # the flag
+    assert spec.sampling.rollout_fragment_length == 7  # the variable
+    assert spec.env.id == "Acrobot-v1" and spec.env.num_envs == 3 and spec.seed == 5  # shorthands over the file
+    assert spec.connectors.learner[0].kwargs == {"num_frames": 2}  # the rest of the file
+    assert settings.spec_given()
+
+
+def test_code_is_imported_only_from_allowed_modules(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "userpkg").mkdir()
+    (tmp_path / "userpkg" / "__init__.py").write_text("")
+    (tmp_path / "userpkg" / "pieces.py").write_text(
+        "from rlgate.connectors import ConnectorV2\n"
+        "class Noop(ConnectorV2):\n"
+        "    def __call__(self, *, batch, **kwargs):\n"
+        "        return batch\n"
+        "NOT_A_PIECE = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "userpkg.pieces", raising=False)
+    spec = RunSpec.parse({"connectors": {"env_to_module": [{"type": "userpkg.pieces:Noop"}]}}, "test")
+    assert spec.modules() == ["userpkg.pieces"]
+    with pytest.raises(SpecError, match=r"may not import.*--allow-import userpkg"):
+        build_env_to_module(spec, CARTPOLE.observation_space, CARTPOLE.action_space, ImportPolicy())
+    assert "userpkg.pieces" not in sys.modules  # refused before importing anything
+    pipeline = build_env_to_module(spec, CARTPOLE.observation_space, CARTPOLE.action_space, ImportPolicy(["userpkg"]))
+    assert pipeline[0].name == "Noop"
+    assert not ImportPolicy(["user"]).allows("userpkg.pieces")  # a prefix of a name is not its package
+    bad = RunSpec.parse({"connectors": {"env_to_module": [{"type": "userpkg.pieces:NOT_A_PIECE"}]}}, "test")
+    with pytest.raises(SpecError, match="not a ConnectorV2 subclass"):
+        build_env_to_module(bad, CARTPOLE.observation_space, CARTPOLE.action_space, ImportPolicy(["userpkg"]))
+
+
+@pytest.mark.parametrize(
+    ("piece", "message"),
+    [
+        ({"type": "FrameStackng"}, "no built-in connector piece 'FrameStackng'"),
+        ({"type": "FrameStackingEnvToModule", "frames": 4}, "takes no argument frames (it takes: "),
+    ],
+)
+def test_a_bad_piece_is_refused_with_its_place_and_the_reason(piece: dict, message: str) -> None:
+    spec = RunSpec.parse({"connectors": {"env_to_module": ["MeanStdFilter", piece]}}, "test")
+    with pytest.raises(SpecError, match=r"connectors\.env_to_module\[1\]") as raised:
+        build_env_to_module(spec, CARTPOLE.observation_space, CARTPOLE.action_space, ImportPolicy())
+    assert message in str(raised.value)
+
+
+def test_an_import_path_that_is_not_one_fails_when_the_spec_is_read() -> None:
+    with pytest.raises(SpecError, match=r"connectors.env_to_module.0.type.*is not an import path"):
+        RunSpec.parse({"connectors": {"env_to_module": [{"type": "not a path:X"}]}}, "test")
+
+
+def test_user_pieces_come_first_and_flattening_follows_them_when_the_model_needs_it() -> None:
+    space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "mode": gym.spaces.Discrete(3)})
+    spec = RunSpec.parse({"connectors": {"env_to_module": ["MeanStdFilter"]}}, "test")
+    pipeline = build_env_to_module(spec, space, gym.spaces.Discrete(2), ImportPolicy())
+    assert isinstance(pipeline[0], MeanStdFilter) and isinstance(pipeline[1], FlattenObservations)
+    assert pipeline.observation_space == gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)
+    plain = build_env_to_module(spec, CARTPOLE.observation_space, CARTPOLE.action_space, ImportPolicy())
+    assert not any(isinstance(piece, FlattenObservations) for piece in plain.connectors)
+    learner = build_learner_connector(RunSpec.parse(tomllib.loads(TOML), "test"), *CARTPOLE_SPACES, ImportPolicy())
+    assert [p.name for p in learner.connectors][:2] == ["AddOneTsToEpisodesAndTruncate", "FrameStacking"]
+    assert learner.connectors[-1].name == "GeneralAdvantageEstimation"
+    assert build_module_to_env(spec, *CARTPOLE_SPACES, ImportPolicy())[-1].name == "ListifyDataForVectorEnv"
+
+
+CARTPOLE_SPACES = (CARTPOLE.observation_space, CARTPOLE.action_space)
+
+
+def test_the_module_follows_the_model_section_and_the_seed(examples_importable) -> None:
+    spec = RunSpec.parse({"model": {"config": {"fcnet_hiddens": [16]}}, "seed": 1}, "test")
+    first, second = (build_rl_module(spec, *CARTPOLE_SPACES, ImportPolicy()) for _ in range(2))
+    assert first.model_config == ModelConfig(fcnet_hiddens=(16,))
+    assert all((a == b).all() for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True))
+    custom = RunSpec.parse(
+        {"model": {"module_class": "examples.tiny_module:TinyActorCritic", "config": {"hidden": 8}}}, "test"
+    )
+    with pytest.raises(SpecError, match=r"names code in 'examples\.tiny_module', which this process may not import"):
+        build_rl_module(custom, *CARTPOLE_SPACES, ImportPolicy())
+    module = build_rl_module(custom, *CARTPOLE_SPACES, ImportPolicy(["examples"]))
+    assert module.model_config == {"hidden": 8} and module.body[0].out_features == 8
+
+
+def test_envs_by_registered_id_class_factory_or_registering_module(examples_importable) -> None:
+    imports = ImportPolicy(["examples"])
+    corridor = EnvSpec(id="examples.corridor:Corridor", kwargs={"length": 5})
+    assert env_spaces(corridor, imports)[0] == gym.spaces.Discrete(5)
+    stateless = EnvSpec(id="examples.stateless_cartpole:StatelessCartPole-v1", num_envs=3)
+    vector = make_env(stateless, imports)
+    assert vector.num_envs == 3 and vector.single_observation_space.shape == (2,)
+    vector.close()
+    assert env_spaces(EnvSpec(id="CartPole-v1", kwargs={"max_episode_steps": 7}), imports) == CARTPOLE_SPACES
+    with pytest.raises(SpecError, match=r"env\.id"):
+        env_spaces(EnvSpec(id="NoSuchEnv-v9"), imports)
+    with pytest.raises(SpecError, match="may not import"):
+        env_spaces(corridor, ImportPolicy())
+
+
+@pytest.mark.parametrize(
+    "path", sorted(EXAMPLES.glob("*.toml")) + sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_example_spec_builds_its_policy(path: Path, examples_importable) -> None:
+    spec = RunSpec.load(path)
+    imports = ImportPolicy(spec.modules())
+    observation_space, action_space = env_spaces(spec.env, imports)
+    pipeline = build_env_to_module(spec, observation_space, action_space, imports)
+    module = build_rl_module(spec, pipeline.observation_space, action_space, imports)
+    build_learner_connector(spec, module.observation_space, module.action_space, imports)
