@@ -76,8 +76,6 @@ def run(settings: UpSettings) -> int:
             *("serve", "--learner", f"127.0.0.1:{learner_port}", "--port", server_port, "--http-port", server_http),
             *("--spool-dir", run_dir / "spool", "--seed", spec.seed if spec.seed is not None else 0),
             *("--allow-import", json.dumps(spec.policy_modules())),  # the operator of `up` chose this spec
-            "--steps-per-version",  # sample at the learner's pace: on-policy data, no stale piles
-            spec.algorithm.train_batch_size,
         ],
         "envs": [
             *("env", "--server", f"127.0.0.1:{server_port}", "--config", spec_file),

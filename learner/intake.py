@@ -1,9 +1,11 @@
 """Episode intake: chunks from every server, de-duplicated, kept on disk until a checkpoint holds them.
 
 A batch is acknowledged only after it is written to `intake_dir`, and its file is deleted only after a
-checkpoint includes the update that trained on it. A learner killed at any moment therefore restarts
-from its last checkpoint, reloads the chunks trained since (or never trained) from the intake files,
-and recognises every re-sent chunk by (episode id, chunk index): each chunk is trained on exactly once.
+checkpoint includes the updates that trained on all its chunks. A learner killed at any moment therefore
+restarts from its last checkpoint, reloads the chunks trained since (or never trained) from the intake
+files, and recognises every re-sent chunk by (episode id, chunk index): each step is trained on exactly
+once. An update takes exactly `train_batch_size` steps, oldest chunks first, splitting the last one; how
+far a split chunk was taken goes into checkpoints too, so a restart trains only its remainder.
 A learner that does not resume (a fresh model) sets an earlier run's intake files aside, unread: their
 actions came from another model, whose version numbers mean nothing to the new one.
 """
@@ -18,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 
 from rlgate.core import codec
+from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_from_proto
 from rlgate.v1 import learner_pb2
@@ -37,7 +41,6 @@ def chunk_key(episode_id: str, chunk_index: int) -> str:
 class _File:
     path: Path
     keys: list[str]
-    trained: bool = False
 
 
 @dataclass
@@ -52,7 +55,8 @@ class Intake:
     observation_spaces: list[gym.Space]
     action_space: gym.Space
     trained: set[str] = field(default_factory=set)  # keys in the last checkpoint
-    pending: list[SingleAgentEpisode] = field(default_factory=list)
+    partial: dict[str, int] = field(default_factory=dict)  # key -> steps of that chunk trained, last checkpoint
+    pending: deque[SingleAgentEpisode] = field(default_factory=deque)  # oldest first
     pending_steps: int = 0
     episodes_finished: int = 0
     duplicates: int = 0
@@ -60,12 +64,15 @@ class Intake:
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     return_history: list[tuple[float, float]] = field(default_factory=list)  # (unix time, return)
     resume: bool = True  # reload the intake files found in `directory`; False: set them aside
+    lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.resume:
             _set_aside(self.directory)
         self._seen = set(self.trained)
+        self._finished: set[str] = set()  # keys taken whole (or dropped as stale) since the last checkpoint
+        self._taken = dict(self.partial)  # key -> steps of a split chunk taken so far
         self._files: list[_File] = []
         self._running_return: dict[str, float] = {}
         for path in sorted(self.directory.glob("*.pb"), key=lambda p: p.stat().st_mtime):
@@ -91,22 +98,52 @@ class Intake:
             rejected=self.rejected - rejected,
         )
 
-    def take(self) -> list[SingleAgentEpisode]:
-        """All pending chunks, for one update; their files become deletable at the next checkpoint."""
-        episodes, self.pending, self.pending_steps = self.pending, [], 0
-        for file in self._files:
-            file.trained = True
-        return episodes
+    def drop_stale(self, min_version: int) -> int:
+        """Drop pending chunks all of whose actions came from versions older than `min_version`; their steps."""
+        stale = [chunk for chunk in self.pending if _newest_version(chunk) < min_version]
+        if not stale:
+            return 0
+        self.pending = deque(chunk for chunk in self.pending if _newest_version(chunk) >= min_version)
+        for chunk in stale:
+            self._finish(chunk_key(chunk.id_, chunk.chunk_index))
+        steps = sum(len(chunk) for chunk in stale)
+        self.pending_steps -= steps
+        return steps
 
-    def checkpoint_state(self) -> tuple[list[str], list[Path]]:
-        """What a checkpoint written now covers: all trained keys, and the intake files it makes redundant."""
-        done = [f for f in self._files if f.trained]
-        keys = self.trained.union(*(f.keys for f in done))
-        return sorted(keys), [f.path for f in done]
+    def take(self, steps: int) -> list[SingleAgentEpisode]:
+        """Exactly `steps` env steps (or all there are) for one update, oldest chunks first; the last one is
+        split if it is longer than needed, and its remainder stays first in line."""
+        batch, taken = [], 0
+        while taken < steps and self.pending:
+            chunk = self.pending.popleft()
+            key = chunk_key(chunk.id_, chunk.chunk_index)
+            need = steps - taken
+            if len(chunk) > need:
+                self.pending.appendleft(chunk.slice(slice(need, None), len_lookback_buffer=self.lookback))
+                self._taken[key] = self._taken.get(key, 0) + need
+                chunk = chunk.slice(slice(0, need))
+            else:
+                self._finish(key)
+            batch.append(chunk)
+            taken += len(chunk)
+        self.pending_steps -= taken
+        return batch
+
+    def _finish(self, key: str) -> None:
+        self._finished.add(key)
+        self._taken.pop(key, None)
+
+    def checkpoint_state(self) -> tuple[list[str], dict[str, int], list[Path]]:
+        """What a checkpoint written now covers: every trained key, how far split chunks were taken, and the
+        intake files it makes redundant (all their chunks taken whole)."""
+        keys = self.trained | self._finished
+        done = [f.path for f in self._files if keys.issuperset(f.keys)]
+        return sorted(keys), dict(self._taken), done
 
     def checkpointed(self, keys: list[str], files: list[Path]) -> None:
         """A checkpoint with these keys is on disk: delete the files it covers."""
         self.trained.update(keys)
+        self._finished.difference_update(keys)
         gone = set(files)
         for path in gone:
             path.unlink(missing_ok=True)
@@ -132,6 +169,8 @@ class Intake:
                 log.warning("rejected chunk %s from server %s: %s", key, batch.server_id, exc)
                 continue
             self._seen.add(key)
+            if key in self._taken:  # split before a restart: its first steps are trained already
+                episode = episode.slice(slice(self._taken[key], None), len_lookback_buffer=self.lookback)
             self.pending.append(episode)
             self.pending_steps += len(episode)
             accepted.append(key)
@@ -155,6 +194,14 @@ class Intake:
             self.return_history.append((time.time(), total))
         else:
             self._running_return[episode.id_] = total
+
+
+def _newest_version(chunk: SingleAgentEpisode) -> int:
+    """The model version that chose the chunk's last action (as new as any in it); unknown counts as fresh."""
+    versions = chunk.extra_model_outputs.get(Columns.MODEL_VERSION)
+    if versions is None or not len(chunk):
+        return np.iinfo(np.int64).max
+    return int(np.max(versions.get(slice(0, len(chunk)))))
 
 
 def _set_aside(directory: Path) -> None:

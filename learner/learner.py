@@ -81,8 +81,11 @@ class Learner:
             [self.connectors.observation_space, self.observation_space, *pieces],
             self.action_space,
             trained=set(ckpt.trained_chunks if ckpt else ()),
+            partial=dict(ckpt.partial_chunks if ckpt else {}),
             resume=settings.resume,
+            lookback=self.spec.sampling.episode_lookback_horizon,
         )
+        self.watchers = 0  # servers watching for weights now
         self.weights = self._weights_message()
         self.last_update: dict[str, Any] = {}
         self.history: list[dict[str, float]] = []
@@ -90,26 +93,39 @@ class Learner:
         self._published = asyncio.Condition()
         # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
         self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-trainer")
-        self._data = asyncio.Event()
-        if self.intake.pending_steps >= self.spec.algorithm.train_batch_size:  # a full batch survived a restart
-            self._data.set()
+        # Intake changes: a batch came in (an update may start), or an update took its steps (room for more).
+        self._intake_changed = asyncio.Condition()
         self.chunks_accepted = 0  # episode chunks taken into the intake by this process
+        self.max_pending_steps = self.intake.pending_steps  # the most the intake held (it stays near one batch)
         self.stale_steps = 0  # env steps dropped for exceeding max_staleness, by this process
         self.metrics.model_version.set(self.trainer.version)
 
     # --- data in, weights out ---------------------------------------------------------------------
 
-    def accept(self, batch: learner_pb2.EpisodeBatch) -> learner_pb2.EpisodeAck:
-        """Take a server's batch into the intake (durably), merge its connector statistics; the ack."""
-        ack = self.intake.accept(batch)
+    async def accept(self, batch: learner_pb2.EpisodeBatch) -> learner_pb2.EpisodeAck:
+        """Take a server's batch into the intake (durably), merge its connector statistics; the ack.
+
+        Pacing: a batch is taken (and acknowledged) only while the intake holds less than one train batch.
+        While an update runs, the servers' next train batch comes in; then acks stop, the servers' unacked
+        steps reach the window the weights tell them (`max_unacked_steps`), and they pause sampling until
+        the next update takes its batch. So sampling overlaps training by one version, and no topology
+        piles up data the learner cannot use.
+        """
+        async with self._intake_changed:
+            await self._intake_changed.wait_for(self._has_room)
+            ack = self.intake.accept(batch)
+            self._intake_changed.notify_all()
         if batch.HasField("connector_state"):
             self._merge_connector_state(batch)
         self.chunks_accepted += ack.accepted
         self.metrics.duplicates.inc(ack.duplicates)
         self.metrics.episodes.inc(ack.accepted)
-        if self.intake.pending_steps >= self.spec.algorithm.train_batch_size:
-            self._data.set()
+        self.metrics.pending_steps.set(self.intake.pending_steps)
+        self.max_pending_steps = max(self.max_pending_steps, self.intake.pending_steps)
         return ack
+
+    def _has_room(self) -> bool:
+        return self.intake.pending_steps < self.spec.algorithm.train_batch_size
 
     async def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
         """Every version newer than `version`, as it is published (the newest first, if newer already)."""
@@ -119,12 +135,16 @@ class Learner:
             await self._in_trainer_thread(self._skip_version, version + 1)
             await self._publish()
             log.info("server %s has version %d: published version %d", server_id, version, self.weights.version)
-        while True:
-            async with self._published:
-                await self._published.wait_for(lambda v=version: self.weights.version > v)
-                weights = self.weights
-            version = weights.version
-            yield weights
+        self.watchers += 1
+        try:
+            while True:
+                async with self._published:
+                    await self._published.wait_for(lambda v=version: self.weights.version > v)
+                    weights = self.weights
+                version = weights.version
+                yield weights
+        finally:
+            self.watchers -= 1
 
     def status_message(self) -> learner_pb2.LearnerStatus:
         mean = self.mean_return()
@@ -140,16 +160,26 @@ class Learner:
     # --- training -----------------------------------------------------------------------------------
 
     async def train_forever(self) -> None:
-        """Update whenever train_batch_size env steps are pending; publish; checkpoint every N updates."""
+        """Update whenever a train batch is pending; publish; checkpoint every N updates."""
         while True:
-            await self._data.wait()
-            self._data.clear()
-            if self.intake.pending_steps < self.spec.algorithm.train_batch_size:
-                continue
             await self.train_once()
 
     async def train_once(self) -> None:
-        episodes = self.intake.take()
+        """Wait for a train batch (dropping chunks too stale to train on), take exactly it, update."""
+        size = self.spec.algorithm.train_batch_size
+        async with self._intake_changed:
+            while True:
+                stale = self.intake.drop_stale(self.trainer.version - self.settings.max_staleness)
+                if stale:
+                    self.stale_steps += stale
+                    self.metrics.stale.inc(stale)
+                    log.info("dropped %d env steps older than max_staleness=%d", stale, self.settings.max_staleness)
+                if self.intake.pending_steps >= size:
+                    break
+                await self._intake_changed.wait()
+            episodes = self.intake.take(size)
+            self._intake_changed.notify_all()  # room for the next batch, sampled while this one trains
+        self.metrics.pending_steps.set(self.intake.pending_steps)
         started = time.perf_counter()
         try:
             stats = await self._in_trainer_thread(self.trainer.update, episodes)
@@ -172,13 +202,13 @@ class Learner:
 
     async def save_checkpoint(self) -> Path:
         """Write a checkpoint (on the trainer thread, so never during an update), then drop intake files."""
-        keys, files = self.intake.checkpoint_state()
-        path = await self._in_trainer_thread(self._write_checkpoint, keys)
+        keys, partial, files = self.intake.checkpoint_state()
+        path = await self._in_trainer_thread(self._write_checkpoint, keys, partial)
         self.intake.checkpointed(keys, files)
         log.info("checkpoint %s", path)
         return path
 
-    def _write_checkpoint(self, trained_chunks: list[str]) -> Path:
+    def _write_checkpoint(self, trained_chunks: list[str], partial_chunks: dict[str, int]) -> Path:
         return checkpoint.save(
             self.settings.checkpoint_dir,
             version=self.trainer.version,
@@ -189,6 +219,7 @@ class Learner:
             optimizer=self.trainer.optimizer,
             connector_state=self.connectors.get_state(),
             trained_chunks=trained_chunks,
+            partial_chunks=partial_chunks,
             env_steps=self.trainer.env_steps,
         )
 
@@ -221,8 +252,14 @@ class Learner:
             observation_space=codec.space_to_proto(self.observation_space),
             action_space=codec.space_to_proto(self.action_space),
             spec_json=self.spec.to_json(),
+            max_unacked_steps=self._sampling_window(),
             connector_state=codec.to_value(self.connectors.get_state()),
         )
+
+    def _sampling_window(self) -> int:
+        """Env steps each server may hold unacknowledged before it pauses sampling: half a train batch
+        shared among the servers watching, so that what waits on them while an update runs is fresh."""
+        return max(1, self.spec.algorithm.train_batch_size // (2 * max(self.watchers, 1)))
 
     def _record(self, stats: dict[str, Any]) -> None:
         m = self.metrics
@@ -243,7 +280,14 @@ class Learner:
             m.mean_return.set(mean)
         elapsed = time.time() - self.started
         m.episodes_per_s.set(self.intake.episodes_finished / max(elapsed, 1e-9))
-        self.history.append({"t": elapsed, "env_steps": self.trainer.env_steps, "version": self.trainer.version})
+        self.history.append(
+            {
+                "t": elapsed,
+                "env_steps": self.trainer.env_steps,
+                "version": self.trainer.version,
+                "batch_steps": stats["env_steps"],
+            }
+        )
         del self.history[:-HISTORY]
 
     def mean_return(self) -> float | None:
@@ -257,6 +301,7 @@ class Learner:
             "episodes": self.intake.episodes_finished,
             "mean_return": self.mean_return(),
             "pending_steps": self.intake.pending_steps,
+            "max_pending_steps": self.max_pending_steps,
             "duplicates": self.intake.duplicates,
             "stale_steps": self.stale_steps,
             "last_update": self.last_update,

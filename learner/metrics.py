@@ -21,6 +21,10 @@ class LearnerMetrics:
             "Updates that raised (their data is not trained on; see the log).",
             registry=r,
         )
+        self.pending_steps = Gauge(
+            "rlgate_learner_pending_steps", "Env steps taken in and not yet trained on (at most about a train batch).",
+            registry=r,
+        )
         self.staleness = Gauge(
             "rlgate_learner_staleness", "Mean versions between acting and training, last update.", registry=r
         )

@@ -6,12 +6,11 @@ only while more requests are known to be on their way (messages received but sti
 so a lone client never pays for batching. Requests of sessions that explore and of sessions that act
 greedily go into separate forward passes.
 
-With `steps_per_version` set, the batcher pauses once that many env steps came in under one model
-version, until the next version arrives (`new_version()`): sampling then runs at the learner's pace,
-as on-policy training wants, instead of piling up stale data. It also pauses while `backlogged()` says
-the learner is behind (the server's spool is full), until `wake()`. While waiting for a version it calls
-`flush()` on every wake-up, so that every step taken so far reaches the learner, which therefore never
-waits for data.
+Sampling keeps the learner's pace: the batcher pauses while `waiting_for_acks()` says the learner has
+not taken enough of what this server shipped (the learner's window of unacknowledged steps), and while
+`backlogged()` says the spool is full, until `wake()`. While waiting for acks it calls `flush()` on every
+wake-up, so that every step taken so far reaches the learner, which therefore never waits for data that
+sits in a paused server's running episodes.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ class Request:
     obs: Any
     episodes: EpisodeRows
     explore: bool
-    env_steps: int  # transitions its message completed (for steps_per_version)
     future: asyncio.Future = field(repr=False)
 
 
@@ -62,16 +60,15 @@ class Batcher:
         max_batch_size: int,
         max_wait_us: int,
         metrics: ServerMetrics,
-        steps_per_version: int = 0,
+        waiting_for_acks: Callable[[], bool] = lambda: False,
         flush: Callable[[], None] = lambda: None,
         backlogged: Callable[[], bool] = lambda: False,
         thread: bool = False,
     ) -> None:
         self.policy = policy
-        self.steps_per_version = steps_per_version
+        self._waiting_for_acks = waiting_for_acks
         self._flush = flush
         self._backlogged = backlogged
-        self._steps_in_version = 0
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_us / 1e6
         self.metrics = metrics
@@ -97,21 +94,12 @@ class Batcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    async def compute(self, obs: Any, episodes: EpisodeRows, explore: bool, env_steps: int = 0) -> dict[str, Any]:
-        """Actions and extra outputs for these rows (same row order), from the next batch.
-
-        `env_steps` is how many transitions the request's message completed (for steps_per_version); they
-        count when the request goes into a batch, so a request held by a pause counts under the next version.
-        """
+    async def compute(self, obs: Any, episodes: EpisodeRows, explore: bool) -> dict[str, Any]:
+        """Actions and extra outputs for these rows (same row order), from the next batch."""
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(Request(obs, episodes, explore, env_steps, future))
+        self._queue.append(Request(obs, episodes, explore, future))
         self._wakeup.set()
         return await future
-
-    def new_version(self) -> None:
-        """The policy has a new model version: count steps afresh, and resume if paused."""
-        self._steps_in_version = 0
-        self.wake()
 
     def wake(self) -> None:
         """Look again whether to pause (the learner caught up, say)."""
@@ -121,20 +109,17 @@ class Batcher:
         return self.pause_reason() is not None
 
     def pause_reason(self) -> str | None:
-        """Why no batch runs now, if so: the version's steps are all taken, or the learner is behind."""
-        if self._version_done():
-            return "waiting for the next model version"
+        """Why no batch runs now, if so: the learner has not taken what was shipped, or the spool is full."""
+        if self._waiting_for_acks():
+            return "waiting for the learner to take the steps shipped"
         if self._backlogged():
             return "spool full: waiting for the learner"
         return None
 
-    def _version_done(self) -> bool:
-        return 0 < self.steps_per_version <= self._steps_in_version
-
-    def _flush_if_version_done(self) -> None:
-        """Ship every step taken so far when the learner needs them all for the next version (a full
-        spool alone does not flush: the learner has data, and flushing would only cut episodes short)."""
-        if self._version_done():
+    def _flush_if_waiting_for_acks(self) -> None:
+        """Ship every step taken so far when the learner is to take them (a full spool alone does not flush:
+        the learner has data, and flushing would only cut episodes short)."""
+        if self._waiting_for_acks():
             try:
                 self._flush()
             except Exception:  # a bug in shipping must not stop the batcher: every session would hang
@@ -154,7 +139,6 @@ class Batcher:
             while self._queue and not self.paused():
                 await self._gather_arriving()
                 taken = self._take()
-                self._steps_in_version += sum(request.env_steps for request in taken)
                 try:
                     if self._executor is None:
                         results = self._compute(taken)
@@ -169,7 +153,7 @@ class Batcher:
                     if not request.future.done():  # the client may have gone meanwhile
                         request.future.set_result(result)
                 await asyncio.sleep(0)  # let the streams answered, and those whose messages arrived, go on
-            self._flush_if_version_done()
+            self._flush_if_waiting_for_acks()
 
     async def _gather_arriving(self) -> None:
         """While requests are known to be on their way and the batch is not full, wait up to max_wait."""

@@ -7,10 +7,13 @@ file is sent again (the learner drops duplicates by episode id and chunk index).
 killed keeps its spool on disk and sends it after restart; only chunks still in memory are lost,
 and `stop()` says how many.
 
-The spool is bounded: once it holds `max_spool_bytes`, `full()` is true and the server stops sampling
-(the batcher pauses) until acks bring it back under the limit, when `on_room` is called. A learner that
-is down or slower than the servers therefore stalls the env clients instead of filling the disk; what
-was already accepted still ships, so the spool overshoots the limit by at most the chunks in flight.
+Pacing comes from the learner: its weights say how many shipped env steps a server may hold
+unacknowledged (`window`, from `Weights.max_unacked_steps`), and the learner acknowledges only while it
+has room for a train batch. Once `over_window()`, the server pauses sampling (and flushes its running
+episodes); acks bring it back under, and `on_room` is called. The spool is bounded as well: once it
+holds `max_spool_bytes`, `full()` is true and sampling pauses the same way. A learner that is down or
+slower than the servers therefore stalls the env clients instead of piling up stale data or filling the
+disk; what was already accepted still ships, so the limits are overshot by at most the chunks in flight.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class LearnerLink:
         self._connector_delta = connector_delta
         self._metadata = bearer_metadata(token)
         self._on_room = on_room
+        self.window = 0  # max unacked env steps, from the learner's weights; 0: no limit
+        self._queued_steps = 0  # env steps shipped and not yet in the spool
         self._queue: list[SingleAgentEpisode] = []
         self._queued = asyncio.Event()
         self._spooled = asyncio.Event()
@@ -94,11 +99,20 @@ class LearnerLink:
     def ship(self, episodes: list[SingleAgentEpisode]) -> None:
         if episodes:
             self._queue.extend(episodes)
+            self._queued_steps += sum(len(episode) for episode in episodes)
             self._queued.set()
 
     def full(self) -> bool:
         """The spool is full: sampling should wait for the learner."""
         return self.spool.full()
+
+    def unacked_steps(self) -> int:
+        """Env steps shipped that the learner has not acknowledged yet (queued or spooled)."""
+        return self._queued_steps + self.spool.steps
+
+    def over_window(self) -> bool:
+        """The learner's pace: it has not acknowledged `window` env steps yet; sampling should wait."""
+        return 0 < self.window <= self.unacked_steps()
 
     async def stop(self, flush_timeout_s: float) -> None:
         """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
@@ -129,8 +143,8 @@ class LearnerLink:
                 self._add_to_spool(await asyncio.to_thread(self._write_batch, delta))
             self._spooled.set()
 
-    def _write_batch(self, connector_delta: dict | None = None) -> tuple[int, Path, int] | None:
-        """Everything queued becomes one batch, written to a temporary file: its (seq, file, size), or None
+    def _write_batch(self, connector_delta: dict | None = None) -> tuple[int, Path, int, int] | None:
+        """Everything queued becomes one batch, written to a temporary file: its (seq, file, size, steps), or None
         when nothing was queued. May run on a worker thread; `_add_to_spool` then puts it in the spool.
 
         The batch carries the connector statistics gathered since the previous one (MeanStdFilter), which
@@ -149,12 +163,13 @@ class LearnerLink:
             observation_space=codec.space_to_proto(space) if space is not None else None,
         )
         data = batch.SerializeToString()
-        return seq, self.spool.write_tmp(seq, data), len(data)
+        return seq, self.spool.write_tmp(seq, data), len(data), sum(len(episode) for episode in episodes)
 
-    def _add_to_spool(self, written: tuple[int, Path, int] | None) -> None:
+    def _add_to_spool(self, written: tuple[int, Path, int, int] | None) -> None:
         """On the event loop, like the acks: the sender cannot see the file before it is counted."""
         if written is not None:
             self.spool.add(*written)
+            self._queued_steps -= written[3]
 
     async def _retry(self, stream: Callable[[], Awaitable[None]]) -> None:
         """Run a stream forever, re-opening it with backoff when it breaks."""
@@ -184,8 +199,11 @@ class LearnerLink:
         async def read_acks() -> None:
             async for ack in call:
                 path = in_flight.pop(ack.seq, None)
-                if path is not None and self.spool.ack(ack.seq, path):
-                    self._on_room()
+                if path is not None:
+                    held = self.full() or self.over_window()
+                    self.spool.ack(ack.seq, path)
+                    if held and not (self.full() or self.over_window()):
+                        self._on_room()
                 room.set()
 
         reader = asyncio.get_running_loop().create_task(read_acks())

@@ -147,6 +147,7 @@ class InferenceServer:
             "env_steps": self.service.env_steps,
             "draining": self.service.draining,
             "paused": self.batcher.pause_reason() if self.batcher else None,
+            "unacked_steps": self.learner.unacked_steps() if self.learner else None,
         }
 
     def _standalone_spec(self, given: RunSpec | None) -> RunSpec:
@@ -206,7 +207,7 @@ class InferenceServer:
         s = self.settings
         self.batcher = Batcher(
             policy,
-            steps_per_version=s.steps_per_version if self.learner else 0,
+            waiting_for_acks=self.learner.over_window if self.learner else lambda: False,
             flush=self._flush_sessions,
             backlogged=self.learner.full if self.learner else lambda: False,
             max_batch_size=s.max_batch_size,
@@ -241,7 +242,10 @@ class InferenceServer:
     async def _apply_weights(self, weights: learner_pb2.Weights) -> None:
         """A new version from the learner: the first builds the policy from the learner's run spec, later
         ones swap weights between batches. A spec this server may not build is refused: it serves nothing
-        and says why (/readyz, and every hello)."""
+        and says why (/readyz, and every hello). Every version says how far sampling may run ahead."""
+        if self.learner is not None:
+            self.learner.window = weights.max_unacked_steps
+            self._wake_batcher()
         try:
             spec = RunSpec.from_json(weights.spec_json, "the learner's run spec")
         except SpecError as exc:
@@ -273,7 +277,6 @@ class InferenceServer:
             await self.batcher.between_batches(
                 self.policy.set_weights, weights.version, weights.safetensors, _connector_state(weights)
             )
-            self.batcher.new_version()
 
     def _refuse(self, reason: str) -> None:
         if reason != self.refused:

@@ -188,7 +188,7 @@ class PolicyService:
         finally:
             batcher.arriving -= 1
         appended = time.thread_time()
-        outputs = await batcher.compute(obs, episodes, session.spec.explore, steps)
+        outputs = await batcher.compute(obs, episodes, session.spec.explore)
         computed = time.thread_time()
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(

@@ -33,13 +33,6 @@ class ServerSettings(ServiceSettings):
     learner_tls_ca: Path | None = Field(
         None, description="PEM CA to verify the learner by; set when the learner serves TLS (its tls_cert)."
     )
-    steps_per_version: int = Field(
-        0,
-        ge=0,
-        description="With a learner: pause after this many env steps under one model version until the next "
-        "arrives, so sampling keeps pace with training (set to the learner's train_batch_size divided by the "
-        "number of servers); 0: never pause (fully asynchronous).",
-    )
     episode_dir: Path | None = Field(
         None, description="Also write every shipped episode as an rlgate.v1.Episode file here (offline data)."
     )

@@ -35,6 +35,8 @@ class Spool:
         self._next_seq = int(existing[-1].stem) + 1 if existing else 0
         self._sizes = {int(path.stem): path.stat().st_size for path in existing}  # seq -> bytes, unacked
         self.bytes = sum(self._sizes.values())
+        self._steps: dict[int, int] = {}  # seq -> env steps, for batches spooled by this process
+        self.steps = 0  # env steps in the spool (those spooled by this process)
         metrics.spool_batches.set(len(existing))
         metrics.spool_bytes.set(self.bytes)
 
@@ -58,11 +60,13 @@ class Spool:
         tmp.write_bytes(data)
         return tmp
 
-    def add(self, seq: int, tmp: Path, size: int) -> None:
-        """Rename a written batch into the spool and count it (on the event loop, like `ack`)."""
+    def add(self, seq: int, tmp: Path, size: int, steps: int) -> None:
+        """Rename a written batch of `steps` env steps into the spool and count it (on the event loop, like `ack`)."""
         tmp.replace(tmp.with_suffix(".pb"))
         self._sizes[seq] = size
         self.bytes += size
+        self._steps[seq] = steps
+        self.steps += steps
         self._metrics.spooled_bytes.inc(size)
         self._metrics.spool_batches.inc()
         self._metrics.spool_bytes.set(self.bytes)
@@ -72,6 +76,7 @@ class Spool:
         was_full = self.full()
         path.unlink(missing_ok=True)
         self.bytes -= self._sizes.pop(seq, 0)
+        self.steps -= self._steps.pop(seq, 0)
         self.acked += 1
         self._metrics.acked_batches.inc()
         self._metrics.spool_batches.dec()

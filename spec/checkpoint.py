@@ -45,6 +45,7 @@ class Checkpoint:
     connector_state: dict[str, Any]
     optimizer_state: dict[str, Any] | None
     trained_chunks: list[str]
+    partial_chunks: dict[str, int]  # chunk key -> its first steps trained (a chunk split between two updates)
     env_steps: int  # env steps trained on by the updates that led to these weights
 
 
@@ -59,6 +60,7 @@ def save(
     optimizer: torch.optim.Optimizer | None = None,
     connector_state: dict[str, Any] | None = None,
     trained_chunks: list[str] | None = None,
+    partial_chunks: dict[str, int] | None = None,
     env_steps: int = 0,
 ) -> Path:
     """Write checkpoint `version` atomically (temp dir, then rename) and point `latest` at it."""
@@ -78,6 +80,7 @@ def save(
         "observation_space": _space_json(observation_space),
         "action_space": _space_json(action_space),
         "trained_chunks": trained_chunks or [],
+        "partial_chunks": partial_chunks or {},
         "env_steps": env_steps,
     }
     if optimizer is not None:
@@ -125,6 +128,7 @@ def load(path: Path) -> Checkpoint:
         ),
         optimizer_state=optimizer_state,
         trained_chunks=list(metadata.get("trained_chunks", [])),
+        partial_chunks={str(k): int(v) for k, v in metadata.get("partial_chunks", {}).items()},
         env_steps=int(metadata.get("env_steps", 0)),
     )
 

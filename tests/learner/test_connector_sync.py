@@ -27,7 +27,6 @@ async def test_two_servers_statistics_are_merged_by_the_learner_and_sent_back(le
             await server_factory(
                 learner=f"127.0.0.1:{learner.port}",
                 server_id=f"server-{i}",
-                steps_per_version=64,
             )
             for i in range(2)
         ]

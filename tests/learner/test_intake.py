@@ -95,10 +95,11 @@ def test_a_checkpoint_deletes_exactly_the_intake_files_of_trained_chunks(tmp_pat
     trained, untrained = two_batches
     intake = intake_at(tmp_path)
     intake.accept(batch(trained, seq=0))
-    assert keys(intake.take()) == keys(trained) and intake.pending_steps == 0
+    steps = sum(len(c) for c in trained)
+    assert keys(intake.take(steps)) == keys(trained) and intake.pending_steps == 0
     intake.accept(batch(untrained, seq=1))  # arrives while the update runs
-    covered, files = intake.checkpoint_state()
-    assert covered == sorted(keys(trained)) and len(files) == 1
+    covered, partial, files = intake.checkpoint_state()
+    assert covered == sorted(keys(trained)) and partial == {} and len(files) == 1
     intake.checkpointed(covered, files)
     assert not files[0].exists() and len(list(tmp_path.glob("*.pb"))) == 1
     restarted = intake_at(tmp_path, trained=set(covered))
@@ -112,7 +113,7 @@ def test_an_intake_that_does_not_resume_sets_earlier_files_aside_unread(tmp_path
     (written,) = tmp_path.glob("*.pb")
     data = written.read_bytes()
     fresh = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, resume=False)
-    assert fresh.pending == [] and fresh.pending_steps == 0
+    assert not fresh.pending and fresh.pending_steps == 0
     (aside,) = tmp_path.glob("set-aside-*/*.pb")  # kept, not deleted
     assert aside.read_bytes() == data
     fresh.accept(batch(second, seq=0))
@@ -134,3 +135,45 @@ def test_a_batch_says_which_known_space_its_observations_are_in(tmp_path, cartpo
     foreign.observation_space.CopyFrom(codec.space_to_proto(gym.spaces.Box(-1.0, 1.0, (7,), np.float32)))
     ack = intake.accept(foreign)
     assert ack.accepted == 0 and ack.rejected == len(foreign.episodes)
+
+
+def test_an_update_takes_exactly_its_steps_oldest_first_splitting_the_last_chunk(tmp_path, cartpole_chunks):
+    chunks = [c for c in cartpole_chunks(200) if len(c) > 3]
+    intake = intake_at(tmp_path)
+    intake.accept(batch(chunks, seq=0))
+    total = intake.pending_steps
+    want = len(chunks[0]) + len(chunks[1]) // 2  # ends inside the second chunk
+    taken = intake.take(want)
+    assert sum(len(c) for c in taken) == want and intake.pending_steps == total - want
+    assert keys(taken) == keys(chunks[:2])
+    rest = intake.pending[0]  # the second chunk's remainder, first in line
+    assert keys([rest]) == keys(chunks[1:2]) and len(rest) == len(chunks[1]) - len(chunks[1]) // 2
+    observations = chunks[1].get_observations()
+    assert (rest.get_observations(0) == observations[len(chunks[1]) // 2]).all()  # continues where the split was
+    assert rest.get_observations(-1, neg_index_as_lookback=True).shape == observations[0].shape  # lookback kept
+
+
+def test_a_split_chunk_goes_into_checkpoints_and_a_restart_trains_only_its_remainder(tmp_path, cartpole_chunks):
+    chunks = [c for c in cartpole_chunks(100) if len(c) > 3]
+    intake = intake_at(tmp_path)
+    intake.accept(batch(chunks, seq=0))
+    first = len(chunks[0]) // 2
+    intake.take(first)
+    covered, partial, files = intake.checkpoint_state()
+    assert covered == [] and files == []  # the batch file still holds untrained steps
+    assert partial == {chunk_key(chunks[0].id_, chunks[0].chunk_index): first}
+    intake.checkpointed(covered, files)
+    restarted = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, trained=set(covered), partial=partial)
+    assert len(restarted.pending[0]) == len(chunks[0]) - first
+    assert restarted.pending_steps == sum(len(c) for c in chunks) - first
+
+
+def test_chunks_too_stale_to_train_are_dropped_counted_and_covered_by_the_next_checkpoint(tmp_path, cartpole_chunks):
+    old, new = cartpole_chunks(60, version=0), cartpole_chunks(60, version=5, seed=1)
+    intake = intake_at(tmp_path)
+    intake.accept(batch(old, seq=0))
+    intake.accept(batch(new, seq=1))
+    assert intake.drop_stale(min_version=3) == sum(len(c) for c in old)
+    assert keys(intake.pending) == keys(new) and intake.pending_steps == sum(len(c) for c in new)
+    covered, _, files = intake.checkpoint_state()
+    assert covered == sorted(keys(old)) and len(files) == 1  # the stale batch's file may go

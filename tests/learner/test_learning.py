@@ -38,7 +38,6 @@ async def serving(learner_server: LearnerServer, server_factory) -> InferenceSer
     """An inference server fed by `learner_server`, sampling at its pace (one train batch per version)."""
     return await server_factory(
         learner=f"127.0.0.1:{learner_server.port}",
-        steps_per_version=learner_server.learner.spec.algorithm.train_batch_size,
     )
 
 
@@ -56,7 +55,7 @@ async def test_versions_advance_and_reach_the_server(learner_server, server_fact
     assert status["episodes"] > 0 and status["mean_return"] > 0
     assert all(math.isfinite(status["last_update"][k]) for k in ("policy_loss", "vf_loss", "kl"))
     assert len(status["throughput"]) >= 3 and len(status["returns"]) == status["episodes"]
-    # steps_per_version keeps sampling at the learner's pace: nothing was too stale to train on.
+    # The learner paces sampling: nothing was too stale to train on.
     assert status["stale_steps"] == 0
 
     code, body = await http_get(learner_server.http_port, "/status")
@@ -136,7 +135,6 @@ async def test_a_learner_serving_tls_with_a_token_is_reached_verified(learner_se
             learner=f"localhost:{learner_server.port}",
             learner_tls_ca=cert,
             token="s3cret",
-            steps_per_version=learner_server.learner.spec.algorithm.train_batch_size,
         )
         client = EnvClient(gym.make(ENV), f"localhost:{server.port}", seed=3, token="s3cret")
         async with running_client(client):
@@ -158,7 +156,6 @@ async def test_dict_observations_flattened_and_normalised_train_version_after_ve
     try:
         server = await server_factory(
             learner=f"127.0.0.1:{learner_server.port}",
-            steps_per_version=learner_server.learner.spec.algorithm.train_batch_size,
             episode_dir=tmp_path / "shipped",
         )
         envs = gym.vector.SyncVectorEnv([lambda: gym.make(DICT_ENV) for _ in range(4)])

@@ -33,7 +33,7 @@ async def test_another_env_is_refused_naming_both(cartpole_checkpoint, learner_s
 async def test_another_model_is_refused_naming_the_part(cartpole_checkpoint, learner_settings):
     with pytest.raises(SpecError, match="model"):
         Learner(learner_settings(spec={"model": {"config": {"fcnet_hiddens": [8]}}}))
-    with pytest.raises(SpecError, match="connectors.env_to_module"):
+    with pytest.raises(SpecError, match=r"connectors\.env_to_module"):
         Learner(learner_settings(spec={"connectors": {"env_to_module": ["MeanStdFilter"]}}))
 
 
@@ -44,5 +44,5 @@ async def test_new_hyper_parameters_are_taken_on_resume(cartpole_checkpoint, lea
 
 
 async def test_no_checkpoint_and_no_spec_is_refused(tmp_path):
-    with pytest.raises(SpecError, match="no run spec: pass --config run.toml or --env"):
+    with pytest.raises(SpecError, match=r"no run spec: pass --config run\.toml or --env"):
         Learner(LearnerSettings(checkpoint_dir=tmp_path))

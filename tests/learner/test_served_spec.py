@@ -88,7 +88,7 @@ async def test_a_checkpoint_served_alone_acts_as_the_learners_module_with_its_pi
     learner_server = LearnerServer(learner_settings(spec=spec))
     await learner_server.start()
     try:
-        trainer_fed = await server_factory(learner=f"127.0.0.1:{learner_server.port}", steps_per_version=128)
+        trainer_fed = await server_factory(learner=f"127.0.0.1:{learner_server.port}")
         env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
         async with running_client(EnvClient(env, target(trainer_fed), seed=0)):
             await until(lambda: trainer_fed.policy is not None and trainer_fed.policy.version >= 3, timeout=60)

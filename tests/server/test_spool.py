@@ -8,9 +8,9 @@ from rlgate.server.metrics import ServerMetrics
 from rlgate.server.spool import Spool
 
 
-def written(spool: Spool, data: bytes) -> int:
+def written(spool: Spool, data: bytes, steps: int = 3) -> int:
     seq = spool.next_seq()
-    spool.add(seq, spool.write_tmp(seq, data), len(data))
+    spool.add(seq, spool.write_tmp(seq, data), len(data), steps)
     return seq
 
 
@@ -20,12 +20,12 @@ def test_a_batch_is_visible_only_once_added_and_gone_once_acked(tmp_path: Path) 
     seq = spool.next_seq()
     tmp = spool.write_tmp(seq, b"x" * 10)
     assert spool.files() == [] and spool.bytes == 0  # written, not yet in the spool
-    spool.add(seq, tmp, 10)
-    assert [p.name for p in spool.files()] == ["000000000000.pb"] and spool.bytes == 10
+    spool.add(seq, tmp, 10, 4)
+    assert [p.name for p in spool.files()] == ["000000000000.pb"] and spool.bytes == 10 and spool.steps == 4
     assert metrics.registry.get_sample_value("rlgate_spool_batches") == 1
     assert metrics.registry.get_sample_value("rlgate_spool_bytes") == 10
     spool.ack(seq, spool.files()[0])
-    assert spool.files() == [] and spool.bytes == 0 and spool.acked == 1
+    assert spool.files() == [] and spool.bytes == 0 and spool.steps == 0 and spool.acked == 1
     assert metrics.registry.get_sample_value("rlgate_spool_batches") == 0
     assert metrics.registry.get_sample_value("rlgate_acked_batches_total") == 1
 

@@ -16,15 +16,20 @@ from rlgate.v1 import episode_pb2, learner_pb2
 ENV = "CartPole-v1"
 
 
+def free_port() -> int:
+    """A port that was free a moment ago on 127.0.0.1 (for processes that take a port number)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class Learners:
     """`rlgate learn` processes (CartPole, seed 0), one after another, on one port and one checkpoint directory."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.checkpoints = directory / "checkpoints"
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         self.processes: list[subprocess.Popen] = []
 
     @property

@@ -26,7 +26,7 @@ from rlgate.v1 import episode_pb2 as rlgate_dot_v1_dot_episode__pb2
 from rlgate.v1 import tensor_pb2 as rlgate_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlgate/v1/learner.proto\x12\trlgate.v1\x1a\x17rlgate/v1/episode.proto\x1a\x16rlgate/v1/tensor.proto\"\xac\x01\n\x0c\x45pisodeBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12$\n\x08\x65pisodes\x18\x03 \x03(\x0b\x32\x12.rlgate.v1.Episode\x12)\n\x0f\x63onnector_state\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Value\x12+\n\x11observation_space\x18\x05 \x01(\x0b\x32\x10.rlgate.v1.Space\"W\n\nEpisodeAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x10\n\x08rejected\x18\x05 \x01(\rJ\x04\x08\x04\x10\x05\"?\n\x13WatchWeightsRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x15\n\rafter_version\x18\x02 \x01(\x03\"\xdb\x01\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bsafetensors\x18\x02 \x01(\x0c\x12)\n\x0f\x63onnector_state\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Value\x12+\n\x11observation_space\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Space\x12&\n\x0c\x61\x63tion_space\x18\x05 \x01(\x0b\x32\x10.rlgate.v1.Space\x12\x11\n\tspec_json\x18\x07 \x01(\tJ\x04\x08\x06\x10\x07R\x11model_config_json\"\x12\n\x10GetStatusRequest\"\x9c\x01\n\rLearnerStatus\x12\x15\n\rmodel_version\x18\x01 \x01(\x03\x12\x19\n\x11\x65nv_steps_trained\x18\x02 \x01(\x04\x12\x19\n\x11\x65pisodes_received\x18\x03 \x01(\x04\x12\x12\n\nduplicates\x18\x04 \x01(\x04\x12\x15\n\rstale_dropped\x18\x05 \x01(\x04\x12\x13\n\x0bmean_return\x18\x06 \x01(\x01\x32\xe0\x01\n\x0eLearnerService\x12\x44\n\x0eSubmitEpisodes\x12\x17.rlgate.v1.EpisodeBatch\x1a\x15.rlgate.v1.EpisodeAck(\x01\x30\x01\x12\x44\n\x0cWatchWeights\x12\x1e.rlgate.v1.WatchWeightsRequest\x1a\x12.rlgate.v1.Weights0\x01\x12\x42\n\tGetStatus\x12\x1b.rlgate.v1.GetStatusRequest\x1a\x18.rlgate.v1.LearnerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlgate/v1/learner.proto\x12\trlgate.v1\x1a\x17rlgate/v1/episode.proto\x1a\x16rlgate/v1/tensor.proto\"\xac\x01\n\x0c\x45pisodeBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12$\n\x08\x65pisodes\x18\x03 \x03(\x0b\x32\x12.rlgate.v1.Episode\x12)\n\x0f\x63onnector_state\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Value\x12+\n\x11observation_space\x18\x05 \x01(\x0b\x32\x10.rlgate.v1.Space\"W\n\nEpisodeAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x10\n\x08rejected\x18\x05 \x01(\rJ\x04\x08\x04\x10\x05\"?\n\x13WatchWeightsRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x15\n\rafter_version\x18\x02 \x01(\x03\"\xf6\x01\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bsafetensors\x18\x02 \x01(\x0c\x12)\n\x0f\x63onnector_state\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Value\x12+\n\x11observation_space\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Space\x12&\n\x0c\x61\x63tion_space\x18\x05 \x01(\x0b\x32\x10.rlgate.v1.Space\x12\x11\n\tspec_json\x18\x07 \x01(\t\x12\x19\n\x11max_unacked_steps\x18\x08 \x01(\rJ\x04\x08\x06\x10\x07R\x11model_config_json\"\x12\n\x10GetStatusRequest\"\x9c\x01\n\rLearnerStatus\x12\x15\n\rmodel_version\x18\x01 \x01(\x03\x12\x19\n\x11\x65nv_steps_trained\x18\x02 \x01(\x04\x12\x19\n\x11\x65pisodes_received\x18\x03 \x01(\x04\x12\x12\n\nduplicates\x18\x04 \x01(\x04\x12\x15\n\rstale_dropped\x18\x05 \x01(\x04\x12\x13\n\x0bmean_return\x18\x06 \x01(\x01\x32\xe0\x01\n\x0eLearnerService\x12\x44\n\x0eSubmitEpisodes\x12\x17.rlgate.v1.EpisodeBatch\x1a\x15.rlgate.v1.EpisodeAck(\x01\x30\x01\x12\x44\n\x0cWatchWeights\x12\x1e.rlgate.v1.WatchWeightsRequest\x1a\x12.rlgate.v1.Weights0\x01\x12\x42\n\tGetStatus\x12\x1b.rlgate.v1.GetStatusRequest\x1a\x18.rlgate.v1.LearnerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,11 +40,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHWEIGHTSREQUEST']._serialized_start=351
   _globals['_WATCHWEIGHTSREQUEST']._serialized_end=414
   _globals['_WEIGHTS']._serialized_start=417
-  _globals['_WEIGHTS']._serialized_end=636
-  _globals['_GETSTATUSREQUEST']._serialized_start=638
-  _globals['_GETSTATUSREQUEST']._serialized_end=656
-  _globals['_LEARNERSTATUS']._serialized_start=659
-  _globals['_LEARNERSTATUS']._serialized_end=815
-  _globals['_LEARNERSERVICE']._serialized_start=818
-  _globals['_LEARNERSERVICE']._serialized_end=1042
+  _globals['_WEIGHTS']._serialized_end=663
+  _globals['_GETSTATUSREQUEST']._serialized_start=665
+  _globals['_GETSTATUSREQUEST']._serialized_end=683
+  _globals['_LEARNERSTATUS']._serialized_start=686
+  _globals['_LEARNERSTATUS']._serialized_end=842
+  _globals['_LEARNERSERVICE']._serialized_start=845
+  _globals['_LEARNERSERVICE']._serialized_end=1069
 # @@protoc_insertion_point(module_scope)

@@ -128,12 +128,18 @@ class Weights(_message.Message):
     OBSERVATION_SPACE_FIELD_NUMBER: _builtins.int
     ACTION_SPACE_FIELD_NUMBER: _builtins.int
     SPEC_JSON_FIELD_NUMBER: _builtins.int
+    MAX_UNACKED_STEPS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     safetensors: _builtins.bytes
     """The model's state dict as safetensors bytes."""
     spec_json: _builtins.str
     """The learner's run spec (JSON; rlgate.spec.RunSpec): the model and connector pieces a server builds,
     and how it cuts episodes. A server imports code the spec names only from modules it was allowed.
+    """
+    max_unacked_steps: _builtins.int
+    """Pacing: a server pauses sampling while it holds this many env steps it shipped that the learner has not
+    acknowledged, and flushes its running episodes so the learner gets them; it resumes as acks come. The
+    learner acknowledges only while it has room for them, so sampling keeps the learner's pace. 0: no limit.
     """
     @_builtins.property
     def connector_state(self) -> _tensor_pb2.Value:
@@ -154,10 +160,11 @@ class Weights(_message.Message):
         observation_space: _tensor_pb2.Space | None = ...,
         action_space: _tensor_pb2.Space | None = ...,
         spec_json: _builtins.str = ...,
+        max_unacked_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "observation_space", b"observation_space"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "observation_space", b"observation_space", "safetensors", b"safetensors", "spec_json", b"spec_json", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "max_unacked_steps", b"max_unacked_steps", "observation_space", b"observation_space", "safetensors", b"safetensors", "spec_json", b"spec_json", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,86 @@
+"""The learner paces sampling: learn + serve + env started by hand, no pacing flag anywhere; every update
+trains on exactly train_batch_size env steps and the intake never holds much more than one train batch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from support.learners import free_port
+
+BATCH = 200  # not a multiple of the chunk length: batches split chunks
+
+
+def status(port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as response:
+            return json.loads(response.read())
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def processes(tmp_path: Path):
+    started: list[subprocess.Popen] = []
+
+    def start(name: str, *args: object) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process below)
+        command = [sys.executable, "-m", "rlgate", *map(str, args)]
+        started.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        log.close()
+        return started[-1]
+
+    yield start
+    for process in reversed(started):  # clients, server, learner
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(processes, tmp_path: Path) -> None:
+    learner_port, learner_http, server_port = free_port(), free_port(), free_port()
+    processes(
+        "learner",
+        *("learn", "--env", "CartPole-v1", "--port", learner_port, "--http-port", learner_http),
+        *("--checkpoint-dir", tmp_path / "checkpoints", "--spec.algorithm.train-batch-size", BATCH),
+        *("--spec.algorithm.minibatch-size", 100, "--spec.algorithm.num-epochs", 2),
+        *("--spec.sampling.rollout-fragment-length", 16),
+    )
+    processes(
+        "server",
+        *("serve", "--learner", f"127.0.0.1:{learner_port}", "--port", server_port, "--http-port", 0),
+        *("--spool-dir", tmp_path / "spool"),
+    )
+    processes(
+        "envs",
+        "env",
+        "--server",
+        f"127.0.0.1:{server_port}",
+        "--env",
+        "CartPole-v1",
+        "--num-clients",
+        4,
+        "--envs-per-client",
+        8,
+        "--no-progress",
+    )
+    deadline = time.monotonic() + 120
+    found = None
+    while time.monotonic() < deadline:
+        found = status(learner_http)
+        if found is not None and found["model_version"] >= 8:
+            break
+        time.sleep(0.2)
+    assert found is not None and found["model_version"] >= 8, (tmp_path / "learner.log").read_text()[-3000:]
+    assert {update["batch_steps"] for update in found["throughput"]} == {BATCH}
+    # 4 clients x 8 envs sample far faster than the learner trains: without pacing the intake would grow
+    # without bound. It holds at most a train batch plus one server batch that came in as room was made.
+    assert found["max_pending_steps"] < 2 * BATCH + 32 * 16, found["max_pending_steps"]
