@@ -20,17 +20,24 @@ class ConnectorPipelineV2(ConnectorV2):
     """An editable sequence of connector pieces (RLlib's ConnectorPipelineV2, stricter where RLlib is lax).
 
     - Editing: `append`, `prepend`, `insert_before`, `insert_after` and `remove` find an anchor piece by
-      class or class name and raise ValueError when there is none (RLlib 2.60 silently appends). Piece
-      names (class names) are unique within a pipeline: adding a second piece of a name raises ValueError.
-    - Indexing: `pipeline[i]` (position), `pipeline["Name"]` or `pipeline[Class]` (the piece of that name
-      or class; KeyError when absent).
+      class or class name (the first such piece, as in RLlib) and raise ValueError when there is none
+      (RLlib 2.60 silently appends). A pipeline may hold several pieces of one class (as RLlib's may).
+    - Indexing: `pipeline[i]` (position), `pipeline["Name"]` or `pipeline[Class]` (the first piece of that
+      name or class; KeyError when absent; RLlib returns the list of all of them).
     - Spaces: the input spaces flow through every piece (re-propagated after each edit); the pipeline's
       output spaces are those of its last piece.
-    - State: `get_state()` is `{piece name: piece state}` for the stateful pieces; `set_state` and
-      `merge_states` pair states with pieces by that name (never by position).
+    - State: `get_state()` is `{piece key: piece state}` for the stateful pieces; `set_state` and
+      `merge_states` pair states with pieces by that key (never by position). A piece's key is its name,
+      and for a second, third, ... piece of the same name `Name#2`, `Name#3`, ... (`state_keys()`). Deliberate
+      difference: RLlib 2.60 keys by class name alone, so with two pieces of one class its `get_state`
+      keeps only the last one's state, `set_state` gives that one state to both, and its `merge_states`
+      pairs the i-th entry of the first state with the i-th piece (also wrong when a stateless piece
+      comes first). Here each piece's state (MeanStdFilter's statistics, which travel between servers
+      and learner by this state) round-trips and merges with its own; without repeated names the state
+      is RLlib's.
     - Timing: when `metrics` (a plain dict) is given, each call adds the seconds spent in each piece to
-      `metrics[piece name]` (a nested pipeline adds its total under its own name, and its pieces' times
-      under theirs).
+      `metrics[piece name]`: pieces of one name add into one entry, as RLlib's timers are per class (a
+      nested pipeline adds its total under its own name, and its pieces' times under theirs).
     """
 
     def __init__(
@@ -43,7 +50,7 @@ class ConnectorPipelineV2(ConnectorV2):
     ) -> None:
         self.connectors: list[ConnectorV2] = []
         for connector in connectors or []:
-            self._check_new(connector)
+            _check_piece(connector)
             self.connectors.append(connector)
         super().__init__(input_observation_space, input_action_space, **kwargs)
 
@@ -119,15 +126,9 @@ class ConnectorPipelineV2(ConnectorV2):
         raise error(f"no connector piece {name_or_class!r} in the pipeline ({self._names()})")
 
     def _insert(self, index: int, connector: ConnectorV2) -> None:
-        self._check_new(connector)
+        _check_piece(connector)
         self.connectors.insert(index, connector)
         self._propagate_spaces()
-
-    def _check_new(self, connector: ConnectorV2) -> None:
-        if not isinstance(connector, ConnectorV2):
-            raise TypeError(f"a pipeline holds ConnectorV2 pieces, not {type(connector).__name__}")
-        if any(c.name == connector.name for c in self.connectors):
-            raise ValueError(f"the pipeline already has a piece named {connector.name!r} ({self._names()})")
 
     def _names(self) -> str:
         return " -> ".join(c.name for c in self.connectors) or "empty"
@@ -146,13 +147,26 @@ class ConnectorPipelineV2(ConnectorV2):
 
     # --- state ------------------------------------------------------------------------------------------
 
+    def state_keys(self) -> list[str]:
+        """Each piece's key, in order: its name, or `Name#k` for the k-th piece of a repeated name."""
+        seen: dict[str, int] = {}
+        keys = []
+        for connector in self.connectors:
+            count = seen[connector.name] = seen.get(connector.name, 0) + 1
+            keys.append(connector.name if count == 1 else f"{connector.name}#{count}")
+        return keys
+
     def get_state(self) -> dict[str, Any]:
-        states = {c.name: c.get_state() for c in self.connectors}
-        return {name: state for name, state in states.items() if state}
+        states = {key: c.get_state() for key, c in zip(self.state_keys(), self.connectors, strict=True)}
+        return {key: state for key, state in states.items() if state}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        for name, piece_state in state.items():
-            self[name].set_state(piece_state)
+        pieces = dict(zip(self.state_keys(), self.connectors, strict=True))
+        unknown = [key for key in state if key not in pieces]
+        if unknown:
+            raise KeyError(f"no connector piece {', '.join(map(repr, unknown))} in the pipeline ({self._names()})")
+        for key, piece_state in state.items():
+            pieces[key].set_state(piece_state)
 
     def reset_state(self) -> None:
         for connector in self.connectors:
@@ -160,11 +174,16 @@ class ConnectorPipelineV2(ConnectorV2):
 
     def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         merged = {}
-        for connector in self.connectors:
-            piece_states = [state[connector.name] for state in states if connector.name in state]
+        for key, connector in zip(self.state_keys(), self.connectors, strict=True):
+            piece_states = [state[key] for state in states if key in state]
             if piece_states:
-                merged[connector.name] = connector.merge_states(piece_states)
+                merged[key] = connector.merge_states(piece_states)
         return merged
 
     def __str__(self) -> str:
         return f"{self.name}({self._names()})"
+
+
+def _check_piece(connector: Any) -> None:
+    if not isinstance(connector, ConnectorV2):
+        raise TypeError(f"a pipeline holds ConnectorV2 pieces, not {type(connector).__name__}")

@@ -69,7 +69,8 @@ class ConnectorV2(abc.ABC):
 
     @property
     def name(self) -> str:
-        """The piece's name in a pipeline (its class name): the key of its state and its timings."""
+        """The piece's name in a pipeline (its class name): its anchor, its timings' key and its state's
+        key (`Name#2`, ... for a repeated name, see `ConnectorPipelineV2.state_keys`)."""
         return type(self).__name__
 
     # --- spaces -----------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import gymnasium as gym
+import pytest
 from support.servers import target
 
 from rlgate.client.env_client import EnvClient
@@ -13,13 +14,18 @@ from rlgate.learner.main import LearnerServer
 ENV = "CartPole-v1"
 
 
-def filter_count(state: dict) -> int:
+def filter_count(state: dict, key: str = "MeanStdFilter") -> int:
     """Observations counted in a pipeline state's MeanStdFilter global statistics (CartPole: one Box)."""
-    return int(state["MeanStdFilter"]["global"][0]["count"])
+    return int(state[key]["global"][0]["count"])
 
 
-async def test_two_servers_statistics_are_merged_by_the_learner_and_sent_back(learner_settings, server_factory):
-    spec = {"connectors": {"env_to_module": ["MeanStdFilter"]}, "sampling": {"rollout_fragment_length": 16}}
+# Two filters of one class keep their own statistics under their own keys (MeanStdFilter, MeanStdFilter#2).
+@pytest.mark.parametrize(
+    "pieces", [["MeanStdFilter"], [{"type": "MeanStdFilter", "de_std_to_one": False}, "MeanStdFilter"]]
+)
+async def test_two_servers_statistics_are_merged_by_the_learner_and_sent_back(learner_settings, server_factory, pieces):
+    spec = {"connectors": {"env_to_module": pieces}, "sampling": {"rollout_fragment_length": 16}}
+    keys = ["MeanStdFilter", "MeanStdFilter#2"][: len(pieces)]
     learner = LearnerServer(learner_settings(spec=spec))
     await learner.start()
     try:
@@ -39,11 +45,14 @@ async def test_two_servers_statistics_are_merged_by_the_learner_and_sent_back(le
         seen = [next(x.value for x in r.samples if x.name.endswith("_sum")) for r in rows]  # observations filtered
         for server in servers:
             await server.stop()  # ships the last chunks and their statistics
-        merged = filter_count(learner.learner.connectors.get_state())
-        # The learner holds statistics from both servers: more than either saw alone, never more than both did.
-        assert max(seen) < merged <= sum(seen)
-        # Each server normalises with the merged statistics that came back with the weights: both servers'.
-        for server, own in zip(servers, seen, strict=True):
-            assert own < filter_count(server.policy.env_to_module.get_state()) <= merged
+        state = learner.learner.connectors.get_state()
+        assert sorted(state) == keys
+        for key in keys:
+            merged = filter_count(state, key)
+            # The learner holds statistics from both servers: more than either saw alone, never more than both did.
+            assert max(seen) < merged <= sum(seen)
+            # Each server normalises with the merged statistics that came back with the weights: both servers'.
+            for server, own in zip(servers, seen, strict=True):
+                assert own < filter_count(server.policy.env_to_module.get_state(), key) <= merged
     finally:
         await learner.stop()

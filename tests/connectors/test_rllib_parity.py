@@ -1,0 +1,138 @@
+"""Connector behaviours checked against RLlib 2.60 itself.
+
+The expected values were printed by RLlib 2.60 (`ray[rllib]==2.60.0`, torch 2.13.0, numpy 2.4) running its
+own pieces on the same inputs, in a scratch venv outside the repo (ray is never imported here). Where
+rlgate keeps a deliberate difference, the test says what RLlib did and asserts rlgate's documented
+behaviour.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlgate.connectors import Columns, ConnectorPipelineV2, ConnectorV2
+from rlgate.connectors.common import TensorToNumpy
+from rlgate.connectors.env_to_module import MeanStdFilter
+from rlgate.episodes import SingleAgentEpisode
+
+BOX = gym.spaces.Box(-100.0, 100.0, (1,), np.float32)
+ACTIONS = gym.spaces.Discrete(2)
+
+
+class Counter(ConnectorV2):
+    """A stateful piece whose state says which piece it came from (`tag`) and how often it ran."""
+
+    def __init__(self, *args, tag: str = "", step: int = 1, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tag, self.step, self.n, self.got = tag, step, 0, None
+
+    def __call__(self, *, rl_module, batch, episodes, **kwargs):
+        self.n += self.step
+        return batch
+
+    def get_state(self):
+        return {"tag": self.tag, "n": self.n}
+
+    def set_state(self, state):
+        self.n, self.got = state["n"], state["tag"]
+
+    def merge_states(self, states):
+        return {"tag": f"{self.tag}-merged", "n": sum(s["n"] for s in states)}
+
+
+def test_two_pieces_of_one_class_edit_at_the_first_as_rllib_does():
+    """RLlib: insert_after(Counter) in [A, B] gives [A, N, B]; remove(Counter) then gives [N, B]."""
+    a, b = Counter(tag="A"), Counter(tag="B")
+    pipeline = ConnectorPipelineV2(BOX, ACTIONS, connectors=[a, b])
+    assert pipeline.insert_after(Counter, Counter(tag="N")) is a
+    assert [c.tag for c in pipeline.connectors] == ["A", "N", "B"]
+    assert pipeline.remove(Counter) is a
+    assert [c.tag for c in pipeline.connectors] == ["N", "B"]
+    assert pipeline.insert_before("Counter", Counter(tag="F")).tag == "N"
+    assert [c.tag for c in pipeline.connectors] == ["F", "N", "B"]
+    assert pipeline[Counter].tag == "F"  # RLlib returns the list of all three; here the first
+
+
+def test_two_pieces_of_one_class_keep_their_own_state_and_share_one_timing():
+    """RLlib 2.60 keys all of this by class name alone. With [A (step 1), B (step 10)] run 3 times:
+    get_state() == {"Counter": {"tag": "B", "n": 30}} (A's state is lost); set_state({"Counter": X})
+    gives X to both pieces; merge_states([s, s]) == {"Counter": {"tag": "A-merged", "n": 60}} (B's
+    states merged by A); its timer `timers/connectors/counter` takes both pieces' times. Here (a
+    deliberate difference) the state is keyed `Counter`, `Counter#2`; the timing is one entry, as RLlib's.
+    """
+    a, b = Counter(tag="A", step=1), Counter(tag="B", step=10)
+    pipeline = ConnectorPipelineV2(BOX, ACTIONS, connectors=[a, b])
+    metrics: dict[str, float] = {}
+    for _ in range(3):
+        pipeline(rl_module=None, batch={}, episodes=[], metrics=metrics)
+    assert list(metrics) == ["Counter"] and metrics["Counter"] > 0
+    assert pipeline.state_keys() == ["Counter", "Counter#2"]
+    state = pipeline.get_state()
+    assert state == {"Counter": {"tag": "A", "n": 3}, "Counter#2": {"tag": "B", "n": 30}}
+
+    c, d = Counter(tag="C"), Counter(tag="D")
+    restored = ConnectorPipelineV2(BOX, ACTIONS, connectors=[c, d])
+    restored.set_state(state)
+    assert (c.n, c.got, d.n, d.got) == (3, "A", 30, "B")
+    assert restored.merge_states([state, state]) == {
+        "Counter": {"tag": "C-merged", "n": 6},
+        "Counter#2": {"tag": "D-merged", "n": 60},
+    }
+    with pytest.raises(KeyError, match="Counter#3"):
+        restored.set_state({"Counter#3": {"tag": "X", "n": 1}})
+    assert (c.n, d.n) == (3, 30)  # a state naming an unknown piece changes nothing
+
+
+def test_merge_states_pairs_by_key_even_after_a_stateless_piece():
+    """RLlib: [TensorToNumpy, Counter].merge_states([{"Counter": ...}]) == {"Counter": {}} (the entry is
+    merged by the piece at its position, TensorToNumpy, and the statistics are lost)."""
+    pipeline = ConnectorPipelineV2(BOX, ACTIONS, connectors=[TensorToNumpy(), Counter(tag="E")])
+    assert pipeline.merge_states([{"Counter": {"tag": "E", "n": 2}}]) == {"Counter": {"tag": "E-merged", "n": 2}}
+
+
+def serve(pipeline: ConnectorPipelineV2, obs: np.ndarray) -> np.ndarray:
+    """One fast-path call on fresh episodes; returns the observations after the pipeline."""
+    episodes = [
+        SingleAgentEpisode(observations=[row], observation_space=pipeline.input_observation_space) for row in obs
+    ]
+    return pipeline(rl_module=None, batch={Columns.OBS: obs}, episodes=episodes)[Columns.OBS]
+
+
+def test_two_mean_std_filters_sync_their_own_statistics_across_servers():
+    """Two servers and a learner, each with [MeanStdFilter (de-mean only), MeanStdFilter]: the deltas travel as
+    server.policy.take_connector_delta and the learner's merge send them, and each piece's statistics merge
+    with its own (the first's are the raw observations', the second's those of the first's output)."""
+    space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def pipeline() -> ConnectorPipelineV2:
+        return ConnectorPipelineV2(space, ACTIONS, connectors=[MeanStdFilter(de_std_to_one=False), MeanStdFilter()])
+
+    rng = np.random.default_rng(0)
+    servers, learner = [pipeline(), pipeline()], pipeline()
+    raw, demeaned = [], []
+    for i, server in enumerate(servers):
+        obs = rng.normal(5.0 * i, 1.0 + i, size=(6 + i, 2)).astype(np.float32)
+        serve(server, obs)
+        raw.append(obs)
+        demeaned.append(obs - _mean(server[0].get_state()))
+        delta = server.get_state()  # take_connector_delta: the state out, merged into the server's own
+        server.set_state(server.merge_states([delta]))
+        learner.set_state(learner.merge_states([delta]))  # the learner's _merge_connector_state
+    merged = learner.get_state()
+    assert set(merged) == {"MeanStdFilter", "MeanStdFilter#2"}
+    everything = np.concatenate(raw)
+    for key, seen in (("MeanStdFilter", everything), ("MeanStdFilter#2", np.concatenate(demeaned))):
+        stats = merged[key]["global"][0]
+        assert stats["count"] == len(everything)
+        np.testing.assert_allclose(stats["mean"], seen.mean(axis=0), rtol=1e-5, atol=1e-5)
+    for server in servers:  # the merged state goes back with the weights
+        server.set_state(merged)
+        assert server.get_state()["MeanStdFilter#2"]["global"][0]["count"] == len(everything)
+
+
+def _mean(state: dict) -> np.ndarray:
+    """The mean the first filter used on its last call: its global and delta statistics together."""
+    g, d = state["global"][0], state["delta"][0]
+    return (g["mean"] * g["count"] + d["mean"] * d["count"]) / (g["count"] + d["count"])
