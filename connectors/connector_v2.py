@@ -25,18 +25,18 @@ def episode_key(episode: SingleAgentEpisode) -> tuple:
 
 
 def make_episode_keys_unique(episodes: list[SingleAgentEpisode]) -> None:
-    """Rename each episode whose id repeats an earlier one's to `<id>_<position>` (as RLlib does).
+    """Append `_<position>` to the id of each episode whose id has no "_" yet (RLlib 2.60's rule).
 
     Per-episode columns are keyed by episode id, so two chunks of one episode in a train batch would
-    otherwise be mixed into one list. Learner pieces that add per-episode items call it first (the
-    default pipeline's first such piece is AddObservationsFromEpisodesToBatch, or PPO's
-    AddOneTsToEpisodesAndTruncate); a user learner piece placed before them should too.
+    otherwise be mixed into one list. RLlib's learner AddObservationsFromEpisodesToBatch renames this
+    way; PPO's AddOneTsToEpisodesAndTruncate, first in its pipeline, has already given every id a
+    suffix, so this renames nothing there. An id that already holds a "_" is left alone (as in RLlib;
+    rlgate's ids are uuid hex, without one). A user learner piece that adds per-episode items before
+    these pieces should call it first.
     """
-    seen = set()
     for position, episode in enumerate(episodes):
-        if episode.id_ in seen:
+        if "_" not in episode.id_:
             episode.id_ = f"{episode.id_}_{position}"
-        seen.add(episode.id_)
 
 
 class ConnectorV2(abc.ABC):

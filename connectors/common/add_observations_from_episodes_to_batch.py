@@ -17,8 +17,12 @@ class AddObservationsFromEpisodesToBatch(ConnectorV2):
 
     A batch that already has OBS is left alone: the batched fast path (the server passes the latest
     observations as one array) and pieces such as FrameStacking that build OBS themselves.
+    Env-to-module, it refuses numpy'd episodes (`to_numpy()`), as RLlib's does: env-to-module works on
+    the running, list-mode episodes. RLlib asserts (a bare AssertionError, gone under `python -O`); here
+    it is a ValueError that says which episode.
     As a learner connector, each episode adds `len(episode)` observations (the final one is left out)
-    as one batched item, and episodes sharing an id (chunks of one episode) are given unique ids first.
+    as one batched item, after the episode ids are renamed as RLlib renames them
+    (`make_episode_keys_unique`).
     """
 
     def __call__(
@@ -35,6 +39,12 @@ class AddObservationsFromEpisodesToBatch(ConnectorV2):
         if Columns.OBS in batch:
             return batch
         if not self._as_learner_connector:
+            numpy_episode = next((e for e in episodes if e.is_numpy), None)
+            if numpy_episode is not None:
+                raise ValueError(
+                    f"episode {numpy_episode.id_} is numpy'd (to_numpy()): an env-to-module pipeline "
+                    "works on running list-mode episodes"
+                )
             for episode in episodes:
                 self.add_batch_item(batch, Columns.OBS, episode.get_observations(-1), episode)
             return batch

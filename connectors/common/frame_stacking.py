@@ -27,6 +27,9 @@ class FrameStacking(ConnectorV2):
     Env-to-module (`FrameStackingEnvToModule`): sets OBS to the batched stacks of the episodes' latest
     frames (replacing a batched OBS; the episodes keep single frames). Learner (`FrameStackingLearner`):
     adds every step's stack as OBS, so the default AddObservationsFromEpisodesToBatch leaves OBS alone.
+    Taking that piece's place, it first renames episode ids as that piece does (`make_episode_keys_unique`;
+    RLlib's FrameStacking renames none, mixing chunks of one episode unless PPO's
+    AddOneTsToEpisodesAndTruncate renamed them before, after which this renames nothing either).
     """
 
     def __init__(

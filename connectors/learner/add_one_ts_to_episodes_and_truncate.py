@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlgate.connectors.connector_v2 import ConnectorV2, make_episode_keys_unique
+from rlgate.connectors.connector_v2 import ConnectorV2
 from rlgate.core.columns import Columns
 
 if TYPE_CHECKING:
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 class AddOneTsToEpisodesAndTruncate(ConnectorV2):
     """Append to every episode one step (RLlib's PPO learner piece; it changes the episodes in place).
+
+    As RLlib's, it first appends `_<position>` to every episode's id, so that chunks of one episode
+    become separate episodes in the batch (and later pieces rename none: see `make_episode_keys_unique`).
 
     The step repeats the final observation, info, action and extra model outputs with reward 0, and an
     episode that is not terminated is marked truncated (so is an unfinished chunk). Adds per step:
@@ -39,9 +42,9 @@ class AddOneTsToEpisodesAndTruncate(ConnectorV2):
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        make_episode_keys_unique(episodes)
         orig_truncateds = []
-        for episode in episodes:
+        for position, episode in enumerate(episodes):
+            episode.id_ = f"{episode.id_}_{position}"
             n = len(episode)
             orig_truncateds.append(episode.is_truncated)
             _add_one_ts_and_truncate(episode)

@@ -6,7 +6,6 @@ import pytest
 
 from rlgate.connectors import ConnectorV2
 from rlgate.connectors.batching import BatchedNdArray, batch_items, is_batched
-from rlgate.connectors.connector_v2 import make_episode_keys_unique
 
 
 class Identity(ConnectorV2):
@@ -128,11 +127,3 @@ def test_single_agent_episode_iterator_zips_every_column_form(make_episode):
     np.testing.assert_array_equal(rows[1][1]["o"], [0, 1])
     with pytest.raises(ValueError, match="3 items but there are 2 episodes"):
         list(ConnectorV2.single_agent_episode_iterator(episodes, zip_with_batch_column=np.zeros(3)))
-
-
-def test_make_episode_keys_unique_renames_only_repeats(make_episode):
-    first, second = make_episode(), make_episode()
-    second.id_ = first.id_
-    original = first.id_
-    make_episode_keys_unique([first, second])
-    assert first.id_ == original and second.id_ == f"{original}_1"

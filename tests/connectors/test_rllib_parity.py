@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from rlgate.connectors import Columns, ConnectorPipelineV2, ConnectorV2
-from rlgate.connectors.common import TensorToNumpy
+from rlgate.connectors.common import AddObservationsFromEpisodesToBatch, TensorToNumpy
 from rlgate.connectors.env_to_module import MeanStdFilter
+from rlgate.connectors.learner import AddOneTsToEpisodesAndTruncate
 from rlgate.episodes import SingleAgentEpisode
 
 BOX = gym.spaces.Box(-100.0, 100.0, (1,), np.float32)
@@ -136,3 +137,88 @@ def _mean(state: dict) -> np.ndarray:
     """The mean the first filter used on its last call: its global and delta statistics together."""
     g, d = state["global"][0], state["delta"][0]
     return (g["mean"] * g["count"] + d["mean"] * d["count"]) / (g["count"] + d["count"])
+
+
+def chunk(id_: str, n: int, start: float, numpy: bool = True) -> SingleAgentEpisode:
+    """A chunk of `n` steps: observations [start], [start + 1], ..., actions 0, rewards 1."""
+    episode = SingleAgentEpisode(
+        id_,
+        observations=[np.array([start + i], np.float32) for i in range(n + 1)],
+        actions=[0] * n,
+        rewards=[1.0] * n,
+        observation_space=BOX,
+        action_space=ACTIONS,
+        len_lookback_buffer=0,
+    )
+    return episode.to_numpy() if numpy else episode
+
+
+def chunks() -> list[SingleAgentEpisode]:
+    return [chunk("a", 2, 0.0), chunk("a", 3, 10.0), chunk("b", 1, 20.0), chunk("c_x", 1, 30.0), chunk("c_x", 2, 40.0)]
+
+
+def column(batch: dict, name: str) -> dict:
+    """Each key's values, its items concatenated (RLlib adds some columns as one item per step)."""
+    return {key: np.concatenate([np.ravel(item) for item in items]).tolist() for key, items in batch[name].items()}
+
+
+def test_add_one_ts_renames_every_episode_as_rllib_does():
+    """RLlib: ids a, a, b, c_x, c_x become a_0, a_1, b_2, c_x_3, c_x_4; the loss mask per episode below;
+    a second call on the same episode gives a_0_0."""
+    episodes = chunks()
+    batch = AddOneTsToEpisodesAndTruncate()(rl_module=None, batch={}, episodes=episodes, shared_data={})
+    assert [e.id_ for e in episodes] == ["a_0", "a_1", "b_2", "c_x_3", "c_x_4"]
+    assert column(batch, Columns.LOSS_MASK) == {
+        ("a_0",): [True, True, False],
+        ("a_1",): [True, True, True, False],
+        ("b_2",): [True, False],
+        ("c_x_3",): [True, False],
+        ("c_x_4",): [True, True, False],
+    }
+    again = [chunk("a", 2, 0.0)]
+    for _ in range(2):
+        AddOneTsToEpisodesAndTruncate()(rl_module=None, batch={}, episodes=again, shared_data={})
+    assert again[0].id_ == "a_0_0"
+
+
+def test_learner_add_observations_renames_ids_without_an_underscore_as_rllib_does():
+    """RLlib: a, a, b, c_x, c_x become a_0, a_1, b_2, c_x, c_x (an id holding "_" is left alone, so the two
+    c_x chunks share one key); after AddOneTsToEpisodesAndTruncate it renames nothing."""
+    episodes = chunks()
+    piece = AddObservationsFromEpisodesToBatch(as_learner_connector=True)
+    batch = piece(rl_module=None, batch={}, episodes=episodes)
+    assert [e.id_ for e in episodes] == ["a_0", "a_1", "b_2", "c_x", "c_x"]
+    assert column(batch, Columns.OBS) == {
+        ("a_0",): [0.0, 1.0],
+        ("a_1",): [10.0, 11.0, 12.0],
+        ("b_2",): [20.0],
+        ("c_x",): [30.0, 40.0, 41.0],
+    }
+    assert [len(items) for items in batch[Columns.OBS].values()] == [1, 1, 1, 2]
+
+    episodes = chunks()
+    batch = AddOneTsToEpisodesAndTruncate()(rl_module=None, batch={}, episodes=episodes, shared_data={})
+    batch = piece(rl_module=None, batch=batch, episodes=episodes)
+    assert [e.id_ for e in episodes] == ["a_0", "a_1", "b_2", "c_x_3", "c_x_4"]
+    assert column(batch, Columns.OBS) == {
+        ("a_0",): [0.0, 1.0, 2.0],
+        ("a_1",): [10.0, 11.0, 12.0, 13.0],
+        ("b_2",): [20.0, 21.0],
+        ("c_x_3",): [30.0, 31.0],
+        ("c_x_4",): [40.0, 41.0, 42.0],
+    }
+
+
+def test_env_to_module_add_observations_refuses_numpy_episodes_as_rllib_does():
+    """RLlib: list-mode episodes pass; numpy'd ones (alone or after a list-mode one) fail (a bare
+    AssertionError; here a ValueError); with OBS already in the batch nothing is checked."""
+    piece = AddObservationsFromEpisodesToBatch()
+    listed = chunk("l", 1, 0.0, numpy=False)
+    assert list(piece(rl_module=None, batch={}, episodes=[listed])[Columns.OBS]) == [("l",)]
+    for episodes in ([chunk("n", 1, 0.0)], [chunk("l", 1, 0.0, numpy=False), chunk("n", 1, 0.0)]):
+        batch: dict = {}
+        with pytest.raises(ValueError, match="episode n is numpy'd"):
+            piece(rl_module=None, batch=batch, episodes=episodes)
+        assert batch == {}
+    present = {Columns.OBS: np.zeros((1, 1), np.float32)}
+    assert piece(rl_module=None, batch=present, episodes=[chunk("n", 1, 0.0)]) is present
