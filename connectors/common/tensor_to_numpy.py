@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from rlgate.connectors.connector_v2 import ConnectorV2
@@ -15,12 +16,39 @@ if TYPE_CHECKING:
 
 
 def to_numpy(struct: Any) -> Any:
-    """`struct` with every tensor leaf replaced by a numpy array (detached, on the CPU)."""
-    return map_structure(lambda x: x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, struct)
+    """`struct` with every tensor leaf as a numpy array (detached, on the CPU), reduced as RLlib's
+    `convert_to_numpy` reduces them: floating arrays (float16, float64) to float32 and int64 arrays to
+    int32, numpy arrays already in `struct` too; a 0-d tensor becomes a Python number. Other integer
+    types, unsigned ones and bool keep their dtype. RLlib uses it where rlgate does: TensorToNumpy, the
+    initial states of AddStatesFromEpisodesToBatch and GAE's value predictions.
+    """
+    return map_structure(_to_numpy, struct)
+
+
+# The dtypes RLlib's reduction changes (a dict lookup: cheaper than asking numpy per leaf on the fast path).
+_REDUCED = {
+    np.dtype(np.float16): np.float32,
+    np.dtype(np.float64): np.float32,
+    np.dtype(np.longdouble): np.float32,
+    np.dtype(np.int64): np.int32,
+}
+
+
+def _to_numpy(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        if not leaf.ndim:
+            return leaf.item()
+        leaf = leaf.detach().cpu().numpy()
+    if isinstance(leaf, np.ndarray):
+        reduced = _REDUCED.get(leaf.dtype)
+        if reduced is not None:
+            return leaf.astype(reduced)
+    return leaf
 
 
 class TensorToNumpy(ConnectorV2):
-    """Convert every tensor in the batch (nested ones included) to a numpy array."""
+    """Convert every tensor in the batch (nested ones included) to a numpy array, with RLlib's dtype
+    reduction (`to_numpy`): e.g. a Discrete action sampled as int64 leaves as int32."""
 
     def __call__(
         self,

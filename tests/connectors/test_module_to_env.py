@@ -93,10 +93,10 @@ def test_unbatch_then_listify_returns_to_arrays_and_batched_columns_stay(make_ep
 
 
 def test_tensor_to_numpy_converts_nested_tensors():
-    batch = {"a": torch.ones(2, requires_grad=True) * 2, "s": {"h": torch.zeros(2, 3)}, "n": np.ones(1)}
+    batch = {"a": torch.ones(2, requires_grad=True) * 2, "s": {"h": torch.zeros(2, 3)}, "n": np.ones(1, np.float32)}
     out = TensorToNumpy()(rl_module=None, batch=batch, episodes=[])
     assert isinstance(out["a"], np.ndarray) and out["a"].tolist() == [2.0, 2.0]
-    assert out["s"]["h"].shape == (2, 3) and out["n"] is batch["n"]
+    assert out["s"]["h"].shape == (2, 3) and out["n"] is batch["n"]  # float32 numpy is passed through
 
 
 class FlipActions(ConnectorV2):

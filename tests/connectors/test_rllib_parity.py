@@ -11,6 +11,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from rlgate.connectors import Columns, ConnectorPipelineV2, ConnectorV2
 from rlgate.connectors.common import AddObservationsFromEpisodesToBatch, TensorToNumpy
@@ -222,3 +223,57 @@ def test_env_to_module_add_observations_refuses_numpy_episodes_as_rllib_does():
         assert batch == {}
     present = {Columns.OBS: np.zeros((1, 1), np.float32)}
     assert piece(rl_module=None, batch=present, episodes=[chunk("n", 1, 0.0)]) is present
+
+
+def test_tensor_to_numpy_reduces_dtypes_as_rllib_does():
+    """RLlib's output dtype (or Python type) for each input: floating -> float32, int64 -> int32, other
+    integers, unsigned and bool kept, numpy arrays reduced too, a 0-d tensor a Python number."""
+    batch = {
+        "t_float16": torch.ones(2, dtype=torch.float16),
+        "t_float32": torch.ones(2, dtype=torch.float32),
+        "t_float64": torch.ones(2, dtype=torch.float64),
+        "t_int8": torch.ones(2, dtype=torch.int8),
+        "t_int16": torch.ones(2, dtype=torch.int16),
+        "t_int32": torch.ones(2, dtype=torch.int32),
+        "t_int64": torch.ones(2, dtype=torch.int64),
+        "t_uint8": torch.ones(2, dtype=torch.uint8),
+        "t_bool": torch.ones(2, dtype=torch.bool),
+        "t_grad": torch.ones(2, requires_grad=True),
+        "np_float16": np.ones(2, np.float16),
+        "np_float64": np.ones(2, np.float64),
+        "np_int32": np.ones(2, np.int32),
+        "np_int64": np.ones(2, np.int64),
+        "np_uint32": np.ones(2, np.uint32),
+        "np_uint64": np.ones(2, np.uint64),
+        "np_bool": np.ones(2, np.bool_),
+        "np0_int64": np.array(3),
+        "nested": {"a": torch.ones(2, dtype=torch.int64), "b": (torch.ones(2, dtype=torch.float64),)},
+    }
+    rllib = {
+        "t_float16": "float32",
+        "t_float32": "float32",
+        "t_float64": "float32",
+        "t_int8": "int8",
+        "t_int16": "int16",
+        "t_int32": "int32",
+        "t_int64": "int32",
+        "t_uint8": "uint8",
+        "t_bool": "bool",
+        "t_grad": "float32",
+        "np_float16": "float32",
+        "np_float64": "float32",
+        "np_int32": "int32",
+        "np_int64": "int32",
+        "np_uint32": "uint32",
+        "np_uint64": "uint64",
+        "np_bool": "bool",
+        "np0_int64": "int32",
+    }
+    out = TensorToNumpy()(rl_module=None, batch=batch, episodes=[])
+    assert {key: out[key].dtype.name for key in rllib} == rllib
+    assert out["np0_int64"].shape == ()
+    assert out["nested"]["a"].dtype == np.int32 and out["nested"]["b"][0].dtype == np.float32
+    scalars = TensorToNumpy()(
+        rl_module=None, batch={"i": torch.tensor(3), "f": torch.tensor(1.5, dtype=torch.float64)}, episodes=[]
+    )
+    assert scalars == {"i": 3, "f": 1.5} and type(scalars["i"]) is int and type(scalars["f"]) is float
