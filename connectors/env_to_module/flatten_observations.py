@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.batching import batch_items
+from rlgate.connectors.connector_v2 import ConnectorV2, make_episode_keys_unique
 from rlgate.connectors.env_to_module.latest_observations import get_latest_observations, set_latest_observations
+from rlgate.core.columns import Columns
 from rlgate.core.spaces import one_hot, space_struct
 from rlgate.core.tree import flatten, map_structure
 
@@ -21,9 +23,20 @@ class FlattenObservations(ConnectorV2):
     """Flatten the latest observations to [B, n] float32: leaves in space order, Discrete and MultiDiscrete
     parts one-hot, Box and MultiBinary parts flattened.
 
-    One vectorised pass over the batch (the fast path's batched, possibly nested OBS, or the observations
-    gathered from the episodes); the flat observations are written back into the episodes (as RLlib does),
-    which therefore must be in list mode (numpy-mode episodes keep their stored shapes).
+    Env-to-module: one vectorised pass over the batch (the fast path's batched, possibly nested OBS, or
+    the observations gathered from the episodes); the flat observations are written back into the
+    episodes (as RLlib does), which therefore must be in list mode (numpy-mode episodes keep their stored
+    shapes).
+
+    Learner (`as_learner_connector=True`, as RLlib's): adds each episode's observations but the final one,
+    flattened, as OBS ([len(episode), n] per episode) and leaves the episodes alone, so the default
+    AddObservationsFromEpisodesToBatch finds OBS and adds nothing. Deliberate differences from RLlib
+    2.60, whose learner mode flattens only an episode's first observation (right for one-step episodes
+    only: longer ones fail to reshape or come out with that observation's values spread over the rows)
+    and fails on numpy'd Dict or Discrete episodes: every observation is flattened, in list or numpy
+    mode; episode ids are first renamed as AddObservationsFromEpisodesToBatch renames them (RLlib's
+    leaves them, mixing chunks of one episode), a no-op after PPO's AddOneTsToEpisodesAndTruncate; and
+    a batch that already has OBS is refused (RLlib's appends a second set of observations to it).
     """
 
     def recompute_output_observation_space(
@@ -44,9 +57,30 @@ class FlattenObservations(ConnectorV2):
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
+        if self._as_learner_connector:
+            return self._add_flat_observations(batch, episodes)
         if episodes:
             flat = flatten_batch(get_latest_observations(batch, episodes), self.input_observation_space)
             set_latest_observations(batch, episodes, flat, self.observation_space)
+        return batch
+
+    def _add_flat_observations(self, batch: dict[str, Any], episodes: list[SingleAgentEpisode]) -> dict[str, Any]:
+        if Columns.OBS in batch:
+            raise ValueError(
+                "FlattenObservations(as_learner_connector=True) adds OBS but the batch has it already: "
+                "place it before the piece that adds OBS"
+            )
+        make_episode_keys_unique(episodes)
+        for episode in episodes:
+            n = len(episode)
+            observations = episode.get_observations(slice(0, n))
+            if n == 0:
+                flat = np.zeros((0, *self.observation_space.shape), np.float32)
+            else:
+                if isinstance(observations, list):  # a list-mode episode
+                    observations = batch_items(observations)
+                flat = flatten_batch(observations, self.input_observation_space)
+            self.add_n_batch_items(batch, Columns.OBS, flat, n, episode)
         return batch
 
 

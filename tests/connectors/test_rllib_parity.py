@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rlgate.connectors import Columns, ConnectorPipelineV2, ConnectorV2
-from rlgate.connectors.common import AddObservationsFromEpisodesToBatch, TensorToNumpy
-from rlgate.connectors.env_to_module import MeanStdFilter
+from rlgate.connectors.common import AddObservationsFromEpisodesToBatch, BatchIndividualItems, TensorToNumpy
+from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
 from rlgate.connectors.learner import AddOneTsToEpisodesAndTruncate
 from rlgate.episodes import SingleAgentEpisode
 
@@ -277,3 +277,109 @@ def test_tensor_to_numpy_reduces_dtypes_as_rllib_does():
         rl_module=None, batch={"i": torch.tensor(3), "f": torch.tensor(1.5, dtype=torch.float64)}, episodes=[]
     )
     assert scalars == {"i": 3, "f": 1.5} and type(scalars["i"]) is int and type(scalars["f"]) is float
+
+
+DICT_SPACE = gym.spaces.Dict(
+    {
+        "a": gym.spaces.Box(-10.0, 10.0, (), np.float32),
+        "b": gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Box(-1.0, 1.0, (2, 1), np.float32)]),
+        "c": gym.spaces.MultiDiscrete([2, 3]),
+    }
+)
+# Each observation and its flat row, as RLlib's FlattenObservations makes it (its env-to-module mode,
+# and its learner mode for a one-step episode).
+DICT_ROWS = [
+    (
+        {"c": np.array([0, 2]), "a": np.float32(-10.0), "b": (1, np.array([[-1.0], [-1.0]], np.float32))},
+        [-10.0, 0.0, 1.0, -1.0, -1.0, 1.0, 0.0, 0.0, 0.0, 1.0],
+    ),
+    (
+        {"c": np.array([1, 1]), "a": np.float32(3.0), "b": (0, np.array([[1.0], [0.5]], np.float32))},
+        [3.0, 1.0, 0.0, 1.0, 0.5, 0.0, 1.0, 0.0, 1.0, 0.0],
+    ),
+    (
+        {"c": np.array([1, 0]), "a": np.float32(7.0), "b": (1, np.array([[0.0], [-0.5]], np.float32))},
+        [7.0, 0.0, 1.0, 0.0, -0.5, 0.0, 1.0, 1.0, 0.0, 0.0],
+    ),
+]
+
+
+def dict_episode(id_: str, rows: list, numpy: bool) -> SingleAgentEpisode:
+    n = len(rows) - 1
+    episode = SingleAgentEpisode(
+        id_,
+        observations=[obs for obs, _ in rows],
+        actions=[1] * n,
+        rewards=[0.0] * n,
+        observation_space=DICT_SPACE,
+        action_space=ACTIONS,
+        len_lookback_buffer=0,
+    )
+    return episode.to_numpy() if numpy else episode
+
+
+@pytest.mark.parametrize("numpy", [False, True])
+def test_flatten_observations_as_learner_connector_adds_every_flat_observation(numpy):
+    """RLlib's learner mode adds OBS = the flat observations but the final one, per episode, and leaves the
+    episodes alone; for a one-step episode its row is DICT_ROWS[0]'s. For longer episodes it flattens only
+    the first observation (a 2-step Dict episode gives [2, 5] rows of DICT_ROWS[0]'s ten values) and on
+    numpy'd Dict episodes it fails; here every observation gives its row (RLlib's env-to-module rows)."""
+    one_step = dict_episode("o", DICT_ROWS[:2], numpy)
+    two_steps = dict_episode("t", DICT_ROWS, numpy)
+    episodes = [one_step, two_steps]
+    piece = FlattenObservations(DICT_SPACE, ACTIONS, as_learner_connector=True)
+    assert piece.observation_space == gym.spaces.Box(-np.inf, np.inf, (10,), np.float32)
+    batch = piece(rl_module=None, batch={}, episodes=episodes)
+    assert list(batch) == [Columns.OBS] and [e.id_ for e in episodes] == ["o_0", "t_1"]
+    one = batch[Columns.OBS][("o_0",)]
+    two = batch[Columns.OBS][("t_1",)]
+    assert len(one) == len(two) == 1 and one[0].dtype == np.float32
+    np.testing.assert_array_equal(one[0], [DICT_ROWS[0][1]])
+    np.testing.assert_array_equal(two[0], [row for _, row in DICT_ROWS[:2]])
+    assert isinstance(two_steps.get_observations(0), dict)  # the episodes keep their observations
+
+    batch = AddObservationsFromEpisodesToBatch(as_learner_connector=True)(
+        rl_module=None, batch=batch, episodes=episodes
+    )
+    flat = BatchIndividualItems()(rl_module=None, batch=batch, episodes=episodes, shared_data={})[Columns.OBS]
+    assert flat.shape == (3, 10)
+
+
+def test_flatten_observations_as_learner_connector_refuses_a_batch_with_obs():
+    """RLlib's appends a second item per episode to an OBS already there (a [1, 2, 2] and a [1, 4] item
+    under one key); here that is an error naming the fix."""
+    episode = dict_episode("o", DICT_ROWS[:2], numpy=True)
+    batch = AddObservationsFromEpisodesToBatch(as_learner_connector=True)(rl_module=None, batch={}, episodes=[episode])
+    piece = FlattenObservations(DICT_SPACE, ACTIONS, as_learner_connector=True)
+    with pytest.raises(ValueError, match="place it before the piece that adds OBS"):
+        piece(rl_module=None, batch=batch, episodes=[episode])
+
+
+def test_flatten_observations_as_learner_connector_on_box_and_discrete_spaces():
+    """RLlib, one-step Box (2, 2) episode: [[0, 1, 2, 3]]; a Discrete(3) episode fails there (a reshape
+    error); here one-hot rows."""
+    box = gym.spaces.Box(-1.0, 99.0, (2, 2), np.float32)
+    episode = SingleAgentEpisode(
+        "b",
+        observations=[np.arange(4, dtype=np.float32).reshape(2, 2) + 10 * i for i in range(3)],
+        actions=[0, 0],
+        rewards=[0.0, 0.0],
+        observation_space=box,
+        action_space=ACTIONS,
+        len_lookback_buffer=0,
+    )
+    batch = FlattenObservations(box, ACTIONS, as_learner_connector=True)(rl_module=None, batch={}, episodes=[episode])
+    np.testing.assert_array_equal(batch[Columns.OBS][("b_0",)][0], [[0, 1, 2, 3], [10, 11, 12, 13]])
+    discrete = gym.spaces.Discrete(3)
+    episode = SingleAgentEpisode(
+        "d",
+        observations=[0, 2, 1],
+        actions=[0, 0],
+        rewards=[0.0, 0.0],
+        observation_space=discrete,
+        action_space=ACTIONS,
+        len_lookback_buffer=0,
+    ).to_numpy()
+    piece = FlattenObservations(discrete, ACTIONS, as_learner_connector=True)
+    batch = piece(rl_module=None, batch={}, episodes=[episode])
+    np.testing.assert_array_equal(batch[Columns.OBS][("d_0",)][0], [[1, 0, 0], [0, 0, 1]])
