@@ -140,18 +140,24 @@ def _mean(state: dict) -> np.ndarray:
     return (g["mean"] * g["count"] + d["mean"] * d["count"]) / (g["count"] + d["count"])
 
 
-def chunk(id_: str, n: int, start: float, numpy: bool = True) -> SingleAgentEpisode:
-    """A chunk of `n` steps: observations [start], [start + 1], ..., actions 0, rewards 1."""
+def make_episode(id_: str, observations: list, space: gym.Space, numpy: bool = True) -> SingleAgentEpisode:
+    """An episode (chunk) of these observations, without lookback: actions 0, rewards 0."""
+    n = len(observations) - 1
     episode = SingleAgentEpisode(
         id_,
-        observations=[np.array([start + i], np.float32) for i in range(n + 1)],
+        observations=observations,
         actions=[0] * n,
-        rewards=[1.0] * n,
-        observation_space=BOX,
+        rewards=[0.0] * n,
+        observation_space=space,
         action_space=ACTIONS,
         len_lookback_buffer=0,
     )
     return episode.to_numpy() if numpy else episode
+
+
+def chunk(id_: str, n: int, start: float, numpy: bool = True) -> SingleAgentEpisode:
+    """A chunk of `n` steps: observations [start], [start + 1], ..., [start + n]."""
+    return make_episode(id_, [np.array([start + i], np.float32) for i in range(n + 1)], BOX, numpy)
 
 
 def chunks() -> list[SingleAgentEpisode]:
@@ -305,17 +311,7 @@ DICT_ROWS = [
 
 
 def dict_episode(id_: str, rows: list, numpy: bool) -> SingleAgentEpisode:
-    n = len(rows) - 1
-    episode = SingleAgentEpisode(
-        id_,
-        observations=[obs for obs, _ in rows],
-        actions=[1] * n,
-        rewards=[0.0] * n,
-        observation_space=DICT_SPACE,
-        action_space=ACTIONS,
-        len_lookback_buffer=0,
-    )
-    return episode.to_numpy() if numpy else episode
+    return make_episode(id_, [obs for obs, _ in rows], DICT_SPACE, numpy)
 
 
 @pytest.mark.parametrize("numpy", [False, True])
@@ -359,27 +355,11 @@ def test_flatten_observations_as_learner_connector_on_box_and_discrete_spaces():
     """RLlib, one-step Box (2, 2) episode: [[0, 1, 2, 3]]; a Discrete(3) episode fails there (a reshape
     error); here one-hot rows."""
     box = gym.spaces.Box(-1.0, 99.0, (2, 2), np.float32)
-    episode = SingleAgentEpisode(
-        "b",
-        observations=[np.arange(4, dtype=np.float32).reshape(2, 2) + 10 * i for i in range(3)],
-        actions=[0, 0],
-        rewards=[0.0, 0.0],
-        observation_space=box,
-        action_space=ACTIONS,
-        len_lookback_buffer=0,
-    )
+    episode = make_episode("b", [np.arange(4, dtype=np.float32).reshape(2, 2) + 10 * i for i in range(3)], box)
     batch = FlattenObservations(box, ACTIONS, as_learner_connector=True)(rl_module=None, batch={}, episodes=[episode])
     np.testing.assert_array_equal(batch[Columns.OBS][("b_0",)][0], [[0, 1, 2, 3], [10, 11, 12, 13]])
     discrete = gym.spaces.Discrete(3)
-    episode = SingleAgentEpisode(
-        "d",
-        observations=[0, 2, 1],
-        actions=[0, 0],
-        rewards=[0.0, 0.0],
-        observation_space=discrete,
-        action_space=ACTIONS,
-        len_lookback_buffer=0,
-    ).to_numpy()
+    episode = make_episode("d", [0, 2, 1], discrete)
     piece = FlattenObservations(discrete, ACTIONS, as_learner_connector=True)
     batch = piece(rl_module=None, batch={}, episodes=[episode])
     np.testing.assert_array_equal(batch[Columns.OBS][("d_0",)][0], [[1, 0, 0], [0, 0, 1]])
