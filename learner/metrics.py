@@ -22,7 +22,8 @@ class LearnerMetrics:
             registry=r,
         )
         self.pending_steps = Gauge(
-            "rlgate_learner_pending_steps", "Env steps taken in and not yet trained on (at most about a train batch).",
+            "rlgate_learner_pending_steps",
+            "Env steps taken in and not yet trained on (at most about a train batch).",
             registry=r,
         )
         self.staleness = Gauge(

@@ -18,7 +18,9 @@ from rlgate.models import RLModule
 from rlgate.spec.algorithm import PPOConfig
 
 
-def ppo_loss(module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig) -> tuple[torch.Tensor, dict]:
+def ppo_loss(
+    module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig, clip: float
+) -> tuple[torch.Tensor, dict]:
     """Total loss of one minibatch, and its parts for logging."""
     outputs = module.forward_train(batch)
     dist = module.get_train_action_dist_cls().from_logits(outputs[Columns.ACTION_DIST_INPUTS])
@@ -26,11 +28,9 @@ def ppo_loss(module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig
     log_ratio = logp - batch[Columns.ACTION_LOGP]
     ratio = torch.exp(log_ratio)
     advantages = batch[Columns.ADVANTAGES]
-    surrogate = torch.min(
-        ratio * advantages, torch.clamp(ratio, 1 - config.clip_param, 1 + config.clip_param) * advantages
-    )
+    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip, 1 + clip) * advantages)
     vf_error = (outputs[Columns.VF_PREDS] - batch[Columns.VALUE_TARGETS]) ** 2
-    vf_loss = torch.clamp(vf_error, 0, config.vf_clip_param)
+    vf_loss = vf_error if config.vf_clip_param is None else torch.clamp(vf_error, 0, config.vf_clip_param)
     entropy = dist.entropy()
     mask = batch[Columns.LOSS_MASK]
 
@@ -55,8 +55,10 @@ def ppo_update(
     batch: dict[str, torch.Tensor],
     config: PPOConfig,
     rng: np.random.Generator,
+    clip: float,
 ) -> dict[str, Any]:
-    """`num_epochs` passes of minibatch SGD over the batch; returns the mean of each loss part."""
+    """`num_epochs` passes of minibatch SGD over the batch (ratio clipped at 1 +- `clip`, the clip_param
+    schedule's value now); returns the mean of each loss part."""
     size = len(batch[Columns.ADVANTAGES])
     stats: dict[str, list[float]] = {}
     module.train()
@@ -65,7 +67,7 @@ def ppo_update(
         for start in range(0, size, config.minibatch_size):
             rows = order[start : start + config.minibatch_size]
             minibatch = {k: v[rows] for k, v in batch.items()}
-            loss, parts = ppo_loss(module, minibatch, config)
+            loss, parts = ppo_loss(module, minibatch, config, clip)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(module.parameters(), config.grad_clip)

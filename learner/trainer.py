@@ -13,7 +13,7 @@ from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.ppo import ppo_update
 from rlgate.models import RLModule
-from rlgate.spec.algorithm import PPOConfig
+from rlgate.spec.algorithm import PPOConfig, scheduled
 
 
 class Trainer:
@@ -38,11 +38,11 @@ class Trainer:
         self.version = version
         self.env_steps = env_steps  # trained on by every update since version 0 (kept in checkpoints)
         self.max_staleness = max_staleness
-        self.optimizer = torch.optim.Adam(module.parameters(), lr=config.lr, eps=1e-5)
+        self.optimizer = torch.optim.Adam(module.parameters(), lr=scheduled(config.lr, env_steps), eps=1e-5)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
-            for group in self.optimizer.param_groups:  # a resumed run may have been given another lr
-                group["lr"] = config.lr
+            for group in self.optimizer.param_groups:  # the spec's lr (schedule), not the checkpoint's
+                group["lr"] = scheduled(config.lr, env_steps)
         self._rng = np.random.default_rng(seed)
 
     @property
@@ -60,11 +60,16 @@ class Trainer:
             mask = mask & (staleness <= self.max_staleness)
         batch[Columns.LOSS_MASK] = mask
         used = int(mask.sum())
-        stats = ppo_update(self.module, self.optimizer, batch, self.config, self._rng) if used else {}
+        lr, clip = scheduled(self.config.lr, self.env_steps), scheduled(self.config.clip_param, self.env_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        stats = ppo_update(self.module, self.optimizer, batch, self.config, self._rng, clip) if used else {}
         self.version += 1
         self.env_steps += real_steps
         return {
             **stats,
+            "lr": lr,
+            "clip_param": clip,
             "env_steps": real_steps,
             "stale_steps": real_steps - used,
             "staleness": float(staleness[batch[Columns.LOSS_MASK]].mean()) if used else 0.0,

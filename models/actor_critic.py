@@ -36,11 +36,16 @@ class ActorCriticModule(RLModule):
 
         self._gaussian = self._dist_cls is DiagGaussian
         free_log_std = self._gaussian and model_config.free_log_std
-        self.log_std = nn.Parameter(torch.zeros(num_logits // 2)) if free_log_std else None
+        log_std = torch.full((num_logits // 2,), model_config.log_std_init)
+        self.log_std = nn.Parameter(log_std) if free_log_std else None
         self._log_std_clip = model_config.log_std_clip_param
         head = (self.encoder.out_dim, model_config.head_fcnet_hiddens, model_config.head_fcnet_activation)
         self.pi = MLP(*head, out_dim=num_logits // 2 if free_log_std else num_logits, out_gain=0.01)
         self.vf = MLP(*head, out_dim=1, out_gain=1.0)
+        if not model_config.ortho_init:
+            for layer in self.modules():
+                if isinstance(layer, nn.Linear | nn.Conv2d | nn.LSTM | nn.LSTMCell):
+                    layer.reset_parameters()
 
     def _action_dist_inputs(self, features: torch.Tensor) -> torch.Tensor:
         logits = self.pi(features)

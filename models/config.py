@@ -36,12 +36,17 @@ class ModelConfig(BaseModel):
     #: Hidden layers of the policy and value heads (each head ends in its own linear output layer).
     head_fcnet_hiddens: tuple[PositiveInt, ...] = ()
     head_fcnet_activation: Activation = "relu"
-    #: Box actions: log(std) is a learned parameter, not an output of the policy head.
+    #: Box actions: log(std) is a learned parameter, not an output of the policy head (SB3's and cleanrl's
+    #: state-independent log-std).
     free_log_std: StrictBool = False
+    #: The initial log(std) of a free log-std (SB3's log_std_init; e.g. -3.29 for MountainCarContinuous).
+    log_std_init: Annotated[float, Field(allow_inf_nan=False)] = 0.0
     #: Box actions: log(std) is clamped to [-log_std_clip_param, log_std_clip_param].
     log_std_clip_param: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 20.0
     #: Whether policy and value share one encoder (stateless models only; LSTM models always share).
     vf_share_layers: StrictBool = False
+    #: Orthogonal initialisation of every layer (cleanrl's and SB3's default); False: torch's defaults.
+    ortho_init: StrictBool = True
     use_lstm: StrictBool = False
     lstm_cell_size: PositiveInt = 128
     #: Longest sequence the learner cuts episodes into for an LSTM model.

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: A value that changes over training: [[env_steps, value], ...], linear in between and constant after the last
+#: point (RLlib's schedule format), e.g. [[0, 1e-3], [100000, 0.0]] for SB3's "lin_1e-3" over 100k steps.
+Schedule = Annotated[list[tuple[Annotated[int, Field(ge=0)], float]], Field(min_length=1)]
+
+
+def scheduled(value: float | list[tuple[int, float]], env_steps: int) -> float:
+    """The value of a constant, or of a schedule after `env_steps` env steps trained."""
+    if isinstance(value, int | float):
+        return float(value)
+    steps, values = zip(*value, strict=True)
+    return float(np.interp(env_steps, steps, values))
 
 
 class PPOConfig(BaseModel):
     """PPO's hyper-parameters, each declared (with its default) only here; the `[algorithm]` of a run spec.
 
     The defaults are rl-zoo's CartPole-v1 settings (gamma 0.98, lambda 0.8, 20 epochs, lr 1e-3), which
-    learn in tens of thousands of env steps. `rlgate learn` takes every field as a flag (`--lr 3e-4`).
+    learn in tens of thousands of env steps. Every field is a flag (`--spec.algorithm.lr 3e-4`); `lr` and
+    `clip_param` also take a schedule over env steps trained (`lr = [[0, 1e-3], [100000, 0]]`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -17,11 +33,37 @@ class PPOConfig(BaseModel):
     train_batch_size: int = Field(512, ge=1, description="Env steps per PPO update.")
     minibatch_size: int = Field(128, ge=1, description="Env steps per SGD minibatch.")
     num_epochs: int = Field(20, ge=1, description="Passes of SGD over each train batch.")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    lr: float | Schedule = Field(1e-3, description="Adam learning rate, or a schedule of it.")
     gamma: float = Field(0.98, gt=0, le=1, description="Discount factor.")
     lambda_: float = Field(0.8, ge=0, le=1, description="GAE lambda: bias/variance trade-off of advantages.")
-    clip_param: float = Field(0.2, gt=0, description="PPO clip range of the probability ratio.")
-    vf_clip_param: float = Field(10.0, gt=0, description="Clip range of the value loss (in reward units).")
+    clip_param: float | Schedule = Field(0.2, description="PPO clip range of the probability ratio, or a schedule.")
+    vf_clip_param: float | None = Field(
+        None,
+        gt=0,
+        description="Clamp of the squared value error, as RLlib's PPO does (10 there); unset: no clamp, as in SB3 "
+        "and cleanrl (a clamp in reward units gives large returns no value gradient).",
+    )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     grad_clip: float = Field(0.5, gt=0, description="Max global gradient norm.")
+
+    @field_validator("lr", "clip_param", mode="before")
+    @classmethod
+    def _one_number(cls, value: Any) -> Any:
+        """A flag gives `--spec.algorithm.lr 3e-4` as [3e-4] (the field may be a list): one number is a number."""
+        if isinstance(value, list) and len(value) == 1 and not isinstance(value[0], list | tuple):
+            return value[0]
+        return value
+
+    @field_validator("lr", "clip_param")
+    @classmethod
+    def _positive(cls, value: float | list[tuple[int, float]]) -> float | list[tuple[int, float]]:
+        if isinstance(value, int | float):
+            if value <= 0:
+                raise ValueError("must be greater than 0")
+            return value
+        if any(v < 0 for _, v in value):
+            raise ValueError("a schedule's values must not be negative")
+        if [t for t, _ in value] != sorted({t for t, _ in value}):
+            raise ValueError("a schedule's env steps must increase")
+        return value

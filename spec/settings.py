@@ -3,7 +3,8 @@
 `rlgate learn --config run.toml --spec.algorithm.lr 3e-4` reads run.toml, then sets one field on top;
 `RLGATE_SPEC__SAMPLING__ROLLOUT_FRAGMENT_LENGTH=32` does the same from the environment. `--env` and
 `--seed` are shorthands for `--spec.env.id` and `--spec.seed`. Precedence, highest first: flags,
-environment variables, the file, the spec's defaults.
+environment variables, the file, the env's preset (spec/presets/, `--preset none` to start from the
+defaults), the spec's defaults.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
+from rlgate.spec.presets import preset, preset_names
 from rlgate.spec.run import RunSpec, read_spec_file
 
 
@@ -22,8 +24,8 @@ class SpecSettings(BaseSettings):
 
     Put it first among a settings class's bases: pydantic takes the last base's model_config, and this
     class leaves the process's own (env prefix, flag style) to the others. Subclasses may add shorthand
-    fields (`SHORTHANDS`: field -> the spec field it sets) and a `DEFAULT_SPEC` that stands in for a
-    --config file when none is given.
+    fields (`SHORTHANDS`: field -> the spec field it sets) and a `DEFAULT_SPEC`, the command's own defaults
+    (under the preset, the file and the flags).
     """
 
     SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {"env": ("env", "id"), "seed": ("seed",)}
@@ -35,6 +37,12 @@ class SpecSettings(BaseSettings):
         "Code it names may be imported by this process: it is its operator's choice.",
     )
     env: str | None = Field(None, description="Shorthand for --spec.env.id: the env to run (see the spec's env.id).")
+    preset: str = Field(
+        "auto",
+        description="Run spec the file and flags start from: 'auto' (the env's preset if it has one: tuned PPO "
+        "settings for CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MountainCar-v0, "
+        "MountainCarContinuous-v0), an env id among those, or 'none'.",
+    )
     seed: int | None = Field(None, description="Shorthand for --spec.seed.")
     spec: RunSpec = Field(
         default_factory=RunSpec,
@@ -50,15 +58,22 @@ class SpecSettings(BaseSettings):
             return data
         given = data.get("spec")
         overrides = given.model_dump(exclude_unset=True) if isinstance(given, RunSpec) else dict(given or {})
-        merged = read_spec_file(Path(data["config"])) if data.get("config") else dict(cls.DEFAULT_SPEC)
         for field, path in cls.SHORTHANDS.items():
             if data.get(field) is not None:
                 overrides = _deep_merge(_nested(path, data[field]), overrides)
-        return {**data, "spec": _deep_merge(merged, overrides)}
+        file = read_spec_file(Path(data["config"])) if data.get("config") else {}
+        name = data.get("preset", "auto")
+        if name == "auto":  # the preset of the env named (by a flag, the file or this command's default)
+            env_id = _deep_merge(_deep_merge(cls.DEFAULT_SPEC, file), overrides).get("env", {}).get("id")
+            name = env_id if env_id in preset_names() else "none"
+        merged: dict[str, Any] = {}
+        for layer in (cls.DEFAULT_SPEC, preset(name) if name != "none" else {}, file, overrides):
+            merged = _deep_merge(merged, layer)
+        return {**data, "spec": merged}
 
     def spec_given(self) -> bool:
         """Whether anything said what the run is (a file, a shorthand or a spec field), beyond the defaults."""
-        return self.config is not None or self.spec != RunSpec.model_validate(self.DEFAULT_SPEC)
+        return self.config is not None or self.spec != RunSpec.model_validate(self._file_under_flags({})["spec"])
 
 
 def _nested(path: tuple[str, ...], value: Any) -> dict[str, Any]:

@@ -7,12 +7,14 @@ from rlgate.connectors.learner.add_one_ts_to_episodes_and_truncate import (
 )
 from rlgate.connectors.learner.frame_stacking import FrameStackingLearner
 from rlgate.connectors.learner.general_advantage_estimation import GeneralAdvantageEstimation, compute_value_targets
+from rlgate.connectors.learner.normalize_rewards import NormalizeRewards
 
 __all__ = [
     "AddColumnsFromEpisodesToTrainBatch",
     "AddOneTsToEpisodesAndTruncate",
     "FrameStackingLearner",
     "GeneralAdvantageEstimation",
+    "NormalizeRewards",
     "compute_value_targets",
     "remove_last_ts_from_episodes_and_restore_truncateds",
 ]

@@ -154,3 +154,26 @@ def test_gae_on_zero_padded_batches_equals_the_flat_one(make_episode, stateful_v
     np.testing.assert_allclose(batch[Columns.VALUE_TARGETS].numpy()[valid], reference, rtol=1e-5)
     padding = ~create_mask_and_seq_lens(4, 3)[0]
     assert batch[Columns.ADVANTAGES].numpy()[:2][padding].tolist() == [0.0, 0.0]
+
+
+def test_normalize_rewards_divides_by_the_spread_of_discounted_returns_as_sb3_does():
+    """SB3's VecNormalize keeps RunningMeanStd of ret = ret * gamma + r and returns r / sqrt(var + eps)."""
+    from rlgate.connectors.learner import NormalizeRewards
+    from rlgate.episodes import SingleAgentEpisode
+
+    rewards = [np.array([1.0, 0.0, 2.0, 5.0]), np.array([3.0, -1.0])]
+    episodes = []
+    for chunk in rewards:
+        episode = SingleAgentEpisode()
+        episode.add_env_reset(np.zeros(1))
+        for reward in chunk:
+            episode.add_env_step(np.zeros(1), 0, reward)
+        episodes.append(episode.to_numpy())
+    piece = NormalizeRewards(gamma=0.5, clip=2.0)
+    piece(rl_module=None, batch={}, episodes=episodes)
+    returns = np.concatenate([[1.0, 0.5, 2.25, 6.125], [3.0, 0.5]])  # per chunk, from 0
+    scale = np.sqrt(returns.var(ddof=1) + 1e-8)
+    expected = np.clip(np.concatenate(rewards) / scale, -2.0, 2.0)
+    actual = np.concatenate([np.asarray(e.get_rewards()) for e in episodes])
+    np.testing.assert_allclose(actual, expected, rtol=1e-6)
+    assert piece.get_state()["returns"]["count"] == 6

@@ -171,3 +171,13 @@ def test_unsupported_observation_spaces_point_to_flatten(space: gym.Space) -> No
 def test_unsupported_action_spaces(space: gym.Space) -> None:
     with pytest.raises(ValueError, match="action space"):
         build_module(FLAT_OBS, space)
+
+
+def test_a_free_log_std_starts_at_log_std_init_and_init_can_be_torchs_own():
+    module = build_module(FLAT_OBS, BOX, ModelConfig(free_log_std=True, log_std_init=-1.5))
+    assert torch.equal(module.log_std.data, torch.full_like(module.log_std, -1.5))
+    torch.manual_seed(0)
+    ortho = build_module(FLAT_OBS, BOX, ModelConfig(ortho_init=True)).pi.out.bias
+    torch.manual_seed(0)
+    default = build_module(FLAT_OBS, BOX, ModelConfig(ortho_init=False)).pi.out.bias
+    assert not ortho.any() and default.any()  # orthogonal init zeroes biases; torch's draws them

@@ -57,7 +57,7 @@ def test_toml_yaml_and_json_files_read_into_the_same_spec(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[algorithm]\nlr = -1\n", "algorithm.lr: Input should be greater than 0"),
+        ("[algorithm]\nlr = -1\n", "algorithm.lr: Value error, must be greater than 0"),
         ("[algorithm]\nlearning_rate = 0.1\n", "algorithm.learning_rate: Extra inputs are not permitted"),
         ("[model.config]\nfcnet_hidens = [8]\n", "model.config"),
         ("[sampling]\nbatch_mode = 'whole'\n", "sampling.batch_mode"),

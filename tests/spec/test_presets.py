@@ -1,0 +1,57 @@
+"""Presets: tuned run specs for the classic-control and Box2D envs, the base a spec for such an env starts from."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlgate.cli.up import UpSettings
+from rlgate.learner.settings import LearnerSettings
+from rlgate.spec.algorithm import PPOConfig, scheduled
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
+from rlgate.spec.presets import preset, preset_names
+from rlgate.spec.run import RunSpec
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_is_a_valid_spec_for_its_env_and_says_where_its_values_come_from(name: str) -> None:
+    spec = RunSpec.parse(preset(name), name)
+    assert spec.env.id == name
+    from importlib import resources
+
+    assert "rl-baselines3-zoo" in (resources.files("rlgate.spec") / "presets" / f"{name}.toml").read_text()
+    if name.startswith("LunarLander"):
+        pytest.importorskip("Box2D", reason="LunarLander needs Box2D (pip install 'gymnasium[box2d]')")
+    from rlgate.spec.env import env_spaces
+
+    spaces = env_spaces(spec.env, ImportPolicy())
+    pipeline = build_env_to_module(spec, *spaces, ImportPolicy())
+    module = build_rl_module(spec, pipeline.observation_space, spaces[1], ImportPolicy())
+    build_learner_connector(spec, module.observation_space, module.action_space, ImportPolicy())
+
+
+def test_an_env_with_a_preset_starts_from_it_and_the_file_and_flags_go_on_top(tmp_path) -> None:
+    assert LearnerSettings(env="Pendulum-v1").spec.algorithm.gamma == 0.9  # the preset
+    assert LearnerSettings(env="Pendulum-v1", preset="none").spec.algorithm.gamma == 0.98  # the defaults
+    flagged = LearnerSettings(_cli_parse_args=["--env", "Pendulum-v1", "--spec.algorithm.gamma", "0.95"])
+    assert flagged.spec.algorithm.gamma == 0.95 and flagged.spec.algorithm.train_batch_size == 4096
+    (tmp_path / "run.toml").write_text('[env]\nid = "Acrobot-v1"\n[algorithm]\nnum_epochs = 2\n')
+    filed = LearnerSettings(config=tmp_path / "run.toml").spec
+    assert filed.algorithm.num_epochs == 2 and filed.connectors.learner[0].type == "NormalizeRewards"
+    assert UpSettings().spec.algorithm.train_batch_size == 256  # `rlgate up`'s CartPole is rl-zoo's
+    assert UpSettings(env="Acrobot-v1").spec.env.num_envs == 8  # the preset over up's own default of 4
+    with pytest.raises(ValueError, match=r"no preset .Pong."):
+        LearnerSettings(env="Acrobot-v1", preset="Pong")
+
+
+def test_a_flag_replaces_a_presets_schedule_with_one_number() -> None:
+    assert isinstance(UpSettings().spec.algorithm.lr, list)
+    assert UpSettings(_cli_parse_args=["--spec.algorithm.lr", "3e-4"]).spec.algorithm.lr == 3e-4
+
+
+def test_schedules_are_linear_between_their_points_and_constant_after() -> None:
+    config = PPOConfig(lr=[[0, 1e-3], [1000, 0.0]], clip_param=0.2)
+    assert scheduled(config.lr, 0) == 1e-3 and scheduled(config.lr, 500) == pytest.approx(5e-4)
+    assert scheduled(config.lr, 5000) == 0.0 and scheduled(config.clip_param, 10**9) == 0.2
+    with pytest.raises(ValueError, match="must increase"):
+        PPOConfig(lr=[[10, 1e-3], [0, 0.0]])
