@@ -23,11 +23,12 @@ from typing import Any, ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from rlgate.service.process import process_started
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
 from rlgate.spec.run import RunSpec
 from rlgate.spec.settings import SpecSettings
 
-POLL_S = 0.5
+POLL_S = 0.25
 WINDOW = 20  # episodes in the mean return
 
 
@@ -83,7 +84,7 @@ def run(settings: UpSettings) -> int:
         ],
     }
     processes: dict[str, subprocess.Popen] = {}
-    started = time.monotonic()
+    started = process_started()  # "in T s" counts the command's own start-up too
     mean_return, steps, code = float("nan"), 0, 1
     with contextlib.ExitStack() as stack:
         stack.callback(_shut_down, processes)
@@ -122,12 +123,13 @@ def run(settings: UpSettings) -> int:
                     break
                 if steps >= s.max_steps:
                     break
+            elapsed = time.monotonic() - started  # to the goal or the budget; shutting down is not counted
         except KeyboardInterrupt:
             for sig in (signal.SIGINT, signal.SIGTERM):  # one interrupt is enough: shut down in order
                 signal.signal(sig, signal.SIG_IGN)
             print("\nCtrl-C: shutting down", flush=True)
             code = 130
-    elapsed = time.monotonic() - started
+            elapsed = time.monotonic() - started
     print(f"\ncheckpoint: {run_dir / 'checkpoints'}")
     if code == 0:
         print(f"reached return {mean_return:.1f} at {steps} env steps in {elapsed:.1f} s")

@@ -1,21 +1,30 @@
-"""RLModules (RLlib's new API stack contract), action distributions, the default catalog, weights."""
+"""RLModules (RLlib's new API stack contract), action distributions, the default catalog, weights.
 
-from rlgate.models.actor_critic import ActorCriticModule, build_module
-from rlgate.models.config import ModelConfig
-from rlgate.models.distributions import Categorical, Deterministic, DiagGaussian, Distribution, MultiCategorical
-from rlgate.models.rl_module import RLModule
-from rlgate.models.weights import load_weights, weights_to_bytes
+The names load on first use (PEP 562): a process that only reads a run spec (env clients, `rlgate up`)
+imports `rlgate.models.config` without paying for torch.
+"""
 
-__all__ = [
-    "ActorCriticModule",
-    "Categorical",
-    "Deterministic",
-    "DiagGaussian",
-    "Distribution",
-    "ModelConfig",
-    "MultiCategorical",
-    "RLModule",
-    "build_module",
-    "load_weights",
-    "weights_to_bytes",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ActorCriticModule": "rlgate.models.actor_critic",
+    "build_module": "rlgate.models.actor_critic",
+    "ModelConfig": "rlgate.models.config",
+    "Categorical": "rlgate.models.distributions",
+    "Deterministic": "rlgate.models.distributions",
+    "DiagGaussian": "rlgate.models.distributions",
+    "Distribution": "rlgate.models.distributions",
+    "MultiCategorical": "rlgate.models.distributions",
+    "RLModule": "rlgate.models.rl_module",
+    "load_weights": "rlgate.models.weights",
+    "weights_to_bytes": "rlgate.models.weights",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rlgate.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -73,3 +75,13 @@ async def run_until_signal(make: Callable[[], Service]) -> None:
     await stopping.wait()
     log.info("signal received: stopping")
     await service.stop()
+
+
+def process_started() -> float:
+    """When this process started, on the `time.monotonic()` clock (Linux: from /proc; elsewhere: now)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return time.monotonic()
+    return time.monotonic() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))

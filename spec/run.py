@@ -33,7 +33,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rlgate.models import ModelConfig
+from rlgate.models.config import ModelConfig
 from rlgate.spec.algorithm import PPOConfig
 from rlgate.spec.imports import SpecError, split_path
 
