@@ -51,7 +51,8 @@ class Trainer:
 
     def update(self, episodes: list[SingleAgentEpisode]) -> dict[str, Any]:
         """One PPO update on these chunks; steps chosen more than max_staleness versions ago don't count."""
-        batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data={})
+        shared = {"learner_version": self.version}  # GAE corrects steps sampled more than one version back
+        batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data=shared)
         mask = batch[Columns.LOSS_MASK].bool()
         real_steps = int(mask.sum())
         staleness = torch.zeros_like(mask, dtype=torch.float32)

@@ -6,7 +6,11 @@ from rlgate.connectors.learner.add_one_ts_to_episodes_and_truncate import (
     remove_last_ts_from_episodes_and_restore_truncateds,
 )
 from rlgate.connectors.learner.frame_stacking import FrameStackingLearner
-from rlgate.connectors.learner.general_advantage_estimation import GeneralAdvantageEstimation, compute_value_targets
+from rlgate.connectors.learner.general_advantage_estimation import (
+    GeneralAdvantageEstimation,
+    compute_value_targets,
+    compute_vtrace_targets,
+)
 from rlgate.connectors.learner.normalize_rewards import NormalizeRewards
 
 __all__ = [
@@ -16,5 +20,6 @@ __all__ = [
     "GeneralAdvantageEstimation",
     "NormalizeRewards",
     "compute_value_targets",
+    "compute_vtrace_targets",
     "remove_last_ts_from_episodes_and_restore_truncateds",
 ]

@@ -1,7 +1,9 @@
-"""GeneralAdvantageEstimation: PPO's ADVANTAGES and VALUE_TARGETS, from one value forward pass."""
+"""GeneralAdvantageEstimation: PPO's ADVANTAGES and VALUE_TARGETS, from one value forward pass (V-trace
+corrected for steps sampled by a model more than one version behind)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -45,6 +47,31 @@ def compute_value_targets(
     return (np.asarray(advantages) + values).astype(np.float32)
 
 
+def compute_vtrace_targets(
+    values: np.ndarray,
+    rewards: np.ndarray,
+    terminateds: np.ndarray,
+    truncateds: np.ndarray,
+    log_rhos: np.ndarray,
+    gamma: float,
+    lambda_: float,
+) -> np.ndarray:
+    """V-trace value targets (IMPALA, Espeholt et al. 2018) of consecutive episodes' steps (1-D), with
+    truncated importance weights rho = min(1, pi/mu) and traces c = lambda * min(1, pi/mu), where log_rhos
+    is log pi - log mu per step. With pi == mu they are exactly GAE(gamma, lambda)'s targets."""
+    ratios = np.minimum(1.0, np.exp(log_rhos))
+    non_terminal = 1.0 - terminateds.astype(np.float64)
+    propagate = (non_terminal * (1.0 - truncateds) * lambda_ * ratios).tolist()
+    next_values = np.append(values[1:], 0.0)
+    deltas = (ratios * (rewards + gamma * non_terminal * next_values - values)).tolist()
+    corrections = [0.0] * len(deltas)
+    running = 0.0
+    for t in range(len(deltas) - 1, -1, -1):
+        running = deltas[t] + gamma * propagate[t] * running
+        corrections[t] = running
+    return (np.asarray(corrections) + values).astype(np.float32)
+
+
 class GeneralAdvantageEstimation(ConnectorV2):
     """Add ADVANTAGES (standardised) and VALUE_TARGETS, as tensors on the values' device.
 
@@ -52,6 +79,11 @@ class GeneralAdvantageEstimation(ConnectorV2):
     first: calls `rl_module.compute_values(batch)` once (no grad), computes GAE per episode and
     standardises the advantages over the LOSS_MASK steps (RLlib 2.60 includes the extra steps' values
     in the mean and std). Zero-padded [N, T] batches of a stateful module are handled.
+
+    Off-policy correction: when `shared_data["learner_version"]` is given and an episode holds steps whose
+    MODEL_VERSION lags it by more than one version, that episode's targets are V-trace's (with the
+    module's current log-probabilities against the recorded ACTION_LOGP), as APPO does; PPO's ratio then
+    still corrects the policy gradient. One version of lag (sampling overlapping training) keeps GAE.
     """
 
     def __init__(
@@ -86,14 +118,15 @@ class GeneralAdvantageEstimation(ConnectorV2):
             return unpad(to_numpy(data), episode_lens)
 
         values = steps(values_tensor)
-        value_targets = compute_value_targets(
-            values,
-            steps(batch[Columns.REWARDS]),
-            steps(batch[Columns.TERMINATEDS]),
-            steps(batch[Columns.TRUNCATEDS]),
-            self.gamma,
-            self.lambda_,
-        )
+        columns = (steps(batch[Columns.REWARDS]), steps(batch[Columns.TERMINATEDS]), steps(batch[Columns.TRUNCATEDS]))
+        value_targets = compute_value_targets(values, *columns, self.gamma, self.lambda_)
+        lagging = self._lagging_rows(batch, episode_lens, shared_data or {}, steps)
+        if lagging is not None:
+            log_rhos = self._log_rhos(rl_module, batch, steps)
+            if Columns.LOSS_MASK in batch:
+                log_rhos = np.where(steps(batch[Columns.LOSS_MASK]), log_rhos, 0.0)  # the extra bootstrap steps
+            vtrace = compute_vtrace_targets(values, *columns, log_rhos, self.gamma, self.lambda_)
+            value_targets = np.where(lagging, vtrace, value_targets)
         advantages = value_targets - values
         valid = steps(batch[Columns.LOSS_MASK]) if Columns.LOSS_MASK in batch else slice(None)
         advantages = (advantages - advantages[valid].mean()) / max(1e-4, advantages[valid].std())
@@ -104,3 +137,27 @@ class GeneralAdvantageEstimation(ConnectorV2):
         batch[Columns.ADVANTAGES] = to_tensor(advantages.astype(np.float32), values_tensor.device)
         batch[Columns.VALUE_TARGETS] = to_tensor(value_targets, values_tensor.device)
         return batch
+
+    @staticmethod
+    def _lagging_rows(
+        batch: dict[str, Any], episode_lens: list[int], shared_data: dict, steps: Any
+    ) -> np.ndarray | None:
+        """Per step: whether its episode has steps more than one version behind the learner; None if none has."""
+        version = shared_data.get("learner_version")
+        if version is None or Columns.MODEL_VERSION not in batch:
+            return None
+        lag = version - steps(batch[Columns.MODEL_VERSION])
+        bounds = np.cumsum([0, *episode_lens])
+        per_episode = [bool((lag[a:b] > 1).any()) for a, b in pairwise(bounds)]
+        if not any(per_episode):
+            return None
+        return np.repeat(per_episode, episode_lens)
+
+    @staticmethod
+    def _log_rhos(rl_module: RLModule, batch: dict[str, Any], steps: Any) -> np.ndarray:
+        """log pi(a|s) - log mu(a|s): the module now against the behaviour policy that acted."""
+        with torch.no_grad():
+            outputs = rl_module.forward_train(batch)
+            dist = rl_module.get_train_action_dist_cls().from_logits(outputs[Columns.ACTION_DIST_INPUTS])
+            logp = dist.logp(batch[Columns.ACTIONS])
+        return steps(logp) - steps(batch[Columns.ACTION_LOGP])

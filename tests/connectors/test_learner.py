@@ -177,3 +177,25 @@ def test_normalize_rewards_divides_by_the_spread_of_discounted_returns_as_sb3_do
     actual = np.concatenate([np.asarray(e.get_rewards()) for e in episodes])
     np.testing.assert_allclose(actual, expected, rtol=1e-6)
     assert piece.get_state()["returns"]["count"] == 6
+
+
+def test_vtrace_targets_are_gae_targets_on_policy_and_cut_by_truncated_ratios_off_policy():
+    """With pi == mu (log_rhos 0), V-trace with traces lambda * min(1, ratio) is GAE(lambda); a step whose action
+    the current policy would rarely take (ratio << 1) pulls the targets of the steps before it towards V."""
+    from rlgate.connectors.learner import compute_vtrace_targets
+
+    rng = np.random.default_rng(0)
+    values, rewards = rng.standard_normal(9), rng.standard_normal(9)
+    terminateds = np.zeros(9, bool)
+    terminateds[4] = True
+    truncateds = np.zeros(9, bool)
+    truncateds[8] = True
+    gae = compute_value_targets(values, rewards, terminateds, truncateds, 0.9, 0.8)
+    on_policy = compute_vtrace_targets(values, rewards, terminateds, truncateds, np.zeros(9), 0.9, 0.8)
+    np.testing.assert_allclose(on_policy, gae, rtol=1e-5, atol=1e-6)
+    log_rhos = np.zeros(9)
+    log_rhos[2] = np.log(1e-6)  # the current policy all but never takes step 2's action
+    off = compute_vtrace_targets(values, rewards, terminateds, truncateds, log_rhos, 0.9, 0.8)
+    assert off[2] == pytest.approx(values[2], abs=1e-4)  # no correction from a step it would not take
+    np.testing.assert_allclose(off[5:], gae[5:], rtol=1e-5)  # the next episode is untouched
+    assert not np.allclose(off[:2], gae[:2])  # the trace is cut at step 2 for the steps before it

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import gymnasium as gym
+import torch
 
+from rlgate.core.columns import Columns
 from rlgate.learner.trainer import Trainer
 from rlgate.models import build_module, weights_to_bytes
 from rlgate.spec.imports import ImportPolicy
@@ -60,3 +63,19 @@ def test_an_update_with_only_stale_steps_leaves_the_weights_alone(learner_settin
     assert weights_to_bytes(t.module) == before
     assert stats["stale_steps"] == stats["env_steps"] == steps
     assert "policy_loss" not in stats
+
+
+def test_steps_more_than_one_version_behind_train_with_vtrace_targets(learner_settings, cartpole_chunks):
+    """The same chunks, through the same module, get other value targets when they lag the learner by two
+    versions than by one (GAE); and an update on them trains."""
+    chunks = cartpole_chunks(128, version=0)
+    t = trainer(learner_settings, version=2)
+    targets = {}
+    for version in (1, 2):
+        shared = {"learner_version": version}
+        batch = t.pipeline(
+            rl_module=t.module, batch={}, episodes=copy.deepcopy(chunks), explore=False, shared_data=shared
+        )
+        targets[version] = batch[Columns.VALUE_TARGETS]
+    assert not torch.allclose(targets[1], targets[2])
+    assert math.isfinite(t.update(chunks)["policy_loss"])
