@@ -1,10 +1,20 @@
-"""The `rlgate` command: one subcommand per service; each parses its own settings (env vars, then flags)."""
+"""The `rlgate` command: one subcommand per service; each parses its own settings (env vars, then flags).
+
+A user's mistake never shows a traceback: whatever a command raises as `UserError`, and a flag or variable
+that fails validation, ends it with one line `rlgate: <message>` on stderr and exit status 2.
+"""
 
 import argparse
 import importlib
 import logging
 import os
 import sys
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
+from rlgate.core.errors import UserError
 
 # name -> (module whose `main(argv)` runs it, one-line help). Only commands that exist are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -14,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("rlgate.cli.up", "train locally: learner, server and env clients as processes, until a return is reached"),
     "bench": ("rlgate.bench.main", "measure throughput and latency against in-process and bare-gRPC floors"),
 }
+USAGE_ERROR = 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,4 +41,34 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.append(os.getcwd())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except (UserError, ValidationError, SettingsError) as exc:
+        print(f"rlgate: {user_message(exc)}", file=sys.stderr, flush=True)
+        return USAGE_ERROR
+
+
+def user_message(error: Exception) -> str:
+    """One line for a user's mistake; a validation error names the flags (`--max-batch-size`), not fields."""
+    if isinstance(error, ValidationError):
+        return "; ".join(_one_error(e) for e in error.errors(include_url=False))
+    text = " ".join(str(error).split())
+    return text.removeprefix("error parsing CLI: ") if isinstance(error, SettingsError) else text
+
+
+def _one_error(error: Any) -> str:
+    message = error["msg"].removeprefix("Value error, ")
+    loc = error["loc"]
+    if not loc:  # a check across fields: its message names the flags
+        return message
+    got = error.get("input")
+    shown = f" (got {got!r})" if isinstance(got, str | int | float) and error["type"] != "missing" else ""
+    return f"{flag_name(loc)}: {message[:1].lower()}{message[1:]}{shown}"
+
+
+def flag_name(loc: tuple[str | int, ...]) -> str:
+    """('spec', 'algorithm', 'train_batch_size') -> '--spec.algorithm.train-batch-size' (list items as [i])."""
+    name = ""
+    for part in loc:
+        name += f"[{part}]" if isinstance(part, int) else f"{'.' if name else ''}{part.replace('_', '-')}"
+    return f"--{name}"

@@ -36,7 +36,11 @@ class UpSettings(SpecSettings):
     """Knobs of `rlgate up`; what the run is comes from the run spec (--config, --spec.*, --env, --seed)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RLGATE_UP_", env_nested_delimiter="__", cli_kebab_case=True, cli_implicit_flags=True
+        env_prefix="RLGATE_UP_",
+        env_nested_delimiter="__",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_exit_on_error=False,  # a bad flag raises; the command line prints it as one line (cli/main.py)
     )
     SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {
         **SpecSettings.SHORTHANDS,

@@ -1,9 +1,8 @@
 """Settings of the env clients: environment variables `RLGATE_*`, overridden by `rlgate env` flags."""
 
-from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, FilePath
 
 from rlgate.service.settings import RlgateSettings
 from rlgate.spec.settings import SpecSettings
@@ -30,5 +29,5 @@ class ClientSettings(SpecSettings, RlgateSettings):
     )
     max_steps: int = Field(0, ge=0, description="Env steps each client runs before it stops (0: until Ctrl-C).")
     explore: bool = Field(True, description="Ask for sampled actions (training) rather than greedy ones.")
-    tls_ca: Path | None = Field(None, description="PEM CA to verify the server by; set to connect over TLS.")
+    tls_ca: FilePath | None = Field(None, description="PEM CA to verify the server by; set to connect over TLS.")
     progress: bool = Field(True, description="Show a progress bar with steps/s and mean return.")

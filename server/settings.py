@@ -4,7 +4,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ByteSize, Field
+from pydantic import ByteSize, Field, FilePath
 
 from rlgate.service.settings import ServiceSettings
 
@@ -19,7 +19,7 @@ class ServerSettings(ServiceSettings):
         description="Without a learner or checkpoint: serve a fresh model for this env (an id as in a run spec's "
         "env.id); unset: for the first session's spaces.",
     )
-    config: Path | None = Field(
+    config: FilePath | None = Field(
         None,
         description="Without a learner or checkpoint: a run spec file (.toml/.yaml/.json) whose env, model and "
         "connector pieces the fresh model is built with (--env overrides its env.id).",
@@ -30,7 +30,7 @@ class ServerSettings(ServiceSettings):
     learner: str | None = Field(
         None, description="host:port of the learner: episodes go there and weights come from there."
     )
-    learner_tls_ca: Path | None = Field(
+    learner_tls_ca: FilePath | None = Field(
         None, description="PEM CA to verify the learner by; set when the learner serves TLS (its tls_cert)."
     )
     episode_dir: Path | None = Field(
@@ -76,4 +76,4 @@ class ServerSettings(ServiceSettings):
         300.0, gt=0, description="A session silent this long is closed; its episodes ship as truncated."
     )
     drain_timeout_s: float = Field(10.0, ge=0, description="On SIGTERM, how long open sessions may finish.")
-    tls_client_ca: Path | None = Field(None, description="PEM CA that client certificates must chain to (mTLS).")
+    tls_client_ca: FilePath | None = Field(None, description="PEM CA that client certificates must chain to (mTLS).")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Self
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, FilePath, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -17,7 +17,11 @@ class RlgateSettings(BaseSettings):
     """`RLGATE_<NAME>=value` equals `--<name> value`; the flag wins."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RLGATE_", env_nested_delimiter="__", cli_kebab_case=True, cli_implicit_flags=True
+        env_prefix="RLGATE_",
+        env_nested_delimiter="__",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_exit_on_error=False,  # a bad flag raises; the command line prints it as one line (cli/main.py)
     )
 
     token: SecretStr | None = Field(
@@ -37,13 +41,13 @@ class RlgateSettings(BaseSettings):
         if self.token_file is None:
             return self
         if self.token is not None:
-            raise ValueError("set token or token_file, not both")
+            raise ValueError("set --token or --token-file, not both")
         try:
             text = self.token_file.read_text().strip()
         except OSError as exc:
-            raise ValueError(f"token_file {self.token_file}: {exc.strerror}") from exc
+            raise ValueError(f"--token-file {self.token_file}: {exc.strerror}") from exc
         if not text:
-            raise ValueError(f"token_file {self.token_file} is empty")
+            raise ValueError(f"--token-file {self.token_file} is empty")
         self.token = SecretStr(text)
         return self
 
@@ -56,8 +60,8 @@ class ServiceSettings(RlgateSettings):
     """What a gRPC + HTTP service binds to and how it secures its gRPC port."""
 
     host: str = Field("127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers).")
-    tls_cert: Path | None = Field(None, description="PEM certificate chain; with tls_key, gRPC is served over TLS.")
-    tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
+    tls_cert: FilePath | None = Field(None, description="PEM certificate chain; with tls_key, gRPC is served over TLS.")
+    tls_key: FilePath | None = Field(None, description="PEM private key for tls_cert.")
     allow_import: list[str] = Field(
         [],
         description="Modules (each with its submodules) that a run spec from elsewhere (the learner, a "
@@ -68,7 +72,7 @@ class ServiceSettings(RlgateSettings):
     @model_validator(mode="after")
     def _tls_pair(self) -> Self:
         if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("tls_cert and tls_key go together: set both to serve TLS, or neither")
+            raise ValueError("--tls-cert and --tls-key go together: set both to serve TLS, or neither")
         return self
 
     def tls(self, client_ca: Path | None = None) -> tuple[Path, Path, Path | None] | None:

@@ -27,10 +27,15 @@ from safetensors.torch import load as load_torch
 from safetensors.torch import save as save_torch
 
 from rlgate.core import codec
+from rlgate.core.errors import UserError
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import tensor_pb2
 
 LATEST = "latest"
+
+
+class CheckpointNotFound(UserError, FileNotFoundError):
+    """No usable checkpoint where one was asked for (e.g. `rlgate serve --checkpoint DIR`)."""
 
 
 @dataclass
@@ -108,7 +113,7 @@ def load(path: Path) -> Checkpoint:
     """Load a checkpoint directory written by `save` (or a folder whose `latest` points to one)."""
     found = latest(path)
     if found is None:
-        raise FileNotFoundError(f"no checkpoint in {path}: expected metadata.json or a 'latest' pointer")
+        raise CheckpointNotFound(f"no checkpoint in {path}: expected metadata.json or a 'latest' pointer")
     metadata = json.loads((found / "metadata.json").read_text())
     optimizer_state = None
     if "optimizer" in metadata:
@@ -116,7 +121,7 @@ def load(path: Path) -> Checkpoint:
         optimizer_state = _optimizer_from_tensors(tensors, metadata["optimizer"])
     spec_file = found / "spec.json"
     if not spec_file.exists():
-        raise FileNotFoundError(f"{found} has no spec.json: it was written by an rlgate from before run specs")
+        raise CheckpointNotFound(f"{found} has no spec.json: it was written by an rlgate from before run specs")
     return Checkpoint(
         version=int(metadata["version"]),
         spec=RunSpec.from_json(spec_file.read_text(), str(spec_file)),

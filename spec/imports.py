@@ -13,8 +13,10 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
+from rlgate.core.errors import UserError
 
-class SpecError(ValueError):
+
+class SpecError(UserError, ValueError):
     """A run spec that cannot be used here: the message says what and how to fix it."""
 
 

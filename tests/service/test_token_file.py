@@ -26,7 +26,7 @@ def test_the_token_file_is_read_and_stripped(tmp_path: Path) -> None:
     [
         ("", {}, "is empty"),
         (None, {}, "No such file"),
-        ("x", {"token": "y"}, "set token or token_file, not both"),
+        ("x", {"token": "y"}, "set --token or --token-file, not both"),
     ],
 )
 def test_a_bad_token_file_is_refused_with_the_reason(tmp_path: Path, write: str | None, extra: dict, message: str):
