@@ -4,7 +4,9 @@ A plain env runs as a vector env of one. Sub-envs reset themselves the way gymna
 do by default (autoreset mode NEXT_STEP), which is what the server expects: after a sub-env's episode
 ends, its next observation is a reset observation. A stream that breaks (server restart, network)
 is re-opened with backoff, and every sub-env starts a fresh episode; the server ships the old ones
-as truncated.
+as truncated. A server that cannot be reached within `connect_timeout_s` (when set), or that refuses
+the stream for a reason a new stream would meet again (spaces that do not match its model, a wrong
+token), ends `run()` with a UserError that says so.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import gymnasium as gym
 import numpy as np
 
 from rlgate.core import codec
+from rlgate.core.errors import UserError
+from rlgate.service.channel import CHANNEL_OPTIONS as RECONNECT_AND_KEEPALIVE
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import policy_pb2_grpc
 
@@ -40,7 +44,25 @@ RETRYABLE = frozenset(
 
 # A target like dns:///inference:50051 resolves to every replica; round_robin spreads streams over them
 # (each stream, once open, stays on its replica, so its episodes never move).
-CHANNEL_OPTIONS = (("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),)
+CHANNEL_OPTIONS = (
+    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
+    *RECONNECT_AND_KEEPALIVE,
+)
+# While the server is unreachable, one warning after this long, not one per attempt.
+WARN_AFTER_S = 1.0
+
+
+class ServerRefused(UserError):
+    """The server ended the stream with a status that a new stream would get too: the client's to fix."""
+
+    def __init__(self, target: str, code: grpc.StatusCode, details: str | None) -> None:
+        super().__init__(f"the server at {target} refused the stream: {code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class ServerUnreachable(UserError):
+    """No connection to the server within the client's connect timeout."""
 
 
 @dataclass
@@ -71,8 +93,11 @@ class EnvClient:
         token: str | None = None,
         tls_ca: Path | None = None,
         max_backoff_s: float = 1.0,
+        connect_timeout_s: float | None = None,
         on_step: Callable[[ClientStats], None] | None = None,
     ) -> None:
+        """`connect_timeout_s`: how long each connection (the first, and each after a broken stream) may take
+        before run() gives up with ServerUnreachable; None: wait for the server forever."""
         if not isinstance(env, gym.vector.VectorEnv):
             env = gym.vector.SyncVectorEnv([lambda: env])
         mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
@@ -87,12 +112,15 @@ class EnvClient:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._credentials = grpc.ssl_channel_credentials(tls_ca.read_bytes()) if tls_ca else None
         self._max_backoff_s = max_backoff_s
+        self._connect_timeout_s = connect_timeout_s
         self._on_step = on_step
         self._stopping = False
+        self._stopped = asyncio.Event()
 
     def stop(self) -> None:
-        """Finish the current step, send close, and return from run()."""
+        """Finish the current step, send close, and return from run() (or stop waiting for the server)."""
         self._stopping = True
+        self._stopped.set()
 
     async def run(self, max_steps: int = 0) -> ClientStats:
         """Run until max_steps env steps (0: until stop()), reconnecting when the stream breaks."""
@@ -102,7 +130,7 @@ class EnvClient:
                 await self._stream(max_steps)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE:
-                    raise
+                    raise ServerRefused(self.target, exc.code(), exc.details()) from exc
                 self.stats.reconnects += 1
                 log.warning("stream broke (%s: %s); reconnecting in %.1f s", exc.code().name, exc.details(), backoff)
                 await asyncio.sleep(backoff)
@@ -121,6 +149,8 @@ class EnvClient:
         else:
             channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
         async with channel:
+            if not await self._connected(channel):
+                return  # stopped while waiting
             call = policy_pb2_grpc.PolicyServiceStub(channel).Connect(metadata=self._metadata)
             await call.write(self._hello())
             welcome = await self._read(call)
@@ -159,6 +189,27 @@ class EnvClient:
             await call.write(pb.ClientMessage(close=pb.Close()))
             await call.done_writing()
             await call.code()
+
+    async def _connected(self, channel: grpc.aio.Channel) -> bool:
+        """Wait until the channel connects (True) or stop() is called (False); ServerUnreachable on timeout."""
+        ready = asyncio.ensure_future(channel.channel_ready())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        waiting = {ready, stopped}
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                done, _ = await asyncio.wait(waiting, timeout=WARN_AFTER_S, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    limit = "" if self._connect_timeout_s is None else f" for up to {self._connect_timeout_s:g} s"
+                    log.warning("server at %s not reachable yet; trying%s", self.target, limit)
+                    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            raise ServerUnreachable(
+                f"cannot reach the server at {self.target} within {self._connect_timeout_s:g} s"
+            ) from None
+        finally:
+            for future in waiting:
+                future.cancel()
+        return ready in done
 
     @staticmethod
     async def _read(call: grpc.aio.StreamStreamCall) -> pb.ServerMessage:

@@ -1,4 +1,9 @@
-"""`rlgate env`: K env-client processes against one server, with one progress bar for all of them."""
+"""`rlgate env`: K env-client processes against one server, with one progress bar for all of them.
+
+A client that meets a user's mistake (an env id that does not exist, a server that refuses the env's
+spaces or the token, an address where no server answers) reports the message to this process, which ends
+the others and raises it once as a UserError (one line, exit 2), however many clients met it.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from tqdm import tqdm
 
 from rlgate.client.env_client import ClientStats, EnvClient
 from rlgate.client.settings import ClientSettings
+from rlgate.core.errors import UserError
 from rlgate.spec.env import make_env
 from rlgate.spec.imports import ImportPolicy
 
@@ -36,12 +42,20 @@ def run_clients(settings: ClientSettings) -> int:
         p.start()
     steps = [0] * len(processes)
     returns: deque[float] = deque(maxlen=100)
-    bar = tqdm(total=settings.max_steps * len(processes) or None, unit="step", disable=not settings.progress)
+    errors: dict[str, None] = {}  # the clients' user errors, each message once, in order
+    # On a terminal only (disable=None): no carriage-return runs in a log file or pipe.
+    bar = tqdm(
+        total=settings.max_steps * len(processes) or None, unit="step", disable=None if settings.progress else True
+    )
     try:
         while any(p.is_alive() for p in processes) or not reports.empty():
             try:
-                index, env_steps, new_returns, version = reports.get(timeout=REPORT_EVERY_S)
+                index, env_steps, new_returns, version, error = reports.get(timeout=REPORT_EVERY_S)
             except queue.Empty:
+                continue
+            if error is not None:
+                errors[error] = None
+                _terminate(processes)  # the others would meet it too, or run without the one that failed
                 continue
             bar.update(env_steps - steps[index])
             steps[index] = env_steps
@@ -49,16 +63,24 @@ def run_clients(settings: ClientSettings) -> int:
             bar.set_postfix(mean_return=f"{np.mean(returns):.1f}" if returns else "-", model_version=version)
     except KeyboardInterrupt:
         log.info("Ctrl-C: stopping %d clients", len(processes))
-        for p in processes:
-            p.terminate()
+        _terminate(processes)
     finally:
+        bar.leave = not errors  # an error replaces the bar
         bar.close()
         for p in processes:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
                 p.join()
+    if errors:
+        raise UserError("; ".join(errors))
     return 0 if all(p.exitcode == 0 for p in processes) else 1
+
+
+def _terminate(processes: list) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
@@ -80,27 +102,32 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
         if force or now - reported["at"] >= REPORT_EVERY_S:
             fresh = stats.episodes - reported["episodes"]
             recent = list(stats.returns)[-fresh:] if fresh else []
-            reports.put((index, stats.env_steps, recent, stats.model_version))
+            reports.put((index, stats.env_steps, recent, stats.model_version, None))
             reported.update(at=now, episodes=stats.episodes)
 
-    client = EnvClient(
-        make_env(env, ImportPolicy(settings.spec.modules())),  # the operator's own spec: its env may be imported
-        settings.server,
-        client_id=f"{env.id}-{index}",
-        explore=settings.explore,
-        seed=None if seed is None else seed + index * n,
-        token=settings.bearer_token(),
-        tls_ca=settings.tls_ca,
-        on_step=report,
-    )
+    try:
+        client = EnvClient(
+            make_env(env, ImportPolicy(settings.spec.modules())),  # the operator's own spec: its env may be imported
+            settings.server,
+            client_id=f"{env.id}-{index}",
+            explore=settings.explore,
+            seed=None if seed is None else seed + index * n,
+            token=settings.bearer_token(),
+            tls_ca=settings.tls_ca,
+            connect_timeout_s=settings.connect_timeout_s or None,
+            on_step=report,
+        )
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, client.stop)
-        await client.run(settings.max_steps)
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, client.stop)
+            await client.run(settings.max_steps)
 
-    asyncio.run(main())
+        asyncio.run(main())
+    except UserError as exc:  # the parent says it once, for all clients (module docstring)
+        reports.put((index, 0, [], -1, str(exc)))
+        raise SystemExit(2) from None
     report(client.stats, force=True)
 
 

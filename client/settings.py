@@ -29,5 +29,11 @@ class ClientSettings(SpecSettings, RlgateSettings):
     )
     max_steps: int = Field(0, ge=0, description="Env steps each client runs before it stops (0: until Ctrl-C).")
     explore: bool = Field(True, description="Ask for sampled actions (training) rather than greedy ones.")
+    connect_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long a client waits to connect to the server (at start, and again after a broken "
+        "stream) before it gives up and `rlgate env` exits with an error; 0: wait forever.",
+    )
     tls_ca: FilePath | None = Field(None, description="PEM CA to verify the server by; set to connect over TLS.")
     progress: bool = Field(True, description="Show a progress bar with steps/s and mean return.")

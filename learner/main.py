@@ -14,7 +14,7 @@ from rlgate.learner.page import PAGE
 from rlgate.learner.servicer import SERVICE_NAME, LearnerServicer
 from rlgate.learner.settings import LearnerSettings
 from rlgate.service.http import HttpServer, build_app
-from rlgate.service.process import run_until_signal, start_grpc_server
+from rlgate.service.process import ensure_free, run_until_signal, start_grpc_server
 from rlgate.v1 import learner_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,9 @@ class LearnerServer:
 
     def __init__(self, settings: LearnerSettings) -> None:
         self.settings = settings
+        # A learner already on these ports may own this checkpoint directory: leave its intake alone.
+        ensure_free(settings.host, settings.port, "--port")
+        ensure_free(settings.host, settings.http_port, "--http-port")
         self.learner = Learner(settings)
         self.port = 0
         self.http_port = 0
@@ -35,15 +38,6 @@ class LearnerServer:
 
     async def start(self) -> None:
         s = self.settings
-        self._grpc, self.port = await start_grpc_server(
-            SERVICE_NAME,
-            lambda server: learner_pb2_grpc.add_LearnerServiceServicer_to_server(LearnerServicer(self.learner), server),
-            self._health,
-            address=f"{s.host}:{s.port}",
-            max_message_bytes=256 << 20,
-            token=s.bearer_token(),
-            tls=s.tls(),
-        )
         app = build_app(
             "rlgate learner", registry=self.learner.metrics.registry, status=self.learner.status, ready=lambda: None
         )
@@ -54,7 +48,16 @@ class LearnerServer:
 
             return HTMLResponse(PAGE)
 
-        self._http = HttpServer(app, s.host, s.http_port)
+        self._http = HttpServer(app, s.host, s.http_port)  # both ports are taken before anything starts
+        self._grpc, self.port = await start_grpc_server(
+            SERVICE_NAME,
+            lambda server: learner_pb2_grpc.add_LearnerServiceServicer_to_server(LearnerServicer(self.learner), server),
+            self._health,
+            address=f"{s.host}:{s.port}",
+            max_message_bytes=256 << 20,
+            token=s.bearer_token(),
+            tls=s.tls(),
+        )
         self._http.start()
         self.http_port = self._http.port
         self._trainer_task = asyncio.get_running_loop().create_task(self.learner.train_forever(), name="trainer")

@@ -93,12 +93,13 @@ class InferenceServer:
         elif self.spec is not None and "env" in self.spec.model_fields_set:
             spaces = env_spaces(self.spec.env, self.imports)
             self._set_policy(self._new_policy(self.spec, *spaces))
-        if self.files is not None:
-            self.files.start()
-        if self.learner is not None:
-            self.learner.start()
-        if self.files is None and self.learner is None:
-            log.warning("episodes are not recorded: set --learner or --episode-dir to keep them")
+        app = build_app(
+            "rlgate inference server",
+            registry=self.metrics.registry,
+            status=self.status,
+            ready=self._not_ready_reason,
+        )
+        self._http = HttpServer(app, s.host, s.http_port)  # both ports are taken before anything starts
         reject = self.metrics.rejected.labels("UNAUTHENTICATED").inc
         self._grpc, self.port = await start_grpc_server(
             SERVICE_NAME,
@@ -110,13 +111,12 @@ class InferenceServer:
             on_reject=reject,
             tls=s.tls(s.tls_client_ca),
         )
-        app = build_app(
-            "rlgate inference server",
-            registry=self.metrics.registry,
-            status=self.status,
-            ready=self._not_ready_reason,
-        )
-        self._http = HttpServer(app, s.host, s.http_port)
+        if self.files is not None:
+            self.files.start()
+        if self.learner is not None:
+            self.learner.start()
+        if self.files is None and self.learner is None:
+            log.warning("episodes are not recorded: set --learner or --episode-dir to keep them")
         self._http.start()
         self.http_port = self._http.port
         log.info("serving grpc=%s:%d http=%s:%d", s.host, self.port, s.host, self.http_port)

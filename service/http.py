@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,8 @@ import uvicorn
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from rlgate.service.process import bind
 
 
 def build_app(
@@ -57,7 +58,7 @@ class HttpServer:
     """uvicorn on an already-bound socket, so port 0 works and the real port is known before serving."""
 
     def __init__(self, app: FastAPI, host: str, port: int) -> None:
-        self._socket = socket.create_server((host, port), reuse_port=False)
+        self._socket = bind(host, port, "--http-port")
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         self._server = _EmbeddedUvicorn(config)

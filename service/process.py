@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from rlgate.core.errors import UserError
 from rlgate.service.auth import TokenInterceptor, server_credentials
+from rlgate.service.channel import SERVER_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -30,30 +33,59 @@ async def start_grpc_server(
     token: str | None = None,
     on_reject: Callable[[], None] = lambda: None,
     tls: tuple[Path, Path, Path | None] | None = None,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
     """A started grpc.aio server with the service, health checking and reflection; returns it and its port.
 
     `tls` is (certificate chain, private key, client CA for mTLS or None); `token` turns on bearer auth.
+    A port in use raises UserError. gRPC would share it by default (SO_REUSEPORT), splitting clients
+    between two servers without a word; `reuse_port` shares it on purpose (worker processes of one server).
     """
+    if not reuse_port:
+        host, _, port = address.rpartition(":")
+        ensure_free(host.strip("[]"), int(port), "--port")
     interceptors = [TokenInterceptor(token, on_reject=on_reject)] if token else []
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", int(reuse_port)),
+            *SERVER_OPTIONS,
         ],
     )
     register(server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    if tls is not None:
-        port = server.add_secure_port(address, server_credentials(*tls))
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if tls is not None:
+            bound = server.add_secure_port(address, server_credentials(*tls))
+        else:
+            bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # taken since ensure_free looked, or an address this host does not have
+        raise UserError(f"cannot listen on {address} (--port): {exc}") from None
     await server.start()
     for name in ("", service_name):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port
+    return server, bound
+
+
+def bind(host: str, port: int, flag: str) -> socket.socket:
+    """A listening TCP socket on host:port (0: a free port); UserError naming `flag` when it cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, reuse_port=False)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise UserError(
+            f"cannot listen on {host}:{port} ({flag}): {reason}; pick another {flag} (0: any free port)"
+        ) from None
+
+
+def ensure_free(host: str, port: int, flag: str) -> None:
+    """UserError unless host:port can be listened on now (port 0 always can)."""
+    if port:
+        bind(host, port, flag).close()
 
 
 class Service(Protocol):

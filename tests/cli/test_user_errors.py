@@ -1,0 +1,120 @@
+"""Every user error of the command line, as a real `rlgate` process: one line `rlgate: ...`, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlgate.core.errors import UserError
+from rlgate.service.process import start_grpc_server
+
+RLGATE = (sys.executable, "-m", "rlgate")
+
+
+async def rlgate(*args: str, timeout: float = 120) -> tuple[int, str]:
+    """Run `rlgate ARGS` to its end; (exit status, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        *RLGATE, *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    return process.returncode, stderr.decode()
+
+
+def one_user_error(code: int, stderr: str) -> str:
+    """The single `rlgate: ...` line of a run that must have ended with a user error."""
+    assert code == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("rlgate: ")]
+    assert len(lines) == 1, stderr
+    assert stderr.rstrip().endswith(lines[0]), stderr  # the last word
+    return lines[0]
+
+
+@pytest.fixture
+def held_port() -> int:
+    """A port some other process listens on (here: a plain socket)."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port: int) -> None:
+    free = ("--port", "0", "--http-port", "0")
+    nowhere = tmp_path / "nothing-here"
+    cases = {  # arguments -> what the line must say
+        ("serve", "--env", "NoSuchEnv-v0", *free): "env.id: Environment `NoSuchEnv` doesn't exist",
+        ("serve", "--max-batch-size", "0"): "--max-batch-size: input should be greater than or equal to 1 (got '0')",
+        ("learn", "--spec.algorithm.train-batch-size", "x"): "--spec.algorithm.train-batch-size: input should be",
+        ("serve", "--no-such-flag", "1"): "unrecognized arguments: --no-such-flag 1",
+        ("serve", "--tls-cert", str(nowhere), "--tls-key", str(nowhere)): "--tls-cert: path does not point to a file",
+        ("serve", "--checkpoint", str(nowhere), *free): f"no checkpoint in {nowhere}",
+        ("serve", "--port", str(held_port), "--http-port", "0"): f"127.0.0.1:{held_port} (--port): Address already",
+        ("serve", "--port", "0", "--http-port", str(held_port)): f"{held_port} (--http-port): Address already in use",
+        ("learn", "--env", "CartPole-v1", "--port", str(held_port), "--http-port", "0"): "(--port): Address already",
+        ("learn", *free, "--checkpoint-dir", str(nowhere)): f"no checkpoint in {nowhere} and no run spec",
+        ("up", "--num-clients", "0"): "--num-clients: input should be greater than or equal to 1",
+        ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
+    }
+    # Concurrently: each is a Python start-up, most of it waiting on imports.
+    results = await asyncio.gather(*(rlgate(*args) for args in cases))
+    for (args, expected), (code, stderr) in zip(cases.items(), results, strict=True):
+        assert expected in one_user_error(code, stderr), (args, stderr)
+
+
+async def test_a_second_server_on_a_port_in_use_fails_at_once(server) -> None:
+    """gRPC shares ports by default (SO_REUSEPORT): a second `rlgate serve` would split the clients."""
+    code, stderr = await rlgate("serve", "--port", str(server.port), "--http-port", "0", "--env", "CartPole-v1")
+    assert f"cannot listen on 127.0.0.1:{server.port} (--port): Address already in use" in one_user_error(code, stderr)
+
+
+async def test_grpc_ports_are_shared_only_when_asked_for() -> None:
+    """Off by default; `reuse_port=True` lets worker processes of one server share a port on purpose."""
+    from grpc_health.v1 import health
+
+    servers = []
+
+    async def start(port: int, reuse_port: bool) -> int:
+        server, bound = await start_grpc_server(
+            "x",
+            lambda _: None,
+            health.aio.HealthServicer(),
+            address=f"127.0.0.1:{port}",
+            max_message_bytes=1024,
+            reuse_port=reuse_port,
+        )
+        servers.append(server)
+        return bound
+
+    try:
+        port = await start(0, reuse_port=False)
+        with pytest.raises(UserError, match=f"127.0.0.1:{port} \\(--port\\): Address already in use"):
+            await start(port, reuse_port=False)
+        shared = await start(0, reuse_port=True)
+        assert await start(shared, reuse_port=True) == shared
+    finally:
+        for server in servers:
+            await server.stop(None)
+
+
+async def test_rlgate_env_prints_the_servers_refusal_once(server_factory) -> None:
+    server = await server_factory(env="CartPole-v1")
+    args = ("env", "--server", f"127.0.0.1:{server.port}", "--env", "Acrobot-v1", "--num-clients", "3")
+    line = one_user_error(*await rlgate(*args))
+    assert line.startswith(f"rlgate: the server at 127.0.0.1:{server.port} refused the stream: ")
+    assert "Discrete(3)" in line  # the server's own words: Acrobot's 3 actions are not the model's 2
+
+
+async def test_rlgate_env_gives_up_on_an_address_where_no_server_answers() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        port = sock.getsockname()[1]  # closed again: nobody listens there
+    code, stderr = await rlgate("env", "--server", f"127.0.0.1:{port}", "--connect-timeout-s", "1", "--no-progress")
+    assert one_user_error(code, stderr) == f"rlgate: cannot reach the server at 127.0.0.1:{port} within 1 s"
