@@ -8,6 +8,10 @@ once. An update takes exactly `train_batch_size` steps, oldest chunks first, spl
 far a split chunk was taken goes into checkpoints too, so a restart trains only its remainder.
 A learner that does not resume (a fresh model) sets an earlier run's intake files aside, unread: their
 actions came from another model, whose version numbers mean nothing to the new one.
+
+Nothing that could poison training gets in: a chunk that does not decode, or holds a non-finite reward,
+model output (logp, value, distribution inputs) or observation (unless the run spec's env allows them:
+`env.allow_nonfinite_obs`) is rejected, counted by reason and logged; the rest of its batch is taken.
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from rlgate.core import codec
 from rlgate.core.columns import Columns
+from rlgate.core.tree import flatten
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_from_proto
 from rlgate.v1 import learner_pb2
@@ -60,11 +67,13 @@ class Intake:
     pending_steps: int = 0
     episodes_finished: int = 0
     duplicates: int = 0
-    rejected: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)  # chunks refused, by reason
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     return_history: list[tuple[float, float]] = field(default_factory=list)  # (unix time, return)
     resume: bool = True  # reload the intake files found in `directory`; False: set them aside
     lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
+    allow_nonfinite_obs: bool = False  # the env's observations may be +-inf or NaN (its spec says so)
+    on_reject: Callable[[str, int], None] = lambda reason, chunks: None  # told of every rejection
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -83,7 +92,7 @@ class Intake:
 
     def accept(self, batch: learner_pb2.EpisodeBatch) -> learner_pb2.EpisodeAck:
         """Take a batch: store its new chunks durably, then acknowledge it."""
-        duplicates, rejected = self.duplicates, self.rejected
+        duplicates, rejected = self.duplicates, self.rejected.total()
         accepted = self._add(batch)
         if accepted:
             path = self.directory / f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.pb"
@@ -95,7 +104,7 @@ class Intake:
             seq=batch.seq,
             accepted=len(accepted),
             duplicates=self.duplicates - duplicates,
-            rejected=self.rejected - rejected,
+            rejected=self.rejected.total() - rejected,
         )
 
     def drop_stale(self, min_version: int) -> int:
@@ -154,8 +163,11 @@ class Intake:
         try:
             observation_space = self._observation_space(batch)
         except ValueError as exc:
-            self.rejected += len(batch.episodes)
-            log.warning("rejected %d chunks from server %s: %s", len(batch.episodes), batch.server_id, exc)
+            self._reject(
+                "unknown observation space",
+                len(batch.episodes),
+                f"all of the batch from server {batch.server_id}: {exc}",
+            )
             return accepted
         for message in batch.episodes:
             key = chunk_key(message.id, message.chunk_index)
@@ -165,8 +177,11 @@ class Intake:
             try:
                 episode = episode_from_proto(message, observation_space, self.action_space)
             except ValueError as exc:  # CodecError included: one bad chunk never blocks the others
-                self.rejected += 1
-                log.warning("rejected chunk %s from server %s: %s", key, batch.server_id, exc)
+                self._reject("malformed", 1, f"{key} from server {batch.server_id}: {exc}")
+                continue
+            column = nonfinite_column(episode, observations=not self.allow_nonfinite_obs)
+            if column is not None:
+                self._reject(f"non-finite {column}", 1, f"{key} from server {batch.server_id}: non-finite {column}")
                 continue
             self._seen.add(key)
             if key in self._taken:  # split before a restart: its first steps are trained already
@@ -186,6 +201,11 @@ class Intake:
             raise ValueError(f"observation_space {space} is neither the env's nor an env-to-module piece's")
         return space
 
+    def _reject(self, reason: str, chunks: int, what: str) -> None:
+        self.rejected[reason] += chunks
+        self.on_reject(reason, chunks)
+        log.warning("rejected %s", what)
+
     def _track_return(self, episode: SingleAgentEpisode) -> None:
         total = self._running_return.pop(episode.id_, 0.0) + episode.get_return()
         if episode.is_done:
@@ -202,6 +222,23 @@ def _newest_version(chunk: SingleAgentEpisode) -> int:
     if versions is None or not len(chunk):
         return np.iinfo(np.int64).max
     return int(np.max(versions.get(slice(0, len(chunk)))))
+
+
+def nonfinite_column(episode: SingleAgentEpisode, *, observations: bool = True) -> str | None:
+    """The first column of `episode` (lookback included) holding +-inf or NaN: "rewards", "model outputs"
+    (logp, values, distribution inputs) or, if `observations`, "observations"; None when all are finite."""
+    columns: dict[str, Any] = {
+        "rewards": episode.rewards.data,
+        "model outputs": tuple(buffer.data for buffer in episode.extra_model_outputs.values()),
+    }
+    if observations:
+        columns["observations"] = episode.observations.data
+    for name, data in columns.items():
+        for leaf in flatten(data):
+            array = np.asarray(leaf)
+            if array.dtype.kind in "fc" and not np.isfinite(array).all():
+                return name
+    return None
 
 
 def _set_aside(directory: Path) -> None:

@@ -84,6 +84,8 @@ class Learner:
             partial=dict(ckpt.partial_chunks if ckpt else {}),
             resume=settings.resume,
             lookback=self.spec.sampling.episode_lookback_horizon,
+            allow_nonfinite_obs=self.spec.env.allow_nonfinite_obs,
+            on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
         )
         self.watchers = 0  # servers watching for weights now
         self.weights = self._weights_message()
@@ -98,6 +100,7 @@ class Learner:
         self.chunks_accepted = 0  # episode chunks taken into the intake by this process
         self.max_pending_steps = self.intake.pending_steps  # the most the intake held (it stays near one batch)
         self.stale_steps = 0  # env steps dropped for exceeding max_staleness, by this process
+        self.skipped_updates = 0  # updates undone for non-finite results, by this process
         self.metrics.model_version.set(self.trainer.version)
 
     # --- data in, weights out ---------------------------------------------------------------------
@@ -188,6 +191,16 @@ class Learner:
             log.exception("update failed: the %d env steps it took are not trained on", sum(map(len, episodes)))
             return
         self.last_update = {**stats, "seconds": time.perf_counter() - started, "version": self.trainer.version}
+        if "skipped" in stats:
+            self.skipped_updates += 1
+            self.metrics.skipped_updates.inc()
+            log.error(
+                "update skipped, weights stay at version %d: %s (from %d env steps)",
+                self.trainer.version,
+                stats["skipped"],
+                stats["env_steps"],
+            )
+            return
         self._record(stats)
         await self._publish()
         if self.trainer.version % self.settings.checkpoint_every == 0:
@@ -303,6 +316,8 @@ class Learner:
             "pending_steps": self.intake.pending_steps,
             "max_pending_steps": self.max_pending_steps,
             "duplicates": self.intake.duplicates,
+            "rejected_chunks": dict(self.intake.rejected),
+            "skipped_updates": self.skipped_updates,
             "stale_steps": self.stale_steps,
             "last_update": self.last_update,
             "uptime_s": time.time() - self.started,

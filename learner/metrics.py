@@ -1,6 +1,6 @@
 """Prometheus metrics of the learner, in a registry of its own."""
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 
 
 class LearnerMetrics:
@@ -35,3 +35,13 @@ class LearnerMetrics:
         self.vf_loss = Gauge("rlgate_learner_vf_loss", "Value loss, last update.", registry=r)
         self.entropy = Gauge("rlgate_learner_entropy", "Mean policy entropy, last update.", registry=r)
         self.kl = Gauge("rlgate_learner_kl", "Mean KL(old || new) over the last update.", registry=r)
+        self.rejected = Counter(
+            "rlgate_learner_rejected_chunks",
+            "Chunks refused at intake, by reason (malformed, non-finite rewards, observations, model outputs).",
+            ["reason"],
+            registry=r,
+        )
+        self.skipped_updates = Counter(
+            "rlgate_learner_skipped_updates", "Updates undone because they left non-finite weights.", registry=r
+        )
+        ProcessCollector(registry=r)

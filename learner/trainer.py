@@ -1,7 +1,12 @@
-"""The training step: episode chunks -> learner pipeline (with GAE) -> PPO epochs -> version + 1."""
+"""The training step: episode chunks -> learner pipeline (with GAE) -> PPO epochs -> version + 1.
+
+An update that leaves a non-finite value in the module's weights or the optimizer's state is undone (both
+go back to where they were) and skipped: the version stays, and nothing non-finite is ever published.
+"""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import gymnasium as gym
@@ -50,7 +55,9 @@ class Trainer:
         return self.module.observation_space, self.module.action_space
 
     def update(self, episodes: list[SingleAgentEpisode]) -> dict[str, Any]:
-        """One PPO update on these chunks; steps chosen more than max_staleness versions ago don't count."""
+        """One PPO update on these chunks; steps chosen more than max_staleness versions ago don't count.
+
+        The stats have "skipped" (why) when the update was undone for non-finite results."""
         shared = {"learner_version": self.version}  # GAE corrects steps sampled more than one version back
         batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data=shared)
         mask = batch[Columns.LOSS_MASK].bool()
@@ -64,14 +71,31 @@ class Trainer:
         lr, clip = scheduled(self.config.lr, self.env_steps), scheduled(self.config.clip_param, self.env_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        stats = ppo_update(self.module, self.optimizer, batch, self.config, self._rng, clip) if used else {}
-        self.version += 1
-        self.env_steps += real_steps
-        return {
-            **stats,
-            "lr": lr,
-            "clip_param": clip,
+        counts = {
             "env_steps": real_steps,
             "stale_steps": real_steps - used,
-            "staleness": float(staleness[batch[Columns.LOSS_MASK]].mean()) if used else 0.0,
+            "staleness": float(staleness[mask].mean()) if used else 0.0,
         }
+        before = (copy.deepcopy(self.module.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
+        stats = ppo_update(self.module, self.optimizer, batch, self.config, self._rng, clip) if used else {}
+        bad = nonfinite_tensors(self.module.state_dict()) + nonfinite_tensors(self.optimizer.state_dict()["state"])
+        if bad:
+            self.module.load_state_dict(before[0])
+            self.optimizer.load_state_dict(before[1])
+            more = ", ..." if len(bad) > 3 else ""
+            return {**counts, "skipped": f"non-finite values in {len(bad)} tensors: {', '.join(bad[:3])}{more}"}
+        self.version += 1
+        self.env_steps += real_steps
+        return {**stats, "lr": lr, "clip_param": clip, **counts}
+
+
+def nonfinite_tensors(state: dict[Any, Any], prefix: str = "") -> list[str]:
+    """Names of the floating-point tensors in a (nested) state dict that hold +-inf or NaN."""
+    found = []
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            found += nonfinite_tensors(value, f"{name}.")
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            found.append(name)
+    return found

@@ -55,6 +55,11 @@ class EnvSpec(_Section):
     vectorize: Literal["sync", "async"] = Field(
         "sync", description="How a client's sub-envs run: in its process (sync) or one subprocess each (async)."
     )
+    allow_nonfinite_obs: bool = Field(
+        False,
+        description="Accept observations holding +-inf or NaN (an env whose Box bounds are infinite on purpose "
+        "and that sends such values); otherwise the learner rejects such chunks. Rewards must always be finite.",
+    )
 
     def module(self) -> str | None:
         """The module this env's id names code from, if any."""
