@@ -1,7 +1,9 @@
-"""What lookback buffers need from gymnasium spaces: leaf structure, fill values and one-hot encoding."""
+"""What rlgate needs from gymnasium spaces: leaf structure, fill values and one-hot encoding (for lookback
+buffers), and a space's flat size (to bound the model a client may ask for)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gymnasium as gym
@@ -69,3 +71,18 @@ def _one_hot_depth(space: gym.spaces.Discrete | gym.spaces.MultiDiscrete) -> int
     if isinstance(space, gym.spaces.Discrete):
         return int(space.n)
     return int(np.sum(space.nvec))
+
+
+def flat_size(space: gym.Space) -> int:
+    """Values in one flattened item of `space`, Discrete and MultiDiscrete one-hot (gymnasium's flatdim),
+    in Python integers: a space declared by a client cannot overflow it into a small number."""
+    if isinstance(space, gym.spaces.Box | gym.spaces.MultiBinary):
+        return math.prod(int(n) for n in space.shape)
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return sum(int(n) for n in space.nvec.flat)
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        subspaces = space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces
+        return sum(flat_size(sub) for sub in subspaces)
+    return int(gym.spaces.flatdim(space))

@@ -12,6 +12,7 @@ import torch
 from grpc_health.v1 import health
 
 from rlgate.core import codec
+from rlgate.core.spaces import flat_size
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.server.batcher import Batcher
 from rlgate.server.learner_link import LearnerLink
@@ -81,7 +82,7 @@ class InferenceServer:
         if s.checkpoint:
             found = checkpoint.load(s.checkpoint)
             self._set_policy(
-                self._new_policy(
+                await self._new_policy(
                     found.spec,
                     found.observation_space,
                     found.action_space,
@@ -92,7 +93,7 @@ class InferenceServer:
             )
         elif self.spec is not None and "env" in self.spec.model_fields_set:
             spaces = env_spaces(self.spec.env, self.imports)
-            self._set_policy(self._new_policy(self.spec, *spaces))
+            self._set_policy(await self._new_policy(self.spec, *spaces))
         app = build_app(
             "rlgate inference server",
             registry=self.metrics.registry,
@@ -171,27 +172,39 @@ class InferenceServer:
         return None
 
     async def _policy_for(self, session: SessionSpec) -> tuple[Policy, Batcher]:
-        """The served policy; without one yet, a fresh model for the first session's spaces."""
+        """The served policy; without one yet, a fresh model for the first session's spaces (of bounded size;
+        later hellos wait for it, while the event loop goes on serving)."""
         async with self._policy_lock:
             if self.policy is None and self.learner is not None:
                 reason = self.refused or "no model yet: waiting for the learner's first weights"
                 raise RequestError(grpc.StatusCode.UNAVAILABLE, reason)
             if self.policy is None:
                 assert self.spec is not None
-                self._set_policy(self._new_policy(self.spec, session.observation_space, session.action_space))
+                limit = self.settings.max_fresh_space_size
+                for name in ("observation_space", "action_space"):
+                    size = flat_size(getattr(session, name))
+                    if size > limit:
+                        raise RequestError(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"hello.{name}: {size} values when flattened; this server builds a fresh model for "
+                            f"at most {limit} (its --max-fresh-space-size)",
+                        )
+                self._set_policy(await self._new_policy(self.spec, session.observation_space, session.action_space))
         assert self.policy is not None and self.batcher is not None
         return self.policy, self.batcher
 
-    def _new_policy(
+    async def _new_policy(
         self,
         spec: RunSpec,
         observation_space: gym.Space,
         action_space: gym.Space,
         **source: Any,
     ) -> Policy:
-        """The spec's policy for these env spaces on this server; `source`: weights, version, ... if any."""
+        """The spec's policy for these env spaces on this server; `source`: weights, version, ... if any.
+        Built on a worker thread: a large model takes seconds, and the event loop serves /healthz meanwhile."""
         s = self.settings
-        return Policy.create(
+        return await asyncio.to_thread(
+            Policy.create,
             spec,
             observation_space,
             action_space,
@@ -253,8 +266,7 @@ class InferenceServer:
             return
         if self.policy is None:
             try:
-                policy = await asyncio.to_thread(
-                    self._new_policy,
+                policy = await self._new_policy(
                     spec,
                     codec.space_from_proto(weights.observation_space),
                     codec.space_from_proto(weights.action_space),

@@ -71,6 +71,13 @@ class ServerSettings(ServiceSettings):
     )
     max_sessions: int = Field(1024, ge=1, description="Open sessions allowed; more get RESOURCE_EXHAUSTED.")
     max_envs_per_session: int = Field(1024, ge=1, description="Most sub-envs one session may declare.")
+    max_fresh_space_size: int = Field(
+        1 << 17,
+        ge=1,
+        description="Without a learner, checkpoint or --env: the largest observation or action space (values "
+        "when flattened, Discrete one-hot) a client's hello may have a fresh model built for; larger ones get "
+        "RESOURCE_EXHAUSTED. A model's first layers grow with it (at 131072, 32 MiB each with 64 units).",
+    )
     max_message_bytes: int = Field(16 << 20, ge=1024, description="Largest gRPC message accepted or sent.")
     idle_timeout_s: float = Field(
         300.0, gt=0, description="A session silent this long is closed; its episodes ship as truncated."

@@ -5,8 +5,6 @@ server ships."""
 from __future__ import annotations
 
 import asyncio
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -132,20 +130,3 @@ def train_updates(
         return acks
 
     return train
-
-
-@pytest.fixture
-def http_get() -> Callable[[int, str], Awaitable[tuple[int, str]]]:
-    """await http_get(port, path) -> (status, body), off the event loop (the servers run on it)."""
-
-    async def get(port: int, path: str) -> tuple[int, str]:
-        def fetch() -> tuple[int, str]:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-                    return response.status, response.read().decode()
-            except urllib.error.HTTPError as exc:
-                return exc.code, exc.read().decode()
-
-        return await asyncio.to_thread(fetch)
-
-    return get

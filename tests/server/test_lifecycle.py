@@ -9,8 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -31,17 +29,6 @@ from support.servers import (
 
 from rlgate.client.env_client import EnvClient
 from rlgate.spec.run import RunSpec, SamplingSpec
-
-
-async def http_get(port: int, path: str) -> tuple[int, str]:
-    def get() -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    return await asyncio.to_thread(get)
 
 
 async def test_a_client_that_disconnects_mid_episode_has_its_episode_shipped_truncated(server, tmp_path):
@@ -108,7 +95,7 @@ async def test_clients_reconnect_on_their_own_after_a_server_restart(server_fact
         assert len(second.service.sessions) == 1
 
 
-async def test_http_endpoints_report_health_status_and_metrics(server):
+async def test_http_endpoints_report_health_status_and_metrics(server, http_get):
     client = EnvClient(SpaceEnv(BOX4, DISCRETE2, length=5), target(server), seed=0)
     await client.run(max_steps=20)
     assert await http_get(server.http_port, "/healthz") == (200, '{"status":"ok"}')
