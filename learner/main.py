@@ -39,7 +39,10 @@ class LearnerServer:
     async def start(self) -> None:
         s = self.settings
         app = build_app(
-            "rlgate learner", registry=self.learner.metrics.registry, status=self.learner.status, ready=lambda: None
+            "rlgate learner",
+            registry=self.learner.metrics.registry,
+            status=self.learner.status,
+            ready=lambda: (True, None),
         )
 
         @app.get("/", include_in_schema=False)

@@ -14,14 +14,21 @@ episodes); acks bring it back under, and `on_room` is called. The spool is bound
 holds `max_spool_bytes`, `full()` is true and sampling pauses the same way. A learner that is down or
 slower than the servers therefore stalls the env clients instead of piling up stale data or filling the
 disk; what was already accepted still ships, so the limits are overshot by at most the chunks in flight.
+
+While the learner is away, both streams wait for the channel to connect again (gRPC's wait_for_ready),
+which tries about once a second (service/channel.py): the link picks up within about a second of the
+learner's return, and logs one line when the learner goes away and one when it is back. `status()` says
+where the link stands (connected, last ack, last error, spool fill), as do the rlgate_learner_* metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -31,6 +38,7 @@ from rlgate.episodes.codec import episode_to_proto
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.spool import Spool
 from rlgate.service.auth import bearer_metadata
+from rlgate.service.channel import CHANNEL_OPTIONS
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -38,7 +46,7 @@ log = logging.getLogger(__name__)
 SUBMIT = "/rlgate.v1.LearnerService/SubmitEpisodes"
 # Batches sent but not yet acknowledged, at most.
 MAX_IN_FLIGHT = 32
-MAX_BACKOFF_S = 2.0
+MAX_BACKOFF_S = 1.0
 
 
 class LearnerLink:
@@ -78,7 +86,18 @@ class LearnerLink:
         self._spooled = asyncio.Event()
         self._write_lock = asyncio.Lock()  # one spool writer at a time (seq numbers, stop() vs the writer)
         self._tasks: list[asyncio.Task] = []
-        options = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
+        self._metrics = metrics
+        self.state = grpc.ChannelConnectivity.IDLE
+        self.connected = False  # the channel is READY
+        self._state_since = time.monotonic()
+        self._said = ""  # "connected" or "unreachable": the last state change logged
+        self.last_ack: float | None = None  # monotonic time of the last ack
+        self.last_error: str | None = None  # why the last stream ended, until the learner answers again
+        options = [
+            ("grpc.max_send_message_length", 256 << 20),
+            ("grpc.max_receive_message_length", 256 << 20),
+            *CHANNEL_OPTIONS,
+        ]
         self._channel = (
             grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(tls_ca), options=options)
             if tls_ca
@@ -91,6 +110,7 @@ class LearnerLink:
             log.info("spool holds %d batches from before: sending them first", len(self.spool.files()))
             self._spooled.set()
         self._tasks = [
+            loop.create_task(self._follow_connectivity(), name="learner-connectivity"),
             loop.create_task(self._write_forever(), name="spool-writer"),
             loop.create_task(self._retry(self._send), name="episode-sender"),
             loop.create_task(self._retry(self._watch), name="weights-watcher"),
@@ -113,6 +133,27 @@ class LearnerLink:
     def over_window(self) -> bool:
         """The learner's pace: it has not acknowledged `window` env steps yet; sampling should wait."""
         return 0 < self.window <= self.unacked_steps()
+
+    def away_for(self) -> float | None:
+        """Seconds since the learner became unreachable, or None while it is connected."""
+        return None if self.connected else time.monotonic() - self._state_since
+
+    def status(self) -> dict[str, Any]:
+        """Where the link stands, for the server's /status."""
+        now = time.monotonic()
+        spool = self.spool
+        return {
+            "address": self.target,
+            "connected": self.connected,
+            "state": self.state.name,
+            "seconds_in_state": round(now - self._state_since, 1),
+            "last_ack_seconds_ago": None if self.last_ack is None else round(now - self.last_ack, 1),
+            "last_error": self.last_error,
+            "spool_batches": len(spool.files()),
+            "spool_bytes": spool.bytes,
+            "spool_max_bytes": spool.max_bytes,
+            "spool_fill": round(spool.bytes / spool.max_bytes, 4),
+        }
 
     async def stop(self, flush_timeout_s: float) -> None:
         """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
@@ -171,19 +212,48 @@ class LearnerLink:
             self.spool.add(*written)
             self._queued_steps -= written[3]
 
+    async def _follow_connectivity(self) -> None:
+        """Keep `state` and `connected` current (and the metric), with one log line per change."""
+        state = self._channel.get_state(try_to_connect=True)
+        while True:
+            connected = state is grpc.ChannelConnectivity.READY
+            if connected != self.connected:
+                self._state_since = time.monotonic()
+                self._metrics.learner_connected.set(connected)
+            self.state, self.connected = state, connected
+            if connected and self._said != "connected":
+                log.info("learner %s: connected", self.target)
+                self._said = "connected"
+            elif state is grpc.ChannelConnectivity.TRANSIENT_FAILURE and self._said != "unreachable":
+                log.warning(
+                    "learner %s: unreachable; episodes wait in the spool (%.0f%% of --max-spool full), reconnecting",
+                    self.target,
+                    100 * self.spool.bytes / self.spool.max_bytes,
+                )
+                self._said = "unreachable"
+            await self._channel.wait_for_state_change(state)
+            state = self._channel.get_state()
+
     async def _retry(self, stream: Callable[[], Awaitable[None]]) -> None:
-        """Run a stream forever, re-opening it with backoff when it breaks."""
+        """Run a stream forever, re-opening it when it breaks: at once after a stream that had been up a
+        while (a learner restart), with growing backoff while it keeps failing (a learner refusing it)."""
         backoff = 0.05
         while True:
+            started = time.monotonic()
             try:
                 await stream()
-                backoff = 0.05
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 # grpc.aio raises InvalidStateError, not the stream's status, for a write after the stream ended.
-                reason = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "ended during a write"
-                log.info("learner stream %s ended (%s); retrying in %.2f s", stream.__name__, reason, backoff)
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    self.last_error = f"{stream.__name__}: {exc.code().name}: {exc.details()}"
+                else:
+                    self.last_error = f"{stream.__name__}: ended during a write"
+                log.info("learner %s: stream %s; reopening it", self.target, self.last_error)
             except Exception:  # never let the link die silently: the spool would only grow
-                log.exception("learner stream %s failed; retrying in %.2f s", stream.__name__, backoff)
+                self.last_error = f"{stream.__name__}: failed (see the log)"
+                log.exception("learner %s: stream %s failed; reopening it", self.target, stream.__name__)
+            if time.monotonic() - started > MAX_BACKOFF_S:
+                backoff = 0.05
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
@@ -191,13 +261,14 @@ class LearnerLink:
         """One SubmitEpisodes stream: send every spooled batch in order, delete each on its ack."""
         call = self._channel.stream_stream(
             SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
-        )(metadata=self._metadata)
+        )(metadata=self._metadata, wait_for_ready=True)
         in_flight: dict[int, Path] = {}
         room = asyncio.Event()
         room.set()
 
         async def read_acks() -> None:
             async for ack in call:
+                self._answered()
                 path = in_flight.pop(ack.seq, None)
                 if path is not None:
                     held = self.full() or self.over_window()
@@ -240,5 +311,12 @@ class LearnerLink:
         """One WatchWeights stream: hand every newer version to the server."""
         stub = learner_pb2_grpc.LearnerServiceStub(self._channel)
         request = learner_pb2.WatchWeightsRequest(server_id=self.server_id, after_version=self._current_version())
-        async for weights in stub.WatchWeights(request, metadata=self._metadata):
+        async for weights in stub.WatchWeights(request, metadata=self._metadata, wait_for_ready=True):
+            self.last_error = None
             await self._on_weights(weights)
+
+    def _answered(self) -> None:
+        """An ack came: the learner takes our episodes."""
+        self.last_ack = time.monotonic()
+        self.last_error = None
+        self._metrics.learner_last_ack.set_to_current_time()

@@ -49,6 +49,7 @@ class InferenceServer:
         self.imports = ImportPolicy([*settings.allow_import, *(self.spec.modules() if self.spec else ())])
         self.refused: str | None = None  # why this server will not serve the learner's run spec
         self.metrics = ServerMetrics()
+        self.metrics.report_pause(self._pause_reason)
         self.files = DirectorySink(settings.episode_dir) if settings.episode_dir else None
         self.learner: LearnerLink | None = None
         if settings.learner:
@@ -98,7 +99,7 @@ class InferenceServer:
             "rlgate inference server",
             registry=self.metrics.registry,
             status=self.status,
-            ready=self._not_ready_reason,
+            ready=self.readiness,
         )
         self._http = HttpServer(app, s.host, s.http_port)  # both ports are taken before anything starts
         reject = self.metrics.rejected.labels("UNAUTHENTICATED").inc
@@ -147,8 +148,9 @@ class InferenceServer:
             "sessions": len(self.service.sessions),
             "env_steps": self.service.env_steps,
             "draining": self.service.draining,
-            "paused": self.batcher.pause_reason() if self.batcher else None,
+            "paused": self._pause_reason(),
             "unacked_steps": self.learner.unacked_steps() if self.learner else None,
+            "learner": self.learner.status() if self.learner else None,
         }
 
     def _standalone_spec(self, given: RunSpec | None) -> RunSpec:
@@ -162,14 +164,35 @@ class InferenceServer:
             spec = spec.model_copy(update={"seed": s.seed})
         return spec
 
-    def _not_ready_reason(self) -> str | None:
+    def readiness(self) -> tuple[bool, str | None]:
+        """(ready, reason) for /readyz: ready while this server can answer steps.
+
+        A learner that is away does not make it unready at once: serving goes on while there is room for
+        the episodes (the learner's window of unacknowledged steps, the spool), and the reason says the
+        learner is unreachable. Once sampling pauses for want of that room, nothing is answered until the
+        learner is back: not ready, so new clients go to another server, if any. (With the learner there,
+        a pause is its pacing, over in a moment: still ready.)
+        """
         if self.service.draining:
-            return "shutting down"
+            return False, "shutting down"
         if self.refused is not None:
-            return self.refused
+            return False, self.refused
         if self.policy is None and self.learner is not None:
-            return "no model yet: waiting for the learner's first weights"
-        return None
+            return False, "no model yet: waiting for the learner's first weights"
+        away = self.learner.away_for() if self.learner else None
+        if self.learner is None or away is None:
+            return True, None
+        gone = f"the learner at {self.learner.target} has been unreachable for {away:.0f} s"
+        paused = self._pause_reason()
+        if paused is not None:
+            return False, f"{gone}, and sampling is paused until it is back ({paused})"
+        link = self.learner
+        fill = link.spool.bytes / link.spool.max_bytes
+        room = f"{link.unacked_steps()} of {link.window} steps unacknowledged, " if link.window else ""
+        return True, f"{gone}; serving goes on while there is room ({room}spool {fill:.0%} full)"
+
+    def _pause_reason(self) -> str | None:
+        return self.batcher.pause_reason() if self.batcher else None
 
     async def _policy_for(self, session: SessionSpec) -> tuple[Policy, Batcher]:
         """The served policy; without one yet, a fresh model for the first session's spaces (of bounded size;

@@ -1,6 +1,10 @@
 """Prometheus metrics of one inference server, in a registry of its own (servers can share a process)."""
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # Latency buckets from 50 us to 1 s: a forward pass on CPU is ~0.1-10 ms, a round trip ~0.2-50 ms.
 _LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
@@ -51,3 +55,30 @@ class ServerMetrics:
         )
         self.acked_batches = Counter("rlgate_acked_batches", "Episode batches the learner acknowledged.", registry=r)
         self.rejected = Counter("rlgate_rejected", "Calls ended with an error status.", ["code"], registry=r)
+        self.spool_max_bytes = Gauge(
+            "rlgate_spool_max_bytes", "The spool's limit (--max-spool): full at rlgate_spool_bytes >= this.", registry=r
+        )
+        self.learner_connected = Gauge(
+            "rlgate_learner_connected", "1 while the server's channel to its learner is connected.", registry=r
+        )
+        self.learner_last_ack = Gauge(
+            "rlgate_learner_last_ack_timestamp_seconds", "Unix time of the learner's last ack.", registry=r
+        )
+        ProcessCollector(registry=r)
+
+    def report_pause(self, reason: Callable[[], str | None]) -> None:
+        """Export rlgate_paused{reason=...}: 1 with `reason()` while sampling is paused, else 0."""
+        self.registry.register(_Paused(reason))
+
+
+class _Paused(Collector):
+    def __init__(self, reason: Callable[[], str | None]) -> None:
+        self._reason = reason
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        reason = self._reason()
+        family = GaugeMetricFamily(
+            "rlgate_paused", "1 while sampling is paused, with why (e.g. spool full); 0 when not.", labels=["reason"]
+        )
+        family.add_metric([reason or ""], 1.0 if reason else 0.0)
+        yield family

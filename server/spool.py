@@ -39,6 +39,7 @@ class Spool:
         self.steps = 0  # env steps in the spool (those spooled by this process)
         metrics.spool_batches.set(len(existing))
         metrics.spool_bytes.set(self.bytes)
+        metrics.spool_max_bytes.set(max_bytes)
 
     def files(self) -> list[Path]:
         """Batch files not yet acknowledged, oldest first."""

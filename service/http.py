@@ -20,9 +20,13 @@ def build_app(
     *,
     registry: CollectorRegistry,
     status: Callable[[], dict[str, Any]],
-    ready: Callable[[], str | None],
+    ready: Callable[[], tuple[bool, str | None]],
 ) -> FastAPI:
-    """/healthz (alive), /readyz (`ready()` returns None when ready, else the reason), /status, /metrics."""
+    """/healthz (alive), /readyz, /status, /metrics.
+
+    `ready()` is (ready, reason): /readyz answers 200 or 503, with the reason when there is one (why not
+    ready; or, while ready, what is amiss that does not stop serving yet).
+    """
     app = FastAPI(title=title, docs_url=None, redoc_url=None)
 
     @app.get("/healthz")
@@ -31,10 +35,9 @@ def build_app(
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        reason = ready()
-        if reason is None:
-            return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+        is_ready, reason = ready()
+        body = {"status": "ready" if is_ready else "not ready", **({"reason": reason} if reason else {})}
+        return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/status")
     async def status_() -> dict[str, Any]:

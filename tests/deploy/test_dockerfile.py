@@ -87,7 +87,7 @@ async def test_healthcheck_passes_on_a_live_service_and_fails_without_one(health
     """The image's HEALTHCHECK, run as Docker runs it, against the HTTP app every service serves."""
     assert healthcheck_argv[0] == "python"
     argv = [sys.executable, *healthcheck_argv[1:]]
-    app = build_app("test", registry=ServerMetrics().registry, status=dict, ready=lambda: None)
+    app = build_app("test", registry=ServerMetrics().registry, status=dict, ready=lambda: (True, None))
     http = HttpServer(app, "127.0.0.1", 0)
     http.start()
     try:
