@@ -3,7 +3,9 @@
 It trains until the mean return of the last 20 episodes reaches `--stop-return` (exit 0) or
 `--max-steps` env steps have been taken (exit 1), then shuts every process down (clients first, then
 the server, which flushes its episodes, then the learner, which writes a final checkpoint). Ctrl-C
-does the same. Each process logs to a file in the run directory.
+does the same: the processes start with SIGINT ignored, so a terminal's Ctrl-C, which reaches the whole
+process group, stops only `up`, which then stops them in that order. Each process logs to a file in the
+run directory. Progress is a tqdm bar on a terminal, and a plain line every 10 s elsewhere (a log file).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
+from tqdm import tqdm
 
 from rlgate.service.process import process_started
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
@@ -29,6 +32,7 @@ from rlgate.spec.run import RunSpec
 from rlgate.spec.settings import SpecSettings
 
 POLL_S = 0.25
+PLAIN_EVERY_S = 10.0  # a progress line this often when the output is not a terminal
 WINDOW = 20  # episodes in the mean return
 
 
@@ -92,6 +96,7 @@ def run(settings: UpSettings) -> int:
     mean_return, steps, code = float("nan"), 0, 1
     with contextlib.ExitStack() as stack:
         stack.callback(_shut_down, processes)
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: Ctrl-C stops them through us
         for name, args in commands.items():
             log = stack.enter_context(open(run_dir / f"{name}.log", "w"))
             processes[name] = subprocess.Popen(
@@ -100,7 +105,9 @@ def run(settings: UpSettings) -> int:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+        signal.signal(signal.SIGINT, interrupt)
         print(f"rlgate up: {spec.env.id}, logs, run spec and checkpoints in {run_dir}", flush=True)
+        progress = stack.enter_context(Progress(s.max_steps))
         try:
             while True:
                 time.sleep(POLL_S)
@@ -116,11 +123,10 @@ def run(settings: UpSettings) -> int:
                 episodes = int(learner["episodes"])
                 if learner["mean_return"] is not None:
                     mean_return = float(learner["mean_return"])
-                print(
-                    f"\renv steps {steps:>8}  {steps / elapsed:>7.0f} steps/s  mean return {mean_return:>6.1f} "
-                    f"({episodes} episodes)  model v{learner['model_version']}",
-                    end="",
-                    flush=True,
+                progress.show(
+                    steps,
+                    elapsed,
+                    f"mean return {mean_return:.1f} ({episodes} episodes), model v{learner['model_version']}",
                 )
                 if episodes >= WINDOW and mean_return >= stop_return:
                     code = 0
@@ -131,15 +137,40 @@ def run(settings: UpSettings) -> int:
         except KeyboardInterrupt:
             for sig in (signal.SIGINT, signal.SIGTERM):  # one interrupt is enough: shut down in order
                 signal.signal(sig, signal.SIG_IGN)
-            print("\nCtrl-C: shutting down", flush=True)
+            progress.close()
+            print("Ctrl-C: shutting down", flush=True)
             code = 130
             elapsed = time.monotonic() - started
-    print(f"\ncheckpoint: {run_dir / 'checkpoints'}")
+    print(f"checkpoint: {run_dir / 'checkpoints'}")
     if code == 0:
         print(f"reached return {mean_return:.1f} at {steps} env steps in {elapsed:.1f} s")
     else:
         print(f"stopped at return {mean_return:.1f} after {steps} env steps in {elapsed:.1f} s")
     return code
+
+
+class Progress(contextlib.AbstractContextManager):
+    """The progress line: a tqdm bar on a terminal; elsewhere (a pipe, a log file) a plain line now and then,
+    so no carriage-return runs end up in a file."""
+
+    def __init__(self, total: int) -> None:
+        self._bar = tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stdout) if sys.stdout.isatty() else None
+        self._printed = -PLAIN_EVERY_S
+
+    def show(self, steps: int, elapsed: float, text: str) -> None:
+        if self._bar is not None:
+            self._bar.update(steps - self._bar.n)
+            self._bar.set_postfix_str(text)
+        elif elapsed - self._printed >= PLAIN_EVERY_S:
+            print(f"env steps {steps}, {steps / elapsed:.0f} steps/s, {text}", flush=True)
+            self._printed = elapsed
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _reward_threshold(spec: RunSpec, imports: ImportPolicy) -> float | None:

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from rlgate.client.env_client import ClientStats, EnvClient
 from rlgate.client.settings import ClientSettings
 from rlgate.core.errors import UserError
+from rlgate.service.process import on_stop_signals
 from rlgate.spec.env import make_env
 from rlgate.spec.imports import ImportPolicy
 
@@ -119,9 +120,7 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
         )
 
         async def main() -> None:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, client.stop)
+            on_stop_signals(client.stop)
             await client.run(settings.max_steps)
 
         asyncio.run(main())

@@ -88,6 +88,15 @@ def ensure_free(host: str, port: int, flag: str) -> None:
         bind(host, port, flag).close()
 
 
+def on_stop_signals(stop: Callable[[], None]) -> None:
+    """Call `stop` on the running loop at SIGTERM, and at Ctrl-C (SIGINT) unless this process started with
+    SIGINT ignored: then a parent (`rlgate up`) that gets the terminal's Ctrl-C stops it, in its own order."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        loop.add_signal_handler(signal.SIGINT, stop)
+
+
 class Service(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -101,9 +110,7 @@ async def run_until_signal(make: Callable[[], Service]) -> None:
     service = make()
     await service.start()
     stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+    on_stop_signals(stopping.set)
     await stopping.wait()
     log.info("signal received: stopping")
     await service.stop()
