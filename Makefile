@@ -22,7 +22,11 @@ $(VENV)/.dev: $(BIN)/python pyproject.toml constraints.txt
 run: $(VENV)/.run
 	$(BIN)/rlgate up --env CartPole-v1
 
-test: $(VENV)/.dev
+# First the system packages some tests need (.ci/system-packages: chromium, promtool), where this user may
+# install them; without them those tests skip, saying why.
+test:
+	@.ci/system-packages
+	@$(MAKE) --no-print-directory $(VENV)/.dev
 	$(BIN)/pytest
 
 lint: $(VENV)/.dev

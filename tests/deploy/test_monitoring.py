@@ -1,17 +1,17 @@
 """deploy/prometheus.yml and deploy/grafana: they scrape the ports the services serve on, and the
-dashboard queries metrics the code exports (and parse as PromQL where promtool is installed)."""
+dashboard queries metrics the code exports and parse as PromQL (promtool: skipped where it is missing, but not
+under CI=true)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+from support.tools import required_command
 
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.server.metrics import ServerMetrics
@@ -22,8 +22,6 @@ GRAFANA = DEPLOY / "grafana"
 DASHBOARD = json.loads((GRAFANA / "dashboards" / "rlgate.json").read_text())
 DATASOURCES = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
 DASHBOARD_PROVIDERS = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "rlgate.yml").read_text())
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not on PATH")
 
 
 def exported_sample_names() -> set[str]:
@@ -51,22 +49,22 @@ def test_prometheus_scrapes_every_service_on_its_http_port(containers: dict) -> 
     assert replicas["port"] == inference.http_port
 
 
-@needs_promtool
 def test_promtool_accepts_the_prometheus_config() -> None:
-    result = subprocess.run([PROMTOOL, "check", "config", DEPLOY / "prometheus.yml"], capture_output=True, text=True)
+    promtool = required_command("promtool", "prometheus")
+    result = subprocess.run([promtool, "check", "config", DEPLOY / "prometheus.yml"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@needs_promtool
 def test_dashboard_queries_are_promql(tmp_path: Path) -> None:
     """promtool parses each query as a recording rule ($__rate_interval is Grafana's, so it is filled in)."""
+    promtool = required_command("promtool", "prometheus")
     rules = [
         {"record": f"rlgate:query{i}", "expr": query.replace("$__rate_interval", "1m")}
         for i, query in enumerate(dashboard_queries())
     ]
     path = tmp_path / "queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    result = subprocess.run([PROMTOOL, "check", "rules", path], capture_output=True, text=True)
+    result = subprocess.run([promtool, "check", "rules", path], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

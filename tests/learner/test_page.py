@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import html
 import re
-import shutil
 from pathlib import Path
 
 import pytest
+from support.tools import required_command
 
 CHROMIUM_FLAGS = (
     "--headless",
@@ -23,11 +23,8 @@ CHROMIUM_FLAGS = (
 )
 
 
-async def chromium(url: str, profile: Path, *flags: str) -> str:
+async def chromium(binary: str, url: str, profile: Path, *flags: str) -> str:
     """Run headless Chromium on `url` (off the event loop, which serves the page) and return its stdout."""
-    binary = shutil.which("chromium")
-    if binary is None:
-        pytest.fail("chromium is not installed: `apt-get install chromium` (.ci/run installs it)")
     process = await asyncio.create_subprocess_exec(
         binary,
         *CHROMIUM_FLAGS,
@@ -54,13 +51,21 @@ def stat(dom: str, element_id: str) -> str:
     return html.unescape(match[1])
 
 
-async def test_the_live_page_shows_version_steps_and_return_from_status(learner_server, train_updates, tmp_path):
+@pytest.fixture
+def binary() -> str:
+    """Chromium's path (asked for before the learner starts: a test that skips costs nothing)."""
+    return required_command("chromium", "chromium")
+
+
+async def test_the_live_page_shows_version_steps_and_return_from_status(
+    binary, learner_server, train_updates, tmp_path
+):
     await train_updates(learner_server, 4)  # four points of throughput, and the returns of the episodes
     status = learner_server.learner.status()
     assert status["model_version"] == 4 and len(status["returns"]) >= 2
     url = f"http://127.0.0.1:{learner_server.http_port}/"
 
-    dom = await chromium(url, tmp_path / "profile", "--dump-dom")
+    dom = await chromium(binary, url, tmp_path / "profile", "--dump-dom")
     assert stat(dom, "version") == str(status["model_version"]) != "-"
     assert stat(dom, "steps") == str(round(status["env_steps_trained"]))
     assert stat(dom, "episodes") == str(status["episodes"])
@@ -68,5 +73,5 @@ async def test_the_live_page_shows_version_steps_and_return_from_status(learner_
     assert f'data-version="{status["model_version"]}"' in dom
 
     screenshot = tmp_path / "page.png"
-    await chromium(url, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1000,900")
+    await chromium(binary, url, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1000,900")
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

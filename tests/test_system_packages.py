@@ -1,0 +1,67 @@
+"""`make test` on a machine without chromium and promtool: their tests skip, saying why (they fail under
+CI=true), and .ci/system-packages installs nothing where it cannot, without failing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NEEDS_COMMANDS = [
+    "tests/learner/test_page.py",
+    "tests/deploy/test_monitoring.py::test_promtool_accepts_the_prometheus_config",
+    "tests/deploy/test_monitoring.py::test_dashboard_queries_are_promql",
+]
+
+
+def bare_path(tmp_path: Path, *commands: str) -> str:
+    """A PATH with only these commands (the rest of the system's, chromium and promtool included, is not there)."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for name in commands:
+        (bare / name).symlink_to(shutil.which(name))
+    return str(bare)
+
+
+def pytest_without_the_commands(tmp_path: Path, ci: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    env["PATH"] = bare_path(tmp_path, "python3")
+    if ci is not None:
+        env["CI"] = ci
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rsfE", *NEEDS_COMMANDS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return result.stdout + result.stderr
+
+
+def test_tests_needing_chromium_or_promtool_skip_with_the_reason(tmp_path):
+    output = pytest_without_the_commands(tmp_path, ci=None)
+    assert "3 skipped in" in output.splitlines()[-1], output
+    for command, package in (("chromium", "chromium"), ("promtool", "prometheus")):
+        assert f"{command} is not installed: `.ci/system-packages` installs it (Debian package {package})" in output
+
+
+def test_under_ci_the_tests_needing_chromium_or_promtool_fail_instead(tmp_path):
+    output = pytest_without_the_commands(tmp_path, ci="true")
+    assert "2 failed, 1 error in" in output.splitlines()[-1], output  # the error: chromium's, in a fixture
+    assert output.count("under CI=true this test must run") >= 3, output
+
+
+def test_the_package_script_installs_nothing_where_it_cannot_and_says_so(tmp_path):
+    result = subprocess.run(
+        [ROOT / ".ci" / "system-packages"],
+        env={"PATH": bare_path(tmp_path, "bash", "python3", "id", "env")},  # no apt-get, no chromium, no promtool
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no apt-get here: not installing" in result.stderr and "chromium prometheus" in result.stderr
