@@ -63,6 +63,7 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("learn", *free, "--checkpoint-dir", str(nowhere)): f"no checkpoint in {nowhere} and no run spec",
         ("up", "--num-clients", "0"): "--num-clients: input should be greater than or equal to 1",
         ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
+        ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
     }
     # Concurrently: each is a Python start-up, most of it waiting on imports.
     results = await asyncio.gather(*(rlgate(*args) for args in cases))
