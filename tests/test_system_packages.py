@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from support.tools import required_command
+
 ROOT = Path(__file__).resolve().parent.parent
 NEEDS_COMMANDS = [
     "tests/learner/test_page.py",
@@ -26,33 +29,29 @@ def bare_path(tmp_path: Path, *commands: str) -> str:
     return str(bare)
 
 
-def pytest_without_the_commands(tmp_path: Path, ci: str | None) -> str:
+def test_tests_needing_chromium_or_promtool_skip_with_the_reason(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
     env["PATH"] = bare_path(tmp_path, "python3")
-    if ci is not None:
-        env["CI"] = ci
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rsfE", *NEEDS_COMMANDS],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *NEEDS_COMMANDS],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    return result.stdout + result.stderr
-
-
-def test_tests_needing_chromium_or_promtool_skip_with_the_reason(tmp_path):
-    output = pytest_without_the_commands(tmp_path, ci=None)
-    assert "3 skipped in" in output.splitlines()[-1], output
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "3 skipped in" in output.splitlines()[-1], output
     for command, package in (("chromium", "chromium"), ("promtool", "prometheus")):
         assert f"{command} is not installed: `.ci/system-packages` installs it (Debian package {package})" in output
 
 
-def test_under_ci_the_tests_needing_chromium_or_promtool_fail_instead(tmp_path):
-    output = pytest_without_the_commands(tmp_path, ci="true")
-    assert "2 failed, 1 error in" in output.splitlines()[-1], output  # the error: chromium's, in a fixture
-    assert output.count("under CI=true this test must run") >= 3, output
+@pytest.mark.parametrize(("ci", "outcome"), [("", pytest.skip.Exception), ("true", pytest.fail.Exception)])
+def test_a_missing_command_skips_its_test_but_fails_it_under_ci(monkeypatch, ci, outcome):
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="no-such-command is not installed"):
+        required_command("no-such-command", "no-such-package")
+    assert required_command("python3", "python3") == shutil.which("python3")
 
 
 def test_the_package_script_installs_nothing_where_it_cannot_and_says_so(tmp_path):

@@ -1,5 +1,6 @@
 """A learner that goes away and comes back: the server says so (/status, /readyz, metrics, one log line naming
-the learner), keeps serving while its spool has room, and picks the learner up again within 3 s of its return."""
+the learner), keeps serving while there is room for the episodes, and picks the learner up again within 3 s
+of its return."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from rlgate.client.env_client import EnvClient
 from rlgate.learner.main import LearnerServer
 
 RECONNECT_S = 3.0
+# A train batch the test never fills: the learner acks everything and its pacing never pauses the server.
+NEVER_TRAINS = ("--spec.algorithm.train-batch-size", "1000000")
 
 
 async def answering(port: int, timeout: float = 120) -> float:
@@ -45,7 +48,7 @@ async def test_a_killed_learner_is_reported_and_a_new_one_is_picked_up_within_3_
     learners, server_factory, http_get, caplog, away_s
 ):
     caplog.set_level(logging.INFO, logger="rlgate.server.learner_link")
-    first = learners.start("first")
+    first = learners.start("first", *NEVER_TRAINS)
     server = await server_factory(learner=learners.target)
     link = server.learner
     client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)]), target(server), seed=0)
@@ -60,7 +63,7 @@ async def test_a_killed_learner_is_reported_and_a_new_one_is_picked_up_within_3_
         first.wait()
         await until(lambda: not link.connected, 30)
         code, body = await http_get(server.http_port, "/readyz")
-        assert code == 200, body  # the spool has room: serving goes on, and /readyz says why all is not well
+        assert code == 200, body  # there is room for episodes: serving goes on, and /readyz says what is amiss
         reason = json.loads(body)["reason"]
         assert f"the learner at {learners.target} has been unreachable" in reason and "serving goes on" in reason
         stepped = client.stats.env_steps
@@ -75,7 +78,7 @@ async def test_a_killed_learner_is_reported_and_a_new_one_is_picked_up_within_3_
         )
 
         await until(lambda: link.away_for() >= away_s, away_s + 10)
-        learners.start("second")
+        learners.start("second", *NEVER_TRAINS)
         back = await answering(learners.port)
         await until(lambda: link.last_ack is not None and link.last_ack > back, 30)
         assert link.last_ack - back < RECONNECT_S, f"the server took {link.last_ack - back:.1f} s to reconnect"
