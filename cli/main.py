@@ -6,6 +6,9 @@ import logging
 import os
 import sys
 
+from rlgate.cli.usage import UsageError
+from rlgate.spec.imports import SpecError
+
 # name -> (module whose `main(argv)` runs it, one-line help). Only commands that exist are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("rlgate.server.main", "run the inference server"),
@@ -13,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "learn": ("rlgate.learner.main", "run the learner: trains on the servers' episodes, pushes weights"),
     "up": ("rlgate.cli.up", "train locally: learner, server and env clients as processes, until a return is reached"),
     "bench": ("rlgate.bench.main", "measure throughput and latency against in-process and bare-gRPC floors"),
+    "eval": ("rlgate.cli.evaluate", "evaluate a checkpoint's policy in its env: return and length, optionally video"),
+    "episodes": ("rlgate.cli.episodes", "summarize a directory of recorded episodes (rlgate serve --episode-dir)"),
 }
 
 
@@ -30,4 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.append(os.getcwd())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except (UsageError, SpecError) as exc:  # the user's to fix: one line, no traceback
+        print(f"rlgate {args.command}: {exc}", file=sys.stderr)
+        return 2

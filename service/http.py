@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.resources
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
@@ -20,9 +22,17 @@ def build_app(
     registry: CollectorRegistry,
     status: Callable[[], dict[str, Any]],
     ready: Callable[[], str | None],
+    page: str | None = None,
 ) -> FastAPI:
-    """/healthz (alive), /readyz (`ready()` returns None when ready, else the reason), /status, /metrics."""
+    """/healthz (alive), /readyz (`ready()` returns None when ready, else the reason), /status, /metrics;
+    with `page` (HTML), the service's live page at `/`, which loads the shared scripts under /static."""
     app = FastAPI(title=title, docs_url=None, redoc_url=None)
+    if page is not None:
+        app.mount("/static", StaticFiles(packages=[("rlgate.service", "static")]), name="static")
+
+        @app.get("/", include_in_schema=False)
+        async def page_() -> HTMLResponse:
+            return HTMLResponse(page)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -44,6 +54,11 @@ def build_app(
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def read_page(package: str) -> str:
+    """The live page a service ships as package data (`page.html` in `package`)."""
+    return importlib.resources.files(package).joinpath("page.html").read_text()
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
