@@ -25,7 +25,7 @@ def report(summary: dict[str, Any]) -> str:
             f"{summary['directory']}: {summary['env_id'] or 'env unknown'}",
             f"observations {summary['observation_space']}, actions {summary['action_space']}",
             f"{summary['chunks']} chunks of {summary['episodes']} episodes ({summary['finished_episodes']} to their "
-            f"end), {summary['env_steps']} env steps",
+            f"end, {summary['terminated_episodes']} terminated), {summary['env_steps']} env steps",
             f"return of finished episodes: mean {number(summary['return_mean'])}  min {number(summary['return_min'])}"
             f"  max {number(summary['return_max'])}; mean length {number(summary['length_mean'])}",
             f"model versions {versions[0]} to {versions[1]}" if versions else "model versions unknown",

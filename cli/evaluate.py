@@ -88,11 +88,15 @@ def report(results: dict[str, Any]) -> str:
         f"checkpoint {results['checkpoint']} (version {results['version']})"
     ]
     for name in ("return", "length"):
-        numbers = "  ".join(f"{stat} {results[f'{name}_{stat}']:.2f}" for stat in ("mean", "std", "min", "max"))
+        numbers = "  ".join(f"{stat} {_number(results[f'{name}_{stat}'])}" for stat in ("mean", "std", "min", "max"))
         lines.append(f"{name:<7} {numbers}")
     if results["video_dir"]:
         lines.append(f"videos: {results['video_dir']}")
     return "\n".join(lines)
+
+
+def _number(value: float | int) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
 def main(argv: list[str]) -> int:

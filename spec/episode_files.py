@@ -114,6 +114,7 @@ def summarize(directory: str | Path) -> dict[str, Any]:
     chunks = steps = 0
     totals: dict[str, tuple[float, int]] = {}  # episode id -> return and length so far
     finished: list[tuple[float, int]] = []
+    terminated = 0
     versions: list[int] = []
     for episode in read_episodes(directory):
         chunks += 1
@@ -122,6 +123,7 @@ def summarize(directory: str | Path) -> dict[str, Any]:
         totals[episode.id_] = (total + episode.get_return(), length + len(episode))
         if episode.is_done:
             finished.append(totals[episode.id_])
+            terminated += episode.is_terminated
         if Columns.MODEL_VERSION in episode.extra_model_outputs and len(episode):
             versions += episode.get_extra_model_outputs(Columns.MODEL_VERSION, slice(0, len(episode))).tolist()
     returns = [r for r, _ in finished]
@@ -133,7 +135,8 @@ def summarize(directory: str | Path) -> dict[str, Any]:
         "action_space": str(recording.action_space),
         "chunks": chunks,
         "episodes": len(totals),
-        "finished_episodes": len(finished),
+        "finished_episodes": len(finished),  # terminated, or truncated (by the env or when its client left)
+        "terminated_episodes": terminated,
         "env_steps": steps,
         "return_mean": float(np.mean(returns)) if returns else None,
         "return_min": min(returns, default=None),
