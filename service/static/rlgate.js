@@ -54,6 +54,20 @@ const rlgate = (() => {
     return out;
   }
 
+  // Run `refresh` now and again `ms` after each run ends; a failure shows in #error and polling goes on.
+  function poll(refresh, service, ms = 1000) {
+    const run = async () => {
+      try {
+        await refresh();
+        setText("error", "");
+      } catch (error) {
+        setText("error", `cannot reach the ${service}: ${error.message}`);
+      }
+      setTimeout(run, ms);
+    };
+    run();
+  }
+
   // A server's paged history (/history/<series>): `pull(total)` fetches the rows it does not have yet.
   class Paged {
     constructor(path, keep = 100000) {
@@ -114,5 +128,5 @@ const rlgate = (() => {
     }
   }
 
-  return { Chart, Paged, bytes, getJSON, num, setText, steps, trailingMean };
+  return { Chart, Paged, bytes, getJSON, num, poll, setText, steps, trailingMean };
 })();
