@@ -162,3 +162,20 @@ def test_an_unreachable_learner_is_a_connection_error():
         port = sock.getsockname()[1]  # nothing listens here
     with pytest.raises(ConnectionError, match=f"learner 127.0.0.1:{port}: DEADLINE_EXCEEDED"):
         Policy.from_learner(f"127.0.0.1:{port}", timeout_s=0.5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_policy_on_cuda_acts_as_on_cpu(tmp_path):
+    path, _ = save(tmp_path, LSTM)
+    cpu, cuda = Policy.load(path), Policy.load(path, device="cuda")
+    episodes = {"cpu": [cpu.new_episode() for _ in range(4)], "cuda": [cuda.new_episode() for _ in range(4)]}
+    for _ in range(10):
+        obs = np.stack([BOX4.sample() for _ in range(4)])
+        a = cpu.compute_actions(obs, episodes["cpu"], rewards=[1.0] * 4)
+        b = cuda.compute_actions(obs, episodes["cuda"], rewards=[1.0] * 4)
+        assert np.array_equal(a, b)
+        np.testing.assert_allclose(
+            np.stack([e.last_outputs[Columns.ACTION_DIST_INPUTS] for e in episodes["cuda"]]),
+            np.stack([e.last_outputs[Columns.ACTION_DIST_INPUTS] for e in episodes["cpu"]]),
+            atol=1e-5,
+        )
