@@ -38,6 +38,7 @@ COLUMNS: dict[str, str | None] = {
     "clip_fraction": "train/clip_fraction",
     "explained_variance": "train/explained_variance",
     "lr": "train/lr",
+    "clip_param": "train/clip_param",
     "train_steps": "data/train_steps",
     "staleness": "data/staleness",
     "stale_steps": "data/stale_steps",

@@ -293,7 +293,6 @@ class Learner:
             env_steps=self.trainer.env_steps,
             version=self.trainer.version,
             seconds=seconds,
-            lr=self.trainer.optimizer.param_groups[0]["lr"],
             episodes=self.intake.episodes_finished,
             returns=self.intake.returns,
             lengths=self.intake.lengths,

@@ -42,7 +42,6 @@ class Progress:
         env_steps: int,
         version: int,
         seconds: float,
-        lr: float,
         episodes: int,
         returns: Iterable[float],
         lengths: Iterable[int],
@@ -62,7 +61,6 @@ class Progress:
             "episodes": episodes,
             **_summary("episode_return", list(returns)),
             **_summary("episode_length", list(lengths)),
-            "lr": lr,
             "train_steps": stats.get("env_steps"),
             "stale_steps_total": self.stale_steps_total,
         }
