@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "learn": ("rlgate.learner.main", "run the learner: trains on the servers' episodes, pushes weights"),
     "up": ("rlgate.cli.up", "train locally: learner, server and env clients as processes, until a return is reached"),
     "bench": ("rlgate.bench.main", "measure throughput and latency against in-process and bare-gRPC floors"),
+    "eval": ("rlgate.cli.evaluate", "evaluate a checkpoint's policy in its env: return and length, optionally video"),
+    "episodes": ("rlgate.cli.episodes", "summarize a directory of recorded episodes (rlgate serve --episode-dir)"),
 }
 USAGE_ERROR = 2
 

@@ -80,6 +80,7 @@ def run(settings: UpSettings) -> int:
         "learner": [
             *("learn", "--config", spec_file, "--port", learner_port, "--http-port", learner_http),
             *("--checkpoint-dir", run_dir / "checkpoints", "--no-resume"),
+            *("--log-dir", run_dir),  # TensorBoard event files and progress.csv: `tensorboard --logdir runs`
         ],
         "server": [
             *("serve", "--learner", f"127.0.0.1:{learner_port}", "--port", server_port, "--http-port", server_http),

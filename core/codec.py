@@ -14,7 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
 from rlgate.v1 import tensor_pb2 as pb
 
@@ -195,6 +195,20 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
 
 
 # --- validation -------------------------------------------------------------------------------------
+
+
+def space_to_json(space: gym.Space) -> dict[str, Any]:
+    """A space as plain JSON data (the Space message's JSON form), for files a person can read."""
+    return json_format.MessageToDict(space_to_proto(space))
+
+
+def space_from_json(data: dict[str, Any], path: str = "space") -> gym.Space:
+    """The space `space_to_json` wrote; CodecError naming `path` for anything else."""
+    try:
+        message = json_format.ParseDict(data, pb.Space())
+    except json_format.ParseError as exc:
+        raise CodecError(f"{path}: not a space: {exc}") from exc
+    return space_from_proto(message, path)
 
 
 def validate(value: Any, space: gym.Space, *, path: str = "obs", batch_size: int | None = None) -> None:

@@ -69,7 +69,8 @@ class Intake:
     duplicates: int = 0
     rejected: Counter[str] = field(default_factory=Counter)  # chunks refused, by reason
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
-    return_history: list[tuple[float, float]] = field(default_factory=list)  # (unix time, return)
+    lengths: deque[int] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
+    finished: list[tuple[float, int]] = field(default_factory=list)  # (return, length) not yet take_finished()
     resume: bool = True  # reload the intake files found in `directory`; False: set them aside
     lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
     allow_nonfinite_obs: bool = False  # the env's observations may be +-inf or NaN (its spec says so)
@@ -83,7 +84,7 @@ class Intake:
         self._finished: set[str] = set()  # keys taken whole (or dropped as stale) since the last checkpoint
         self._taken = dict(self.partial)  # key -> steps of a split chunk taken so far
         self._files: list[_File] = []
-        self._running_return: dict[str, float] = {}
+        self._running: dict[str, tuple[float, int]] = {}  # episode id -> return and length of its chunks so far
         for path in sorted(self.directory.glob("*.pb"), key=lambda p: p.stat().st_mtime):
             accepted = self._add(learner_pb2.EpisodeBatch.FromString(path.read_bytes()))
             self._files.append(_File(path, accepted))
@@ -206,14 +207,21 @@ class Intake:
         self.on_reject(reason, chunks)
         log.warning("rejected %s", what)
 
+    def take_finished(self) -> list[tuple[float, int]]:
+        """(return, length) of every episode that finished since the last call, in order."""
+        finished, self.finished = self.finished, []
+        return finished
+
     def _track_return(self, episode: SingleAgentEpisode) -> None:
-        total = self._running_return.pop(episode.id_, 0.0) + episode.get_return()
+        earlier_return, earlier_length = self._running.pop(episode.id_, (0.0, 0))
+        total, length = earlier_return + episode.get_return(), earlier_length + len(episode)
         if episode.is_done:
             self.episodes_finished += 1
             self.returns.append(total)
-            self.return_history.append((time.time(), total))
+            self.lengths.append(length)
+            self.finished.append((total, length))
         else:
-            self._running_return[episode.id_] = total
+            self._running[episode.id_] = (total, length)
 
 
 def _newest_version(chunk: SingleAgentEpisode) -> int:

@@ -13,6 +13,8 @@ from typing import Any
 from rlgate.core import codec
 from rlgate.learner.intake import Intake
 from rlgate.learner.metrics import LearnerMetrics
+from rlgate.learner.progress import Progress
+from rlgate.learner.servers import Servers
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
@@ -24,9 +26,6 @@ from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
-
-# Throughput samples kept for the live page (one per update).
-HISTORY = 2000
 
 
 class Learner:
@@ -90,8 +89,12 @@ class Learner:
         self.watchers = 0  # servers watching for weights now
         self.weights = self._weights_message()
         self.last_update: dict[str, Any] = {}
-        self.history: list[dict[str, float]] = []
         self.started = time.time()
+        # Update and episode histories (the live page's), and the experiment log (TensorBoard, progress.csv).
+        self.progress = Progress(settings.experiment_log_dir(), env_steps=self.trainer.env_steps)
+        self.progress.episodes_finished(self.intake.take_finished(), self.env_steps_received())
+        self.servers = Servers()  # the inference servers that report to this learner
+        self.updating_since: float | None = None  # when the update in progress started (time.time())
         self._published = asyncio.Condition()
         # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
         self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-trainer")
@@ -121,6 +124,7 @@ class Learner:
         if batch.HasField("connector_state"):
             self._merge_connector_state(batch)
         self.chunks_accepted += ack.accepted
+        self.progress.episodes_finished(self.intake.take_finished(), self.env_steps_received())
         self.metrics.duplicates.inc(ack.duplicates)
         self.metrics.episodes.inc(ack.accepted)
         self.metrics.pending_steps.set(self.intake.pending_steps)
@@ -184,13 +188,17 @@ class Learner:
             self._intake_changed.notify_all()  # room for the next batch, sampled while this one trains
         self.metrics.pending_steps.set(self.intake.pending_steps)
         started = time.perf_counter()
+        self.updating_since = time.time()
         try:
             stats = await self._in_trainer_thread(self.trainer.update, episodes)
         except Exception:  # e.g. a user's learner piece failing: say so, keep the service (and the rest) alive
             self.metrics.failed_updates.inc()
             log.exception("update failed: the %d env steps it took are not trained on", sum(map(len, episodes)))
             return
-        self.last_update = {**stats, "seconds": time.perf_counter() - started, "version": self.trainer.version}
+        finally:
+            self.updating_since = None
+        seconds = time.perf_counter() - started
+        self.last_update = {**stats, "seconds": seconds, "version": self.trainer.version}
         if "skipped" in stats:
             self.skipped_updates += 1
             self.metrics.skipped_updates.inc()
@@ -201,7 +209,7 @@ class Learner:
                 stats["env_steps"],
             )
             return
-        self._record(stats)
+        self._record(stats, seconds)
         await self._publish()
         if self.trainer.version % self.settings.checkpoint_every == 0:
             await self.save_checkpoint()
@@ -274,7 +282,7 @@ class Learner:
         shared among the servers watching, so that what waits on them while an update runs is fresh."""
         return max(1, self.spec.algorithm.train_batch_size // (2 * max(self.watchers, 1)))
 
-    def _record(self, stats: dict[str, Any]) -> None:
+    def _record(self, stats: dict[str, Any], seconds: float) -> None:
         m = self.metrics
         m.env_steps.inc(stats["env_steps"])
         m.stale.inc(stats["stale_steps"])
@@ -293,36 +301,47 @@ class Learner:
             m.mean_return.set(mean)
         elapsed = time.time() - self.started
         m.episodes_per_s.set(self.intake.episodes_finished / max(elapsed, 1e-9))
-        self.history.append(
-            {
-                "t": elapsed,
-                "env_steps": self.trainer.env_steps,
-                "version": self.trainer.version,
-                "batch_steps": stats["env_steps"],
-            }
+        self.progress.update(
+            stats,
+            env_steps=self.trainer.env_steps,
+            version=self.trainer.version,
+            seconds=seconds,
+            episodes=self.intake.episodes_finished,
+            returns=self.intake.returns,
+            lengths=self.intake.lengths,
         )
-        del self.history[:-HISTORY]
 
     def mean_return(self) -> float | None:
         returns = self.intake.returns
         return sum(returns) / len(returns) if returns else None
 
+    def env_steps_received(self) -> int:
+        """Env steps trained on plus those waiting for the next update: the episodes' x axis."""
+        return self.trainer.env_steps + self.intake.pending_steps
+
     def status(self) -> dict[str, Any]:
+        """Where training stands now (compact: the histories are paged at /history/updates and /episodes)."""
+        updating = self.updating_since
         return {
+            "env_id": self.spec.env.id,
             "model_version": self.trainer.version,
             "env_steps_trained": self.trainer.env_steps,
+            "env_steps_received": self.env_steps_received(),
             "episodes": self.intake.episodes_finished,
             "mean_return": self.mean_return(),
+            "train_batch_size": self.spec.algorithm.train_batch_size,
             "pending_steps": self.intake.pending_steps,
             "max_pending_steps": self.max_pending_steps,
             "duplicates": self.intake.duplicates,
             "rejected_chunks": dict(self.intake.rejected),
             "skipped_updates": self.skipped_updates,
             "stale_steps": self.stale_steps,
+            "update_in_progress": updating is not None,
+            "update_running_s": None if updating is None else time.time() - updating,
             "last_update": self.last_update,
+            "servers": self.servers.connected(),
+            "history": {"updates": self.progress.updates.total, "episodes": self.progress.episodes.total},
             "uptime_s": time.time() - self.started,
-            "returns": [[t - self.started, r] for t, r in self.intake.return_history[-HISTORY:]],
-            "throughput": self.history,
         }
 
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import grpc
+from fastapi import Query
 from grpc_health.v1 import health
 
+from rlgate.learner.history import PAGE_LIMIT
 from rlgate.learner.learner import Learner
-from rlgate.learner.page import PAGE
 from rlgate.learner.servicer import SERVICE_NAME, LearnerServicer
 from rlgate.learner.settings import LearnerSettings
-from rlgate.service.http import HttpServer, build_app
+from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import ensure_free, run_until_signal, start_grpc_server
 from rlgate.v1 import learner_pb2_grpc
 
@@ -43,18 +44,27 @@ class LearnerServer:
             registry=self.learner.metrics.registry,
             status=self.learner.status,
             ready=lambda: (True, None),
+            page=read_page("rlgate.learner"),
         )
+        progress = self.learner.progress
 
-        @app.get("/", include_in_schema=False)
-        async def page() -> Any:
-            from fastapi.responses import HTMLResponse
+        @app.get("/history/{series}")
+        async def history(
+            series: Literal["updates", "episodes"], start: int = 0, limit: int = Query(PAGE_LIMIT, ge=1, le=PAGE_LIMIT)
+        ) -> dict[str, Any]:
+            """Rows from index `start` on: one per update (every logged number) or per finished episode."""
+            return getattr(progress, series).page(start, limit)
 
-            return HTMLResponse(PAGE)
+        @app.get("/spec")
+        async def spec() -> dict[str, Any]:
+            return self.learner.spec.model_dump(mode="json")
 
         self._http = HttpServer(app, s.host, s.http_port)  # both ports are taken before anything starts
         self._grpc, self.port = await start_grpc_server(
             SERVICE_NAME,
-            lambda server: learner_pb2_grpc.add_LearnerServiceServicer_to_server(LearnerServicer(self.learner), server),
+            lambda server: learner_pb2_grpc.add_LearnerServiceServicer_to_server(
+                LearnerServicer(self.learner, http_port=lambda: self.http_port), server
+            ),
             self._health,
             address=f"{s.host}:{s.port}",
             max_message_bytes=256 << 20,
@@ -82,6 +92,7 @@ class LearnerServer:
         if self._grpc is not None:
             await self._grpc.stop(1.0)
         path = await self.learner.save_checkpoint()
+        self.learner.progress.close()
         log.info("stopped; final checkpoint %s", path)
         if self._http is not None:
             await self._http.stop()

@@ -21,7 +21,7 @@ from rlgate.spec.algorithm import PPOConfig
 def ppo_loss(
     module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig, clip: float
 ) -> tuple[torch.Tensor, dict]:
-    """Total loss of one minibatch, and its parts for logging."""
+    """Total loss of one minibatch, and its parts and diagnostics (clip fraction, explained variance) for logging."""
     outputs = module.forward_train(batch)
     dist = module.get_train_action_dist_cls().from_logits(outputs[Columns.ACTION_DIST_INPUTS])
     logp = dist.logp(batch[Columns.ACTIONS])
@@ -41,12 +41,29 @@ def ppo_loss(
     total = policy_loss + config.vf_loss_coeff * mean(vf_loss) - config.entropy_coeff * mean(entropy)
     with torch.no_grad():
         kl = mean((ratio - 1) - log_ratio)  # the low-variance estimator of KL(old || new)
+        clip_fraction = mean(((ratio - 1).abs() > clip).float())
+        explained = explained_variance(batch[Columns.VALUE_TARGETS], outputs[Columns.VF_PREDS], mask)
     return total, {
         "policy_loss": policy_loss.item(),
         "vf_loss": mean(vf_loss).item(),
         "entropy": mean(entropy).item(),
         "kl": kl.item(),
+        "clip_fraction": clip_fraction.item(),
+        "explained_variance": explained.item(),
     }
+
+
+def explained_variance(targets: torch.Tensor, predictions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - Var(targets - predictions) / Var(targets) over the rows in `mask`, at least -1 (RLlib's
+    `vf_explained_var`): 1 when the value function predicts the targets, 0 or less when it explains nothing."""
+    weights = mask.float()
+    count = weights.sum()
+
+    def variance(x: torch.Tensor) -> torch.Tensor:
+        centred = x - (x * weights).sum() / count.clamp(min=1)
+        return (centred.square() * weights).sum() / (count - 1).clamp(min=1)
+
+    return torch.clamp(1 - variance(targets - predictions) / (variance(targets) + 1e-8), min=-1.0)
 
 
 def ppo_update(

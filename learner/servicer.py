@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -13,10 +13,14 @@ SERVICE_NAME = "rlgate.v1.LearnerService"
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
-    """SubmitEpisodes (acked batches in), WatchWeights (every new version out), GetStatus."""
+    """SubmitEpisodes (acked batches in), WatchWeights (every new version out), GetStatus, ReportServer.
 
-    def __init__(self, learner: Learner) -> None:
+    `http_port()`: the learner's HTTP port, which servers link their pages to.
+    """
+
+    def __init__(self, learner: Learner, http_port: Callable[[], int] = lambda: 0) -> None:
         self.learner = learner
+        self._http_port = http_port
 
     async def SubmitEpisodes(
         self, request_iterator: AsyncIterator[learner_pb2.EpisodeBatch], context: grpc.aio.ServicerContext
@@ -34,3 +38,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self, request: learner_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> learner_pb2.LearnerStatus:
         return self.learner.status_message()
+
+    async def ReportServer(
+        self, request: learner_pb2.ServerReport, context: grpc.aio.ServicerContext
+    ) -> learner_pb2.ServerReportAck:
+        self.learner.servers.report(request, context.peer())
+        return learner_pb2.ServerReportAck(http_port=self._http_port())

@@ -18,6 +18,11 @@ class LearnerSettings(SpecSettings, ServiceSettings):
     port: int = Field(50052, ge=0, le=65535, description="gRPC port of the LearnerService; 0 picks a free one.")
     http_port: int = Field(8001, ge=0, le=65535, description="HTTP port for / /healthz /readyz /status /metrics.")
     checkpoint_dir: Path = Field(Path("checkpoints"), description="Where checkpoints are written and resumed from.")
+    log_dir: Path | None = Field(
+        None,
+        description="Experiment log: TensorBoard event files and progress.csv (one row per update, x axis env "
+        "steps) go here; unset: checkpoint_dir/logs. `rlgate up` puts them in its run folder.",
+    )
     checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every this many updates.")
     resume: bool = Field(
         True,
@@ -29,3 +34,7 @@ class LearnerSettings(SpecSettings, ServiceSettings):
         ge=0,
         description="Steps chosen by a model more than this many versions old are dropped (and counted).",
     )
+
+    def experiment_log_dir(self) -> Path:
+        """Where the TensorBoard event files and progress.csv go."""
+        return self.log_dir if self.log_dir is not None else self.checkpoint_dir / "logs"

@@ -19,6 +19,10 @@ While the learner is away, both streams wait for the channel to connect again (g
 which tries about once a second (service/channel.py): the link picks up within about a second of the
 learner's return, and logs one line when the learner goes away and one when it is back. `status()` says
 where the link stands (connected, last ack, last error, spool fill), as do the rlgate_learner_* metrics.
+
+Every REPORT_EVERY_S the link also tells the learner how this server is doing (`ReportServer`: sessions,
+env steps, spool), which the learner's status and page show; the answer names the learner's HTTP port,
+so this server's page can link to the learner's.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ SUBMIT = "/rlgate.v1.LearnerService/SubmitEpisodes"
 # Batches sent but not yet acknowledged, at most.
 MAX_IN_FLIGHT = 32
 MAX_BACKOFF_S = 1.0
+REPORT_EVERY_S = 1.0
 
 
 class LearnerLink:
@@ -68,10 +73,13 @@ class LearnerLink:
         metrics: ServerMetrics,
         max_spool_bytes: int,
         on_room: Callable[[], None] = lambda: None,
+        describe: Callable[[], learner_pb2.ServerReport] = learner_pb2.ServerReport,
         token: str | None = None,
         tls_ca: bytes | None = None,
     ) -> None:
+        """`describe()`: this server's report to the learner, less the spool (which the link fills in)."""
         self.target = target
+        self.learner_http_port = 0  # the learner's HTTP port, once a report was answered
         self.spool = Spool(spool_dir, max_bytes=max_spool_bytes, metrics=metrics)
         self.server_id = server_id
         self._on_weights = on_weights
@@ -81,6 +89,7 @@ class LearnerLink:
         self._on_room = on_room
         self.window = 0  # max unacked env steps, from the learner's weights; 0: no limit
         self._queued_steps = 0  # env steps shipped and not yet in the spool
+        self._describe = describe
         self._queue: list[SingleAgentEpisode] = []
         self._queued = asyncio.Event()
         self._spooled = asyncio.Event()
@@ -114,6 +123,7 @@ class LearnerLink:
             loop.create_task(self._write_forever(), name="spool-writer"),
             loop.create_task(self._retry(self._send), name="episode-sender"),
             loop.create_task(self._retry(self._watch), name="weights-watcher"),
+            loop.create_task(self._report_forever(), name="server-report"),
         ]
 
     def ship(self, episodes: list[SingleAgentEpisode]) -> None:
@@ -121,6 +131,13 @@ class LearnerLink:
             self._queue.extend(episodes)
             self._queued_steps += sum(len(episode) for episode in episodes)
             self._queued.set()
+
+    def learner_page(self) -> str | None:
+        """The learner's live page (its host as this server reaches it), once the learner said its HTTP port."""
+        if not self.learner_http_port:
+            return None
+        address = self.target.rpartition("/")[2]  # "dns:///learner:50052" -> "learner:50052"
+        return f"http://{address.rpartition(':')[0] or address}:{self.learner_http_port}/"
 
     def full(self) -> bool:
         """The spool is full: sampling should wait for the learner."""
@@ -320,3 +337,22 @@ class LearnerLink:
         self.last_ack = time.monotonic()
         self.last_error = None
         self._metrics.learner_last_ack.set_to_current_time()
+
+    async def _report_forever(self) -> None:
+        """Tell the learner how this server is doing, every REPORT_EVERY_S, for as long as it runs."""
+        stub = learner_pb2_grpc.LearnerServiceStub(self._channel)
+        while True:
+            report = self._describe()
+            report.server_id = self.server_id
+            report.spool_batches = self.spool.batches
+            report.spool_bytes = self.spool.bytes
+            report.max_spool_bytes = self.spool.max_bytes
+            try:
+                ack = await stub.ReportServer(report, metadata=self._metadata, timeout=5 * REPORT_EVERY_S)
+                self.learner_http_port = ack.http_port
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("the learner takes no server reports (an older rlgate): not reporting")
+                    return
+                self.learner_http_port = 0  # unreachable: no link to its page
+            await asyncio.sleep(REPORT_EVERY_S)

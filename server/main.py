@@ -22,7 +22,7 @@ from rlgate.server.service import SERVICE_NAME, PolicyService, RequestError
 from rlgate.server.session import SessionSpec
 from rlgate.server.settings import ServerSettings
 from rlgate.server.shipping import DirectorySink, episode_end
-from rlgate.service.http import HttpServer, build_app
+from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import run_until_signal, start_grpc_server
 from rlgate.spec import checkpoint
 from rlgate.spec.env import env_spaces
@@ -31,6 +31,8 @@ from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
+
+MAX_LISTED = 200  # sessions listed by /sessions
 
 
 class InferenceServer:
@@ -50,7 +52,7 @@ class InferenceServer:
         self.refused: str | None = None  # why this server will not serve the learner's run spec
         self.metrics = ServerMetrics()
         self.metrics.report_pause(self._pause_reason)
-        self.files = DirectorySink(settings.episode_dir) if settings.episode_dir else None
+        self.files = DirectorySink(settings.episode_dir, self._served) if settings.episode_dir else None
         self.learner: LearnerLink | None = None
         if settings.learner:
             self.learner = LearnerLink(
@@ -63,6 +65,7 @@ class InferenceServer:
                 metrics=self.metrics,
                 max_spool_bytes=settings.max_spool,
                 on_room=self._wake_batcher,
+                describe=self._report,
                 token=settings.bearer_token(),
                 tls_ca=settings.learner_tls_ca.read_bytes() if settings.learner_tls_ca else None,
             )
@@ -100,7 +103,22 @@ class InferenceServer:
             registry=self.metrics.registry,
             status=self.status,
             ready=self.readiness,
+            page=read_page("rlgate.server"),
         )
+
+        @app.get("/sessions")
+        async def sessions() -> list[dict[str, Any]]:
+            """The open sessions (at most MAX_LISTED): who is connected, with how many sub-envs."""
+            return [
+                {"id": key, "client_id": s.spec.client_id, "num_envs": s.spec.num_envs, "explore": s.spec.explore}
+                for key, s in list(self.service.sessions.items())[:MAX_LISTED]
+            ]
+
+        @app.get("/spec")
+        async def spec() -> dict[str, Any] | None:
+            """The run spec of the served policy (null before there is one)."""
+            return self.policy.spec.model_dump(mode="json") if self.policy else None
+
         self._http = HttpServer(app, s.host, s.http_port)  # both ports are taken before anything starts
         reject = self.metrics.rejected.labels("UNAUTHENTICATED").inc
         self._grpc, self.port = await start_grpc_server(
@@ -151,7 +169,31 @@ class InferenceServer:
             "paused": self._pause_reason(),
             "unacked_steps": self.learner.unacked_steps() if self.learner else None,
             "learner": self.learner.status() if self.learner else None,
+            **self._batches(),
+            "env_id": policy.spec.env.id if policy else None,
+            "learner_page": self.learner.learner_page() if self.learner else None,
         }
+
+    def _batches(self) -> dict[str, Any]:
+        """Forward passes so far and their mean size in env steps (from the batch size histogram)."""
+        count = self.metrics.registry.get_sample_value("rlgate_batch_size_count") or 0.0
+        total = self.metrics.registry.get_sample_value("rlgate_batch_size_sum") or 0.0
+        return {"batches": int(count), "mean_batch_size": total / count if count else None}
+
+    def _served(self) -> tuple[RunSpec | None, gym.Space | None]:
+        """The served policy's run spec and env observation space (for the episode files' metadata)."""
+        policy = self.policy
+        return (policy.spec, policy.observation_space) if policy else (self.spec, None)
+
+    def _report(self) -> learner_pb2.ServerReport:
+        """How this server is doing, for its learner (the link adds the spool)."""
+        return learner_pb2.ServerReport(
+            http_port=self.http_port,
+            sessions=len(self.service.sessions),
+            env_steps=self.service.env_steps,
+            model_version=self.policy.version if self.policy else -1,
+            paused=(self.batcher.pause_reason() if self.batcher else None) or "",
+        )
 
     def _standalone_spec(self, given: RunSpec | None) -> RunSpec:
         """The run spec of a fresh model: the one given in Python, else --config's, with --env and --seed.

@@ -20,7 +20,7 @@ from rlgate.episodes import SingleAgentEpisode
 from rlgate.models import RLModule, load_weights
 from rlgate.server.metrics import ServerMetrics
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_env_to_module, build_module_to_env, build_rl_module
+from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
 
 
@@ -72,21 +72,22 @@ class Policy:
         A fresh model's weights follow the spec's seed; `seed` then seeds this server's action sampling.
         `imports`: where code the spec names may come from (default: rlgate's own pieces only).
         """
-        imports = imports or ImportPolicy()
-        env_to_module = build_env_to_module(spec, observation_space, action_space, imports, device=device)
-        if connector_state:
-            env_to_module.set_state(connector_state)
-        module = build_rl_module(spec, env_to_module.observation_space, action_space, imports)
-        if weights is not None:
-            load_weights(module, weights)
-        module.to(device).eval()
+        built = build_policy(
+            spec,
+            observation_space,
+            action_space,
+            imports or ImportPolicy(),
+            weights=weights,
+            connector_state=connector_state,
+            device=device,
+        )
         if seed is not None:
             torch.manual_seed(seed)
         return cls(
-            module,
+            built.module,
             spec=spec,
-            env_to_module=env_to_module,
-            module_to_env=build_module_to_env(spec, observation_space, action_space, imports),
+            env_to_module=built.env_to_module,
+            module_to_env=built.module_to_env,
             observation_space=observation_space,
             action_space=action_space,
             metrics=metrics,

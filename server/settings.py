@@ -34,7 +34,9 @@ class ServerSettings(ServiceSettings):
         None, description="PEM CA to verify the learner by; set when the learner serves TLS (its tls_cert)."
     )
     episode_dir: Path | None = Field(
-        None, description="Also write every shipped episode as an rlgate.v1.Episode file here (offline data)."
+        None,
+        description="Also write every shipped episode chunk as an rlgate.v1.Episode file here, with metadata.json "
+        "(spaces, run spec) beside them: offline data, read back by `rlgate episodes DIR` and rlgate.read_episodes.",
     )
     spool_dir: Path = Field(
         Path("spool"),

@@ -45,6 +45,11 @@ class Spool:
         """Batch files not yet acknowledged, oldest first."""
         return sorted(self.directory.glob("*.pb"))
 
+    @property
+    def batches(self) -> int:
+        """Batches in the spool, not yet acknowledged."""
+        return len(self._sizes)
+
     def full(self) -> bool:
         """The spool holds max_bytes or more: sampling should wait for the learner."""
         return self.bytes >= self.max_bytes

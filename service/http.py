@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.resources
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from rlgate.service.process import bind
@@ -21,13 +23,21 @@ def build_app(
     registry: CollectorRegistry,
     status: Callable[[], dict[str, Any]],
     ready: Callable[[], tuple[bool, str | None]],
+    page: str | None = None,
 ) -> FastAPI:
-    """/healthz (alive), /readyz, /status, /metrics.
+    """/healthz (alive), /readyz, /status, /metrics; with `page` (HTML), the service's live page at `/`,
+    which loads the shared scripts under /static.
 
     `ready()` is (ready, reason): /readyz answers 200 or 503, with the reason when there is one (why not
     ready; or, while ready, what is amiss that does not stop serving yet).
     """
     app = FastAPI(title=title, docs_url=None, redoc_url=None)
+    if page is not None:
+        app.mount("/static", StaticFiles(packages=[("rlgate.service", "static")]), name="static")
+
+        @app.get("/", include_in_schema=False)
+        async def page_() -> HTMLResponse:
+            return HTMLResponse(page)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -48,6 +58,11 @@ def build_app(
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def read_page(package: str) -> str:
+    """The live page a service ships as package data (`page.html` in `package`)."""
+    return importlib.resources.files(package).joinpath("page.html").read_text()
 
 
 class _EmbeddedUvicorn(uvicorn.Server):

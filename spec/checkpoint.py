@@ -22,7 +22,6 @@ from typing import Any
 
 import gymnasium as gym
 import torch
-from google.protobuf import json_format
 from safetensors.torch import load as load_torch
 from safetensors.torch import save as save_torch
 
@@ -82,8 +81,8 @@ def save(
         "env_id": spec.env.id,
         "seed": spec.seed,
         "rlgate_version": importlib.metadata.version("rlgate"),
-        "observation_space": _space_json(observation_space),
-        "action_space": _space_json(action_space),
+        "observation_space": codec.space_to_json(observation_space),
+        "action_space": codec.space_to_json(action_space),
         "trained_chunks": trained_chunks or [],
         "partial_chunks": partial_chunks or {},
         "env_steps": env_steps,
@@ -125,8 +124,8 @@ def load(path: Path) -> Checkpoint:
     return Checkpoint(
         version=int(metadata["version"]),
         spec=RunSpec.from_json(spec_file.read_text(), str(spec_file)),
-        observation_space=_space_from_json(metadata["observation_space"]),
-        action_space=_space_from_json(metadata["action_space"]),
+        observation_space=codec.space_from_json(metadata["observation_space"]),
+        action_space=codec.space_from_json(metadata["action_space"]),
         weights=(found / "weights.safetensors").read_bytes(),
         connector_state=codec.from_value(
             tensor_pb2.Value.FromString((found / "connector_state.pb").read_bytes()), "connector_state"
@@ -136,14 +135,6 @@ def load(path: Path) -> Checkpoint:
         partial_chunks={str(k): int(v) for k, v in metadata.get("partial_chunks", {}).items()},
         env_steps=int(metadata.get("env_steps", 0)),
     )
-
-
-def _space_json(space: gym.Space) -> dict[str, Any]:
-    return json_format.MessageToDict(codec.space_to_proto(space))
-
-
-def _space_from_json(data: dict[str, Any]) -> gym.Space:
-    return codec.space_from_proto(json_format.ParseDict(data, tensor_pb2.Space()))
 
 
 def _optimizer_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

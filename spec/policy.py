@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -19,7 +21,7 @@ from rlgate.connectors.builders import (
     build_module_to_env_pipeline,
 )
 from rlgate.connectors.env_to_module import FlattenObservations
-from rlgate.models import ModelConfig, RLModule, build_module
+from rlgate.models import ModelConfig, RLModule, build_module, load_weights
 from rlgate.models.catalog import encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.run import PieceSpec, RunSpec
@@ -139,3 +141,35 @@ def build_rl_module(
     if not (isinstance(cls, type) and issubclass(cls, RLModule)):
         raise SpecError(f"model.module_class: {spec.model.module_class!r} is not an rlgate RLModule subclass")
     return cls(observation_space, action_space, dict(spec.model.config))
+
+
+@dataclass
+class BuiltPolicy:
+    """What computes actions: the env-to-module pipeline, the module and the module-to-env pipeline."""
+
+    env_to_module: ConnectorPipelineV2
+    module: RLModule
+    module_to_env: ConnectorPipelineV2
+
+
+def build_policy(
+    spec: RunSpec,
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    imports: ImportPolicy,
+    *,
+    weights: bytes | None = None,
+    connector_state: dict[str, Any] | None = None,
+    device: str = "cpu",
+) -> BuiltPolicy:
+    """The spec's policy for these env spaces, fresh or with these weights and connector state (e.g.
+    MeanStdFilter statistics), its module on `device` in eval mode: what a server serves and what
+    `rlgate.policy.Policy` acts with."""
+    env_to_module = build_env_to_module(spec, observation_space, action_space, imports, device=device)
+    if connector_state:
+        env_to_module.set_state(connector_state)
+    module = build_rl_module(spec, env_to_module.observation_space, action_space, imports)
+    if weights is not None:
+        load_weights(module, weights)
+    module.to(device).eval()
+    return BuiltPolicy(env_to_module, module, build_module_to_env(spec, observation_space, action_space, imports))

@@ -47,6 +47,10 @@ def test_the_wheel_holds_only_rlgate_and_its_metadata(wheel: Path) -> None:
     for module in ("rlgate/server/main.py", "rlgate/core/codec.py", "rlgate/v1/policy_pb2.py", "rlgate/__main__.py"):
         assert module in names
     assert "rlgate/v1/policy.proto" in names  # other languages' clients need the contract
+    # The live pages and the chart library they load, with its licence.
+    for data in ("service/static/uPlot.iife.min.js", "service/static/uPlot-LICENSE.txt", "service/static/rlgate.js"):
+        assert f"rlgate/{data}" in names
+    assert {"rlgate/learner/page.html", "rlgate/server/page.html"} <= set(names)
     assert not any(name.startswith(("rlgate/tests", "tests/")) for name in names)
 
 
@@ -99,3 +103,15 @@ def test_a_user_project_with_its_own_models_and_server_packages_runs_rlgate_up(t
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:] + logs[-3000:]
     assert "reached return" in ran.stdout
     assert "the user project" not in logs + ran.stderr
+
+
+def test_import_rlgate_stays_light_and_names_the_public_api() -> None:
+    """The command line imports `rlgate` first: it must not pull in torch; the public names load on first use."""
+    probe = (
+        "import sys, rlgate, rlgate.cli.main\n"
+        "print('torch' in sys.modules)\n"
+        "print(rlgate.Policy.__module__, rlgate.read_episodes.__module__, 'torch' in sys.modules)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.splitlines() == ["False", "rlgate.policy.policy rlgate.spec.episode_files True"]

@@ -4,5 +4,30 @@ The repository keeps one folder per room and the build maps each into this packa
 `[tool.setuptools.package-dir]`): `core/` is `rlgate.core`, `episodes/` is `rlgate.episodes`, and so on;
 this folder (`proto/rlgate`) is the package itself, with the wire contract's stubs in `rlgate.v1`.
 Layers, each importing only from those below it (tests/test_layers.py checks):
-v1 <- core <- episodes <- connectors, models <- spec, service <- server, learner, client <- bench <- cli.
+v1 <- core <- episodes <- connectors, models <- spec, service <- server, learner, client, policy <- bench <- cli.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlgate.policy import Evaluation, Policy, PolicyEpisode, evaluate
+    from rlgate.spec.episode_files import read_episodes
+
+# The public API, imported on first use: `import rlgate` stays light (no torch) for the command line.
+_PUBLIC = {
+    "Policy": "rlgate.policy",
+    "PolicyEpisode": "rlgate.policy",
+    "Evaluation": "rlgate.policy",
+    "evaluate": "rlgate.policy",
+    "read_episodes": "rlgate.spec.episode_files",
+}
+__all__ = ["Evaluation", "Policy", "PolicyEpisode", "evaluate", "read_episodes"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'rlgate' has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

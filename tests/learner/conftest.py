@@ -124,7 +124,7 @@ def train_updates(
                 await call.write(learner_pb2.EpisodeBatch(seq=seq, episodes=[episode_to_proto(c) for c in chunks]))
                 async with asyncio.timeout(30):
                     acks.append(await call.read())
-                    while len(learner.history) < seq:  # the update's stats are recorded last
+                    while learner.progress.updates.total < seq:  # the update's stats are recorded last
                         await asyncio.sleep(0.01)
             await call.done_writing()
         return acks

@@ -106,6 +106,7 @@ async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, 
     assert not await all_gone(children)
     (run_dir,) = tmp_path.glob("CartPole-v1-*")
     assert checkpoint.latest(run_dir / "checkpoints") is not None  # the learner's final checkpoint
+    assert list(run_dir.glob("events.out.tfevents.*")) and (run_dir / "progress.csv").exists()  # the experiment log
 
 
 def read_until(fd: int, pattern: bytes, timeout: float) -> bytes:

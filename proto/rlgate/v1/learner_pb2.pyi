@@ -218,3 +218,73 @@ class LearnerStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LearnerStatus: _TypeAlias = LearnerStatus  # noqa: Y015
+
+@_typing.final
+class ServerReport(_message.Message):
+    """How one inference server is doing, as its learner shows it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVER_ID_FIELD_NUMBER: _builtins.int
+    HTTP_PORT_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    ENV_STEPS_FIELD_NUMBER: _builtins.int
+    MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    SPOOL_BATCHES_FIELD_NUMBER: _builtins.int
+    SPOOL_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_SPOOL_BYTES_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    server_id: _builtins.str
+    http_port: _builtins.int
+    """The server's HTTP port (its page and /status, on the address it reports from); 0: unknown."""
+    sessions: _builtins.int
+    env_steps: _builtins.int
+    """Env steps received since the server started."""
+    model_version: _builtins.int
+    """The model version it serves; -1: none yet."""
+    spool_batches: _builtins.int
+    """Episode batches (and their bytes) in its spool, not yet acknowledged, and the spool's limit."""
+    spool_bytes: _builtins.int
+    max_spool_bytes: _builtins.int
+    paused: _builtins.str
+    """Why the server does not sample now (e.g. its spool is full); empty: it samples."""
+    def __init__(
+        self,
+        *,
+        server_id: _builtins.str = ...,
+        http_port: _builtins.int = ...,
+        sessions: _builtins.int = ...,
+        env_steps: _builtins.int = ...,
+        model_version: _builtins.int = ...,
+        spool_batches: _builtins.int = ...,
+        spool_bytes: _builtins.int = ...,
+        max_spool_bytes: _builtins.int = ...,
+        paused: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_steps", b"env_steps", "http_port", b"http_port", "max_spool_bytes", b"max_spool_bytes", "model_version", b"model_version", "paused", b"paused", "server_id", b"server_id", "sessions", b"sessions", "spool_batches", b"spool_batches", "spool_bytes", b"spool_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerReport: _TypeAlias = ServerReport  # noqa: Y015
+
+@_typing.final
+class ServerReportAck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HTTP_PORT_FIELD_NUMBER: _builtins.int
+    http_port: _builtins.int
+    """The learner's HTTP port (its page), for the server's page to link to; 0: unknown."""
+    def __init__(
+        self,
+        *,
+        http_port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["http_port", b"http_port"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerReportAck: _TypeAlias = ServerReportAck  # noqa: Y015

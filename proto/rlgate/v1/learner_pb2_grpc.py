@@ -49,6 +49,11 @@ class LearnerServiceStub:
                 request_serializer=rlgate_dot_v1_dot_learner__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=rlgate_dot_v1_dot_learner__pb2.LearnerStatus.FromString,
                 _registered_method=True)
+        self.ReportServer = channel.unary_unary(
+                '/rlgate.v1.LearnerService/ReportServer',
+                request_serializer=rlgate_dot_v1_dot_learner__pb2.ServerReport.SerializeToString,
+                response_deserializer=rlgate_dot_v1_dot_learner__pb2.ServerReportAck.FromString,
+                _registered_method=True)
 
 
 class LearnerServiceServicer:
@@ -74,6 +79,13 @@ class LearnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportServer(self, request, context):
+        """Each server reports how it is doing every second or so (the learner's /status and page list them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +103,11 @@ def add_LearnerServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=rlgate_dot_v1_dot_learner__pb2.GetStatusRequest.FromString,
                     response_serializer=rlgate_dot_v1_dot_learner__pb2.LearnerStatus.SerializeToString,
+            ),
+            'ReportServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportServer,
+                    request_deserializer=rlgate_dot_v1_dot_learner__pb2.ServerReport.FromString,
+                    response_serializer=rlgate_dot_v1_dot_learner__pb2.ServerReportAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +191,33 @@ class LearnerService:
             '/rlgate.v1.LearnerService/GetStatus',
             rlgate_dot_v1_dot_learner__pb2.GetStatusRequest.SerializeToString,
             rlgate_dot_v1_dot_learner__pb2.LearnerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlgate.v1.LearnerService/ReportServer',
+            rlgate_dot_v1_dot_learner__pb2.ServerReport.SerializeToString,
+            rlgate_dot_v1_dot_learner__pb2.ServerReportAck.FromString,
             options,
             channel_credentials,
             insecure,

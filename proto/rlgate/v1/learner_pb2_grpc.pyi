@@ -36,6 +36,8 @@ class LearnerServiceStub:
     WatchWeights: _grpc.UnaryStreamMultiCallable[_learner_pb2.WatchWeightsRequest, _learner_pb2.Weights]
     """Pushes every new model version (and the current one first, if newer than after_version)."""
     GetStatus: _grpc.UnaryUnaryMultiCallable[_learner_pb2.GetStatusRequest, _learner_pb2.LearnerStatus]
+    ReportServer: _grpc.UnaryUnaryMultiCallable[_learner_pb2.ServerReport, _learner_pb2.ServerReportAck]
+    """Each server reports how it is doing every second or so (the learner's /status and page list them)."""
 
 @_typing.type_check_only
 class LearnerServiceAsyncStub(LearnerServiceStub):
@@ -45,6 +47,8 @@ class LearnerServiceAsyncStub(LearnerServiceStub):
     WatchWeights: _aio.UnaryStreamMultiCallable[_learner_pb2.WatchWeightsRequest, _learner_pb2.Weights]  # type: ignore[assignment]
     """Pushes every new model version (and the current one first, if newer than after_version)."""
     GetStatus: _aio.UnaryUnaryMultiCallable[_learner_pb2.GetStatusRequest, _learner_pb2.LearnerStatus]  # type: ignore[assignment]
+    ReportServer: _aio.UnaryUnaryMultiCallable[_learner_pb2.ServerReport, _learner_pb2.ServerReportAck]  # type: ignore[assignment]
+    """Each server reports how it is doing every second or so (the learner's /status and page list them)."""
 
 class LearnerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -69,5 +73,13 @@ class LearnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _learner_pb2.GetStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_learner_pb2.LearnerStatus, _abc.Awaitable[_learner_pb2.LearnerStatus]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportServer(
+        self,
+        request: _learner_pb2.ServerReport,
+        context: _ServicerContext,
+    ) -> _typing.Union[_learner_pb2.ServerReportAck, _abc.Awaitable[_learner_pb2.ServerReportAck]]:
+        """Each server reports how it is doing every second or so (the learner's /status and page list them)."""
 
 def add_LearnerServiceServicer_to_server(servicer: LearnerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,227 @@
+"""`Policy`: a trained policy in plain Python, from a checkpoint or a running learner.
+
+The counterpart of SB3's `PPO.load(path).predict(obs)` and RLlib's `RLModule.from_checkpoint` plus its
+connectors. A `Policy` computes actions with the checkpoint's own pipelines: its env-to-module pieces
+(MeanStdFilter with the saved statistics, frame stacking, the user's pieces), its module and its
+module-to-env pieces, exactly as a server does. What a piece needs from earlier steps (stacked frames, an
+LSTM's state, the previous reward) lives in a `PolicyEpisode`, one per env and episode::
+
+    policy = Policy.load("runs/CartPole-v1-20250101-120000/checkpoints")
+    obs, _ = env.reset(seed=0)
+    episode, reward, done = policy.new_episode(), 0.0, False
+    while not done:
+        action = policy.compute_action(obs, episode, reward=reward)   # greedy; explore=True samples
+        obs, reward, terminated, truncated, _ = env.step(action)
+        done = terminated or truncated
+
+Without an episode each call is a fresh episode's first step (enough for a plain MLP policy).
+MeanStdFilter statistics stay as loaded: evaluating does not change the normalisation.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlgate.core import codec
+from rlgate.core.columns import Columns
+from rlgate.core.tree import first_leaf, map_structure
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.policy import build_policy
+from rlgate.spec.run import RunSpec
+from rlgate.v1 import learner_pb2, learner_pb2_grpc
+
+# An episode keeps at most this many steps (plus the spec's lookback) in memory; older ones are cut off.
+KEEP_STEPS = 1000
+# The model outputs an episode keeps besides the actions: a recurrent module's state, for its next step.
+RECORDED = (Columns.STATE_OUT,)
+
+
+class PolicyEpisode:
+    """One env's running episode as the policy sees it: past observations, actions, rewards and model
+    outputs (recurrent state), for the connector pieces and module that read them. Start a new one when
+    the env resets."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, lookback: int) -> None:
+        self.episode = SingleAgentEpisode(
+            f"policy-{uuid.uuid4().hex}", observation_space=observation_space, action_space=action_space
+        )
+        self.last_outputs: dict[str, Any] = {}  # the latest step's actions, action_dist_inputs, state_out, ...
+        self._lookback = lookback
+
+    def observe(self, observation: Any, reward: float) -> None:
+        """The env's new observation, and the reward for the previous action (ignored on the first step)."""
+        episode = self.episode
+        if not episode.is_reset:
+            episode.add_env_reset(observation)
+            return
+        extra = {key: value for key, value in self.last_outputs.items() if key in RECORDED}
+        action = self.last_outputs[Columns.ACTIONS]
+        episode.add_env_step(observation, action, float(reward), extra_model_outputs=extra)
+        if len(episode) >= KEEP_STEPS:
+            self.episode = episode.cut(len_lookback_buffer=self._lookback)
+
+
+class Policy:
+    """A policy's pipelines and module, acting for one observation or a batch (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        weights: bytes | None = None,
+        connector_state: dict[str, Any] | None = None,
+        version: int = 0,
+        imports: ImportPolicy | None = None,
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> None:
+        """The spec's policy for these env spaces (with `weights` and `connector_state`, else fresh).
+        `imports`: where code the spec names may come from (default: rlgate's own only); `seed` seeds
+        torch's generator, which samples the actions of explore=True (as a server's --seed does)."""
+        built = build_policy(
+            spec,
+            observation_space,
+            action_space,
+            imports or ImportPolicy(),
+            weights=weights,
+            connector_state=connector_state,
+            device=device,
+        )
+        for piece in built.env_to_module.connectors:  # statistics as trained: acting does not move them
+            if hasattr(piece, "update_stats"):
+                piece.update_stats = False
+        self.spec = spec
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.version = version
+        self.module = built.module
+        self.env_to_module = built.env_to_module
+        self.module_to_env = built.module_to_env
+        self._lookback = max(spec.sampling.episode_lookback_horizon, 1)
+        if seed is not None:
+            torch.manual_seed(seed)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, allow_import: Iterable[str] = (), device: str = "cpu", seed: int | None = None
+    ) -> Policy:
+        """The policy in a checkpoint directory (or the newest in a folder of them). Code its run spec names
+        (connector pieces, a model class) is imported only from the modules in `allow_import`."""
+        found = checkpoint.load(Path(path))
+        return cls(
+            found.spec,
+            found.observation_space,
+            found.action_space,
+            weights=found.weights,
+            connector_state=found.connector_state,
+            version=found.version,
+            imports=ImportPolicy(allow_import),
+            device=device,
+            seed=seed,
+        )
+
+    @classmethod
+    def from_learner(
+        cls,
+        target: str,
+        *,
+        allow_import: Iterable[str] = (),
+        token: str | None = None,
+        tls_ca: bytes | None = None,
+        timeout_s: float = 30.0,
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> Policy:
+        """The policy a running learner (`host:port`) publishes now, as its servers get it (WatchWeights).
+        Raises ConnectionError when the learner cannot be reached within `timeout_s`."""
+        options = [("grpc.max_receive_message_length", 256 << 20)]
+        if tls_ca is not None:
+            channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(tls_ca), options=options)
+        else:
+            channel = grpc.insecure_channel(target, options=options)
+        request = learner_pb2.WatchWeightsRequest(server_id=f"policy-{uuid.uuid4().hex[:8]}", after_version=-1)
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        with channel:
+            call = learner_pb2_grpc.LearnerServiceStub(channel).WatchWeights(
+                request, metadata=metadata, timeout=timeout_s, wait_for_ready=True
+            )
+            try:
+                weights = next(call)
+            except grpc.RpcError as exc:
+                raise ConnectionError(f"learner {target}: {exc.code().name}: {exc.details()}") from None
+            finally:
+                call.cancel()
+        state = (
+            codec.from_value(weights.connector_state, "connector_state") if weights.HasField("connector_state") else {}
+        )
+        return cls(
+            RunSpec.from_json(weights.spec_json, f"the run spec of learner {target}"),
+            codec.space_from_proto(weights.observation_space),
+            codec.space_from_proto(weights.action_space),
+            weights=weights.safetensors,
+            connector_state=state,
+            version=weights.version,
+            imports=ImportPolicy(allow_import),
+            device=device,
+            seed=seed,
+        )
+
+    def new_episode(self) -> PolicyEpisode:
+        """A fresh episode: make one per env, and a new one whenever that env resets."""
+        return PolicyEpisode(self.observation_space, self.action_space, self._lookback)
+
+    def compute_action(
+        self, observation: Any, episode: PolicyEpisode | None = None, *, reward: float = 0.0, explore: bool = False
+    ) -> Any:
+        """The action for one observation (as the env's action space holds it). `episode`: the env's
+        running episode (None: a fresh one); `reward`: what the env paid for the previous action;
+        `explore`: sample from the action distribution instead of taking its most likely action."""
+        batch = map_structure(lambda x: np.asarray(x)[None], observation)
+        actions = self.compute_actions(batch, None if episode is None else [episode], rewards=[reward], explore=explore)
+        return map_structure(lambda x: x[0], actions)
+
+    def compute_actions(
+        self,
+        observations: Any,
+        episodes: Sequence[PolicyEpisode] | None = None,
+        *,
+        rewards: Sequence[float] | None = None,
+        explore: bool = False,
+    ) -> Any:
+        """Actions for a batch of observations ([B, ...], nested for Dict/Tuple spaces, as a vector env
+        returns them), one row per env: `episodes[i]` and `rewards[i]` are row i's (see compute_action)."""
+        size = len(first_leaf(observations))
+        episodes = list(episodes) if episodes is not None else [self.new_episode() for _ in range(size)]
+        rewards = list(rewards) if rewards is not None else [0.0] * size
+        if not len(episodes) == len(rewards) == size:
+            raise ValueError(f"{size} observations need as many episodes and rewards ({len(episodes)}, {len(rewards)})")
+        for i, episode in enumerate(episodes):
+            episode.observe(map_structure(lambda x, i=i: x[i], observations), rewards[i])
+        outputs = self._forward(observations, [e.episode for e in episodes], explore)
+        for i, episode in enumerate(episodes):
+            episode.last_outputs = map_structure(lambda x, i=i: x[i], outputs)
+        return outputs[Columns.ACTIONS_FOR_ENV]
+
+    def _forward(self, observations: Any, episodes: list[SingleAgentEpisode], explore: bool) -> dict[str, Any]:
+        shared: dict[str, Any] = {}
+        batch = {Columns.OBS: map_structure(np.asarray, observations)}
+        batch = self.env_to_module(
+            rl_module=self.module, batch=batch, episodes=episodes, explore=explore, shared_data=shared
+        )
+        with torch.inference_mode():
+            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
+        return self.module_to_env(
+            rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
+        )

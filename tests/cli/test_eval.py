@@ -1,0 +1,89 @@
+"""`rlgate eval`: a checkpoint's policy run for N episodes in a real env, its returns and lengths, and video."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from rlgate import Policy, evaluate
+from rlgate.cli.main import main
+from rlgate.models import weights_to_bytes
+from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.policy import build_policy
+from rlgate.spec.run import RunSpec
+
+ENV = "CartPole-v1"
+
+
+@pytest.fixture
+def cartpole_checkpoint(tmp_path: Path) -> Path:
+    """A checkpoint folder of a (seeded, untrained) CartPole policy, as a learner writes it."""
+    spec = RunSpec.model_validate({"env": {"id": ENV}, "seed": 1})
+    env = gym.make(ENV)
+    built = build_policy(spec, env.observation_space, env.action_space, ImportPolicy())
+    checkpoint.save(
+        tmp_path / "checkpoints",
+        version=5,
+        spec=spec,
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        weights=weights_to_bytes(built.module),
+    )
+    return tmp_path / "checkpoints"
+
+
+def rlgate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlgate", *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
+
+
+def test_json_results_are_the_policys_own_episodes(cartpole_checkpoint):
+    ran = rlgate("eval", "--checkpoint", str(cartpole_checkpoint), "--episodes", "4", "--seed", "0", "--json")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    results = json.loads(ran.stdout)
+    expected = evaluate(Policy.load(cartpole_checkpoint), gym.make(ENV), 4, seed=0)  # greedy: deterministic
+    assert results["returns"] == expected.returns and results["lengths"] == expected.lengths
+    assert results["episodes"] == 4 and results["version"] == 5 and results["env_id"] == ENV
+    summary = expected.summary()
+    for key in ("return_mean", "return_std", "return_min", "return_max", "length_mean", "length_max"):
+        assert results[key] == pytest.approx(summary[key]), key
+    assert results["return_min"] <= results["return_mean"] <= results["return_max"]
+
+
+def test_video_of_every_episode_and_a_readable_report(cartpole_checkpoint, tmp_path):
+    videos = tmp_path / "videos"
+    ran = rlgate("eval", "--checkpoint", str(cartpole_checkpoint), "--episodes", "2", "--video", str(videos))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith(f"{ENV}: 2 episodes, greedy actions, checkpoint ")
+    assert lines[1].startswith("return  mean ") and lines[2].startswith("length  mean ")
+    assert lines[3] == f"videos: {videos}"
+    made = sorted(videos.glob("*.mp4"))
+    assert len(made) == 2 and all(path.stat().st_size > 1000 for path in made)
+
+
+def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:
+    code = main(list(args))
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_user_errors_are_one_line_and_exit_2(cartpole_checkpoint, tmp_path, capsys, monkeypatch):
+    code, err = run_in_process(capsys, "eval", "--checkpoint", str(tmp_path / "nowhere"))
+    assert code == 2 and err == [
+        f"rlgate eval: no checkpoint in {tmp_path / 'nowhere'}: expected metadata.json or a 'latest' pointer"
+    ]
+    code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--env", "MountainCar-v0")
+    assert code == 2 and len(err) == 1 and "env MountainCar-v0 has observations Box(" in err[0]
+    code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--episodes", "0")
+    assert code == 2 and err == ["rlgate eval: --episodes must be at least 1, not 0"]
+
+    monkeypatch.setitem(sys.modules, "moviepy", None)  # as without the video extra
+    code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--video", str(tmp_path))
+    assert code == 2 and err == ["rlgate eval: --video needs moviepy: pip install 'rlgate[video]'"]

@@ -1,0 +1,33 @@
+"""Connector pieces for tests, named in run specs by import path ("support.pieces:Name")."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rlgate.connectors import ConnectorV2
+
+
+class WaitForFile(ConnectorV2):
+    """A learner piece that holds every update until `path` exists (at most `timeout_s`): an update that is
+    visibly in progress, for as long as a test needs."""
+
+    def __init__(
+        self,
+        input_observation_space: Any = None,
+        input_action_space: Any = None,
+        *,
+        path: str = "",
+        timeout_s: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        self.path = Path(path)
+        self.timeout_s = timeout_s
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+
+    def __call__(self, *, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout_s
+        while not self.path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return batch
