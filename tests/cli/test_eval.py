@@ -77,13 +77,13 @@ def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int,
 def test_user_errors_are_one_line_and_exit_2(cartpole_checkpoint, tmp_path, capsys, monkeypatch):
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(tmp_path / "nowhere"))
     assert code == 2 and err == [
-        f"rlgate eval: no checkpoint in {tmp_path / 'nowhere'}: expected metadata.json or a 'latest' pointer"
+        f"rlgate: no checkpoint in {tmp_path / 'nowhere'}: expected metadata.json or a 'latest' pointer"
     ]
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--env", "MountainCar-v0")
     assert code == 2 and len(err) == 1 and "env MountainCar-v0 has observations Box(" in err[0]
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--episodes", "0")
-    assert code == 2 and err == ["rlgate eval: --episodes must be at least 1, not 0"]
+    assert code == 2 and err == ["rlgate: --episodes must be at least 1, not 0"]
 
     monkeypatch.setitem(sys.modules, "moviepy", None)  # as without the video extra
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--video", str(tmp_path))
-    assert code == 2 and err == ["rlgate eval: --video needs moviepy: pip install 'rlgate[video]'"]
+    assert code == 2 and err == ["rlgate: --video needs moviepy: pip install 'rlgate[video]'"]

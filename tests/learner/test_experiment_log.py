@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.util import tensor_util
@@ -14,6 +15,7 @@ from tensorboard.util import tensor_util
 from rlgate.learner.experiment_log import COLUMNS, PROGRESS, ExperimentLog
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.ppo import explained_variance
+from rlgate.spec.algorithm import scheduled
 
 
 def scalars(directory: Path) -> dict[str, dict[int, float]]:
@@ -56,7 +58,9 @@ async def test_every_update_goes_to_tensorboard_and_progress_csv_against_env_ste
     with open(log_dir / PROGRESS, newline="") as file:
         table = list(csv.DictReader(file))
     assert list(table[0]) == list(COLUMNS) and [int(r["env_steps"]) for r in table] == steps
-    assert [float(r["lr"]) for r in table] == [learner.spec.algorithm.lr] * 3
+    schedule = learner.spec.algorithm.lr  # CartPole's preset: linear from 1e-3 over the env steps trained
+    before = [0, *steps[:-1]]  # each update's lr is the schedule's at the steps trained before it
+    assert [float(r["lr"]) for r in table] == pytest.approx([scheduled(schedule, s) for s in before])
 
 
 async def test_a_resumed_learner_appends_to_its_log(learner_settings, train_updates, tmp_path):

@@ -16,7 +16,7 @@ from support.learners import free_port
 BATCH = 200  # not a multiple of the chunk length: batches split chunks
 
 
-def status(port: int, path: str = "/status") -> dict | None:
+def get(port: int, path: str) -> dict | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
             return json.loads(response.read())
@@ -80,8 +80,8 @@ def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(proce
             break
         time.sleep(0.2)
     assert found is not None and found["model_version"] >= 8, (tmp_path / "learner.log").read_text()[-3000:]
-    updates = status(learner_http, "/history/updates")
-    assert updates is not None and {update["train_steps"] for update in updates["rows"]} == {BATCH}
+    updates = get(learner_http, "/history/updates?start=0")["rows"]
+    assert {update["train_steps"] for update in updates} == {BATCH}
     # 4 clients x 8 envs sample far faster than the learner trains: without pacing the intake would grow
     # without bound. It holds at most a train batch plus one server batch that came in as room was made.
     assert found["max_pending_steps"] < 2 * BATCH + 32 * 16, found["max_pending_steps"]

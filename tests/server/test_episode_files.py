@@ -100,5 +100,5 @@ def test_a_directory_without_metadata_is_a_one_line_error(tmp_path, capsys):
         list(read_episodes(tmp_path))
     assert main(["episodes", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"rlgate episodes: {tmp_path} has no metadata.json: not a directory of rlgate episode files"
+        f"rlgate: {tmp_path} has no metadata.json: not a directory of rlgate episode files"
     ]
