@@ -181,6 +181,7 @@ class Learner:
                     self.stale_steps += stale
                     self.metrics.stale.inc(stale)
                     log.info("dropped %d env steps older than max_staleness=%d", stale, self.settings.max_staleness)
+                    self._intake_changed.notify_all()  # that made room: batches waiting for it may come in
                 if self.intake.pending_steps >= size:
                     break
                 await self._intake_changed.wait()

@@ -3,6 +3,7 @@ trains on exactly train_batch_size env steps and the intake never holds much mor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,6 +13,10 @@ from pathlib import Path
 
 import pytest
 from support.learners import free_port
+
+from rlgate.episodes.codec import episode_to_proto
+from rlgate.learner.learner import Learner
+from rlgate.v1 import learner_pb2
 
 BATCH = 200  # not a multiple of the chunk length: batches split chunks
 
@@ -85,3 +90,23 @@ def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(proce
     # 4 clients x 8 envs sample far faster than the learner trains: without pacing the intake would grow
     # without bound. It holds at most a train batch plus one server batch that came in as room was made.
     assert found["max_pending_steps"] < 2 * BATCH + 32 * 16, found["max_pending_steps"]
+
+
+async def test_dropping_stale_chunks_makes_room_for_the_batches_waiting_for_it(learner_settings, cartpole_chunks):
+    """A full intake of stale chunks, a server's batch waiting for room: dropping them must let it in (the
+    compose stack once stalled here for good: no update, no ack)."""
+    learner = Learner(learner_settings())
+    learner.trainer.version = 10  # max_staleness 4: chunks from version 0 are stale
+    size = learner.spec.algorithm.train_batch_size
+
+    def batch(seq: int, version: int) -> learner_pb2.EpisodeBatch:
+        chunks = cartpole_chunks(size, version=version, seed=seq)
+        return learner_pb2.EpisodeBatch(seq=seq, episodes=[episode_to_proto(c) for c in chunks])
+
+    await learner.accept(batch(1, version=0))  # fills the intake
+    waiting = asyncio.create_task(learner.accept(batch(2, version=10)))  # no room until the stale go
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await asyncio.wait_for(learner.train_once(), 60)  # drops the stale, takes batch 2 in, trains on it
+    assert (await asyncio.wait_for(waiting, 1)).accepted > 0
+    assert learner.stale_steps >= size and learner.trainer.version == 11
