@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from pydantic_settings import BaseSettings
+from support.compose import interpolate
 
 from rlgate.client.settings import ClientSettings
 from rlgate.learner.settings import LearnerSettings
@@ -47,13 +48,6 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
             keyword, _, arguments = line.partition(" ")
             instructions.append((keyword.upper(), arguments.strip()))
     return instructions
-
-
-def interpolate(value: Any) -> str:
-    """A compose value as a string, with `${NAME:-default}` resolved to its default."""
-    resolved = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
-    assert "$" not in resolved, f"{value!r}: only ${{NAME:-default}} interpolation is expected"
-    return resolved
 
 
 def environment(service: dict[str, Any]) -> dict[str, str]:
