@@ -34,7 +34,7 @@ fail() {
 teardown() {
     local started=$SECONDS
     log "stopping (SIGTERM; the learner writes a last checkpoint)"
-    "${stack[@]}" stop --timeout 120 >"$work/down.log" 2>&1 || cat "$work/down.log"
+    "${stack[@]}" stop >"$work/down.log" 2>&1 || cat "$work/down.log"
     log "stopped in $((SECONDS - started))s; the learner's last words: $("${stack[@]}" logs --no-log-prefix --tail 1 learner 2>&1)"
     "${stack[@]}" down -v >"$work/down.log" 2>&1 || cat "$work/down.log"
     log "removed containers, network and volumes"

@@ -92,7 +92,7 @@ def test_docker_compose_accepts_the_files(tmp_path: Path) -> None:
     result = subprocess.run([compose, *files, "config", "--quiet"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     broken = tmp_path / "broken.yml"
-    broken.write_text((DEPLOY / "docker-compose.yml").read_text().replace("stop_grace_period: 2m", "stop_grace: 2m"))
+    broken.write_text((DEPLOY / "docker-compose.yml").read_text().replace("stop_grace_period: 3m", "stop_grace: 3m"))
     result = subprocess.run([compose, "-f", broken, "config", "--quiet"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "stop_grace" in result.stderr
@@ -175,8 +175,8 @@ def test_dependencies_wait_until_healthy(services: Services) -> None:
 
 def test_stop_grace_period_outlasts_the_drain(services: Services, containers: dict) -> None:
     assert seconds(services["inference"]["stop_grace_period"]) > containers["inference"].settings.drain_timeout_s
-    # The learner's last checkpoint took 27.7 s under load; leave it room to spare.
-    assert seconds(services["learner"]["stop_grace_period"]) >= 60
+    # The learner's last update and checkpoint took 27.7 s and 93 s on 2 cores; leave it room to spare.
+    assert seconds(services["learner"]["stop_grace_period"]) >= 120
     for name in RLGATE_SERVICES:
         assert seconds(services[name]["stop_grace_period"]) > 0
 

@@ -177,7 +177,7 @@ def test_grace_periods_outlast_the_drain(overlay: tuple[str, Objects], monkeypat
     _, objects = overlay
     inference = settings_of(container_of(objects, "Deployment", "inference"), monkeypatch)
     assert pod_spec(objects, "Deployment", "inference")["terminationGracePeriodSeconds"] > inference.drain_timeout_s
-    assert pod_spec(objects, "StatefulSet", "learner")["terminationGracePeriodSeconds"] >= 60
+    assert pod_spec(objects, "StatefulSet", "learner")["terminationGracePeriodSeconds"] >= 120
 
 
 def test_autoscaler_scales_the_inference_deployment(overlay: tuple[str, Objects]) -> None:
