@@ -21,6 +21,7 @@ from rlgate.learner.settings import LearnerSettings
 from rlgate.server.settings import ServerSettings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+TOKEN_FILE = Path(__file__).parent / "example-token"  # a stand-in for the mounted secret, see set_token_file
 # The settings class each `rlgate` subcommand reads.
 SETTINGS: dict[str, type[BaseSettings]] = {"serve": ServerSettings, "learn": LearnerSettings, "env": ClientSettings}
 
@@ -123,9 +124,17 @@ def _containers(
         _clear_rlgate_env(monkeypatch)
         for key, value in env.items():
             monkeypatch.setenv(key, value)
+        set_token_file(env, monkeypatch)
         containers[name] = Container(command[1], env, SETTINGS[command[1]]())
     _clear_rlgate_env(monkeypatch)
     return containers
+
+
+def set_token_file(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings read RLGATE_TOKEN_FILE when they are made; the path is the container's (a mounted secret),
+    so here it points at a file with a token."""
+    if "RLGATE_TOKEN_FILE" in env:
+        monkeypatch.setenv("RLGATE_TOKEN_FILE", str(TOKEN_FILE))
 
 
 def _clear_rlgate_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,7 @@ import yaml
 
 from rlgate.cli.main import COMMANDS
 
-from .conftest import SETTINGS
+from .conftest import SETTINGS, set_token_file
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 OVERLAYS = sorted(path.name for path in (K8S / "overlays").iterdir())
@@ -54,8 +54,10 @@ def settings_of(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> A
     for key in [key for key in os.environ if key.startswith("RLGATE_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("RLGATE_HOST", "0.0.0.0")
-    for variable in container["env"]:
-        monkeypatch.setenv(variable["name"], variable["value"])
+    env = {variable["name"]: variable["value"] for variable in container["env"]}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    set_token_file(env, monkeypatch)
     return SETTINGS[container["args"][1]]()
 
 
