@@ -2,7 +2,8 @@
 # End-to-end check of deploy/docker-compose.yml on a host with a container engine: build the image, start the
 # learner, 2 inference replicas, the env clients and Prometheus, wait until they are ready, check that both
 # replicas serve sessions, that the learner's mean return rises and that Prometheus has every target up; then
-# tear everything down (volumes included). Exit 0 when every check passed, 1 otherwise.
+# stop the stack (the learner must write its final checkpoint within its grace period) and remove it, volumes
+# included. Exit 0 when every check passed, 1 otherwise.
 #   deploy/smoke.sh
 #   ENGINE=podman COMPOSE="podman-compose" deploy/smoke.sh
 #   BUILD_FLAGS="--build-arg PIP_INDEX_URL=https://mirror/simple" deploy/smoke.sh
@@ -31,11 +32,18 @@ fail() {
     "${stack[@]}" logs --tail 30 || true
     exit 1
 }
+# Stop every service with its own grace period; the learner must get to write its final checkpoint.
+stop_stack() {
+    local started=$SECONDS last
+    log "stopping (SIGTERM; each service has its stop_grace_period)"
+    stopped=1
+    "${stack[@]}" stop >"$work/stop.log" 2>&1 || cat "$work/stop.log"
+    last=$("${stack[@]}" logs --no-log-prefix --tail 1 learner 2>&1)
+    log "stopped in $((SECONDS - started))s; the learner's last line: $last"
+    [[ $last == *"stopped; final checkpoint"* ]]
+}
 teardown() {
-    local started=$SECONDS
-    log "stopping (SIGTERM; the learner writes a last checkpoint)"
-    "${stack[@]}" stop >"$work/down.log" 2>&1 || cat "$work/down.log"
-    log "stopped in $((SECONDS - started))s; the learner's last words: $("${stack[@]}" logs --no-log-prefix --tail 1 learner 2>&1)"
+    [ -n "${stopped:-}" ] || stop_stack || true
     "${stack[@]}" down -v >"$work/down.log" 2>&1 || cat "$work/down.log"
     log "removed containers, network and volumes"
     rm -rf "$work"
@@ -118,4 +126,5 @@ log "sessions and env steps per replica: $(tr '\n' ';' <"$work/last")"
 wait_for "mean return rises ${rise}x" return_rose
 log "$(cat "$work/last")"
 log "learner model version: $(prom rlgate_learner_model_version | awk '{ print $2 }'); servers: $(prom rlgate_model_version | awk '{ printf "%s ", $2 }')"
+stop_stack || fail "the learner was killed before it wrote its final checkpoint"
 log "PASS"
