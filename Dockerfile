@@ -2,7 +2,8 @@
 #   docker build -t rlgate .                             CPU torch (requirements/cpu.txt)
 #   docker build -t rlgate:cuda --build-arg TORCH=cuda .  CUDA torch (requirements/cuda.txt)
 # Plain Dockerfile syntax, no `# syntax=` line and no RUN --mount: the classic builder, BuildKit and buildah
-# (podman build) build it alike, and nothing is pulled but the base image. Behind a proxy or offline:
+# (`podman build --format docker`: its default OCI format drops HEALTHCHECK) build it alike, and nothing is
+# pulled but the base image. Behind a proxy or offline:
 #   --build-arg PIP_INDEX_URL=https://mirror/simple --build-arg PIP_EXTRA_INDEX_URL=https://mirror/torch-cpu
 # and a CA that pip must trust (a TLS-inspecting proxy, a private mirror) as build-ca.pem at the repository root.
 # The builder stage makes a venv; the runtime stage gets only that venv, so no build tools, caches or CA ship.
