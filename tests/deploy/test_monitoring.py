@@ -89,7 +89,7 @@ def test_dashboard_queries_name_exported_metrics() -> None:
         "rlgate_learner_model_version",
     } <= named
     # ...and what tells why: rejected calls by status, losses, entropy, KL, staleness and dropped steps, acked
-    # vs spooled, paused state, spool fill against its limit, CPU per stage.
+    # vs spooled, paused state, spool fill against its limit, CPU per stage, the learner's intake.
     assert {
         "rlgate_rejected_total",
         "rlgate_learner_policy_loss",
@@ -105,6 +105,8 @@ def test_dashboard_queries_name_exported_metrics() -> None:
         "rlgate_spool_bytes",
         "rlgate_spool_max_bytes",
         "rlgate_stage_seconds_total",
+        "rlgate_learner_pending_steps",
+        "rlgate_learner_failed_updates_total",
     } <= named
 
 
