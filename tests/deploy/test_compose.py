@@ -141,6 +141,13 @@ def test_every_variable_is_a_setting_of_its_service(services: Services, containe
         assert not unknown, (name, unknown)
 
 
+def test_only_the_learner_and_clients_name_the_run(containers: dict) -> None:
+    """A server with a learner serves the run spec that comes with the learner's weights; it refuses its own."""
+    assert containers["learner"].settings.spec.env.id == containers["envs"].settings.spec.env.id
+    assert containers["inference"].settings.learner
+    assert not containers["inference"].settings.env and not containers["inference"].settings.config
+
+
 def test_servers_listen_on_all_interfaces(containers: dict) -> None:
     assert containers["learner"].settings.host == containers["inference"].settings.host == "0.0.0.0"
 

@@ -127,6 +127,9 @@ def test_addresses_use_the_services_and_the_settings_ports(
     client = settings_of(container_of(objects, "Deployment", "envs"), monkeypatch)
     assert inference.learner == f"learner:{learner.port}"
     assert client.server == f"dns:///inference:{inference.port}"
+    # A server with a learner serves the learner's run spec and refuses one of its own.
+    assert not inference.env and not inference.config
+    assert learner.spec.env.id == client.spec.env.id
     assert objects[("Service", "inference")]["spec"]["clusterIP"] == "None"
     for name, settings, kind in (("learner", learner, "StatefulSet"), ("inference", inference, "Deployment")):
         service = objects[("Service", name)]
