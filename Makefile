@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: run test lint proto clean
+.PHONY: run test lint proto lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,18 @@ proto: $(VENV)/.dev
 		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc \
 		--python_out=proto --grpc_python_out=proto --mypy_out=proto --mypy_grpc_out=proto \
 		proto/rlgate/v1/*.proto
+
+# The image's dependency locks: every package pinned with its hashes, for the image's Python (3.11) on x86_64
+# Linux. requirements/cpu.txt takes CPU torch from PyTorch's CPU index (TORCH_CPU_FROM="--find-links DIR" takes
+# it from a folder holding its wheel instead); requirements/cuda.txt takes PyPI's torch, built with CUDA.
+# tests/deploy/test_lock.py fails when pyproject.toml's dependencies or constraints.txt's pins leave them behind.
+TORCH_CPU_FROM ?= --extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match
+LOCK := $(BIN)/uv pip compile pyproject.toml --constraint constraints.txt --generate-hashes --quiet \
+	--python-version 3.11 --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock"
+
+lock: $(VENV)/.dev
+	$(LOCK) $(TORCH_CPU_FROM) --output-file requirements/cpu.txt
+	$(LOCK) --output-file requirements/cuda.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

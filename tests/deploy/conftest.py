@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 import yaml
 from pydantic_settings import BaseSettings
+from support.compose import interpolate
 
 from rlgate.client.settings import ClientSettings
 from rlgate.learner.settings import LearnerSettings
 from rlgate.server.settings import ServerSettings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+TOKEN_FILE = Path(__file__).parent / "example-token"  # a stand-in for the mounted secret, see set_token_file
 # The settings class each `rlgate` subcommand reads.
 SETTINGS: dict[str, type[BaseSettings]] = {"serve": ServerSettings, "learn": LearnerSettings, "env": ClientSettings}
 
@@ -47,13 +49,6 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
             keyword, _, arguments = line.partition(" ")
             instructions.append((keyword.upper(), arguments.strip()))
     return instructions
-
-
-def interpolate(value: Any) -> str:
-    """A compose value as a string, with `${NAME:-default}` resolved to its default."""
-    resolved = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
-    assert "$" not in resolved, f"{value!r}: only ${{NAME:-default}} interpolation is expected"
-    return resolved
 
 
 def environment(service: dict[str, Any]) -> dict[str, str]:
@@ -129,9 +124,17 @@ def _containers(
         _clear_rlgate_env(monkeypatch)
         for key, value in env.items():
             monkeypatch.setenv(key, value)
+        set_token_file(env, monkeypatch)
         containers[name] = Container(command[1], env, SETTINGS[command[1]]())
     _clear_rlgate_env(monkeypatch)
     return containers
+
+
+def set_token_file(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings read RLGATE_TOKEN_FILE when they are made; the path is the container's (a mounted secret),
+    so here it points at a file with a token."""
+    if "RLGATE_TOKEN_FILE" in env:
+        monkeypatch.setenv("RLGATE_TOKEN_FILE", str(TOKEN_FILE))
 
 
 def _clear_rlgate_env(monkeypatch: pytest.MonkeyPatch) -> None:
