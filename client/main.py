@@ -124,9 +124,16 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
             await client.run(settings.max_steps)
 
         asyncio.run(main())
+        error = None
     except UserError as exc:  # the parent says it once, for all clients (module docstring)
-        reports.put((index, 0, [], -1, str(exc)))
-        raise SystemExit(2) from None
+        error = str(exc)
+    # Done: the parent may now end this process, but not halfway through the last report (a message torn
+    # in the queue's pipe would hang the parent's next read). It waits for this process to exit.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    if error is not None:
+        reports.put((index, 0, [], -1, error))
+        raise SystemExit(2)
     report(client.stats, force=True)
 
 
