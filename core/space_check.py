@@ -28,7 +28,7 @@ from rlgate.core.codec import DTYPES, CodecError, wire_code
 from rlgate.v1 import tensor_pb2 as pb
 
 # Leaves with at most this many elements are tested in Python (see the module docstring).
-SMALL = 256
+SMALL = 128
 
 
 class NonFiniteError(CodecError):
@@ -73,10 +73,12 @@ class SpaceCheck:
 
 
 class FlagsCheck:
-    """Decodes a bool [rows] tensor (terminated, truncated)."""
+    """Decodes a bool [rows] tensor (terminated, truncated); the last one decoded is reused for the same bytes."""
 
     def __init__(self, path: str) -> None:
         self._path = path
+        self._last_data = b""
+        self._last = np.empty(0, np.bool_)
 
     def decode_tensor(self, tensor: pb.Tensor, rows: int) -> np.ndarray:
         path = self._path
@@ -87,7 +89,9 @@ class FlagsCheck:
         data = tensor.data
         if len(data) != rows:
             raise CodecError(f"{path}: {len(data)} data bytes != {rows} for shape ({rows},) of bool")
-        return np.frombuffer(data, np.bool_)
+        if data != self._last_data:
+            self._last_data, self._last = data, np.ndarray((rows,), np.bool_, data)
+        return self._last
 
 
 def _node(space: gym.Space, path: str, allow_infinite: bool) -> Any:
@@ -153,6 +157,7 @@ class _Leaf:
         self._low, self._high = low.astype(self.dtype), high.astype(self.dtype)
         # Nothing to test in the space's own dtype: bools, and integers whose bounds are their dtype's range.
         self._unbounded = kinds == "b" or (kinds != "f" and _is_full_range(low, high, self.dtype))
+        self._last_data, self._last_code, self._last = b"", -1, np.empty(0)  # the last value decoded, and from what
         self._rows = -1  # the row count of the shape and bound lists below (a session's is fixed)
         self._expected: tuple[int, ...] = ()
         self._lows: list[Any] = []
@@ -182,18 +187,23 @@ class _Leaf:
                 f"{self._path}: {len(data)} data bytes != {self._size * dtype.itemsize} for shape {shape} of "
                 f"{dtype.name}"
             )
-        array = np.frombuffer(data, dtype).reshape(shape)
+        if data == self._last_data and code == self._last_code:  # as the previous message's (rewards, often)
+            return self._last
+        array = np.ndarray(shape, dtype, data)  # read-only, on the message's bytes
         if dtype is self.dtype:
             if not self._unbounded:
                 self._check(array)
-            return array
-        if self._float:  # converted first: a value the space's dtype cannot hold becomes inf and fails
+        elif self._float:  # converted first: a value the space's dtype cannot hold becomes inf and fails
             with np.errstate(over="ignore"):
                 array = array.astype(self.dtype)
             self._check(array)
-            return array
-        self._check(array)  # integers in the wire's dtype: the conversion must not wrap around
-        return array.astype(self.dtype)
+            array.flags.writeable = False
+        else:
+            self._check(array)  # integers in the wire's dtype: the conversion must not wrap around
+            array = array.astype(self.dtype)
+            array.flags.writeable = False
+        self._last_data, self._last_code, self._last = data, code, array
+        return array
 
     def _prepare(self, rows: int) -> None:
         self._rows = rows

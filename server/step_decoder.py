@@ -52,6 +52,22 @@ class StepDecoder:
             if "not finite" in str(exc):
                 raise _with_hint(exc) from None
             raise
+        if step.HasField("reward") and step.HasField("terminated") and step.HasField("truncated"):
+            rewards = self._reward.decode_tensor(step.reward, n)
+            terminateds = self._terminated.decode_tensor(step.terminated, n)
+            truncateds = self._truncated.decode_tensor(step.truncated, n)
+        else:
+            rewards, terminateds, truncateds = self._optional_columns(step, resets_only)
+        infos = step.infos
+        if infos and len(infos) != n:
+            raise CodecError(f"infos: {len(infos)} items != {n}")
+        return obs, rewards, terminateds, truncateds, [codec.from_struct(s) for s in infos] if infos else None
+
+    def _optional_columns(
+        self, step: pb.Step, resets_only: Callable[[], bool]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """reward, terminated and truncated when some are left out: zeros for those, if nothing reads them."""
+        n = self.num_envs
         columns = []
         for name, check, absent in (
             ("reward", self._reward, self._no_rewards),
@@ -67,10 +83,7 @@ class StepDecoder:
                     f"{name}: missing; every step carries reward, terminated and truncated ({n} each), except one "
                     "in which every sub-env sends a reset observation"
                 )
-        infos = step.infos
-        if infos and len(infos) != n:
-            raise CodecError(f"infos: {len(infos)} items != {n}")
-        return obs, *columns, [codec.from_struct(s) for s in infos] if infos else None  # type: ignore[return-value]
+        return columns[0], columns[1], columns[2]
 
 
 def _with_hint(exc: NonFiniteError) -> NonFiniteError:
