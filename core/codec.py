@@ -1,9 +1,10 @@
 """The one codec between rlgate.v1 messages and Python data: numpy arrays, nested values, gymnasium spaces.
 
 Tensors travel as dtype + shape + raw little-endian bytes in C order. Decoding never copies: the array
-is a read-only view of the message's bytes. Everything decoded from the wire is checked here, and every
-rejection is a `CodecError` whose message names the path and the mismatch, e.g.
-`obs["pos"]: shape (3,) != (2,)`, so a server can hand it to the client as INVALID_ARGUMENT.
+is a read-only view of the message's bytes. Every rejection is a `CodecError` whose message names the
+path and the mismatch, e.g. `obs["pos"]: shape (3,) != (2,)`, so a server can hand it to the client as
+INVALID_ARGUMENT. Values that must belong to a space (a session's observations) are decoded and checked
+by `core.space_check.SpaceCheck`, prepared once per space.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from rlgate.v1 import tensor_pb2 as pb
 MAX_ELEMENTS = 1 << 31
 MAX_DIMS = 32
 
-_DTYPES: dict[int, np.dtype] = {
+#: Wire dtype code -> numpy dtype (little-endian).
+DTYPES: dict[int, np.dtype] = {
     pb.DTYPE_BOOL: np.dtype("bool"),
     pb.DTYPE_INT8: np.dtype("<i1"),
     pb.DTYPE_INT16: np.dtype("<i2"),
@@ -38,7 +40,7 @@ _DTYPES: dict[int, np.dtype] = {
     pb.DTYPE_FLOAT64: np.dtype("<f8"),
 }
 # Keyed by the native-order dtype (what numpy hands us); big-endian input is byte-swapped on encode.
-_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in _DTYPES.items()}
+_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in DTYPES.items()}
 
 
 class CodecError(ValueError):
@@ -48,12 +50,18 @@ class CodecError(ValueError):
 # --- tensors ---------------------------------------------------------------------------------------
 
 
+def wire_code(dtype: np.dtype) -> int:
+    """The wire code of a numpy dtype (either byte order); CodecError when it has none."""
+    code = _CODES.get(dtype.newbyteorder("="))
+    if code is None:
+        raise CodecError(f"dtype {dtype} has no wire encoding")
+    return code
+
+
 def to_tensor(array: Any) -> pb.Tensor:
     """Encode an array (or anything np.asarray takes) as a Tensor message."""
     array = np.asarray(array)
-    code = _CODES.get(array.dtype.newbyteorder("="))
-    if code is None:
-        raise CodecError(f"dtype {array.dtype} has no wire encoding")
+    code = wire_code(array.dtype)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return pb.Tensor(dtype=code, shape=array.shape, data=array.tobytes(order="C"))
@@ -61,17 +69,19 @@ def to_tensor(array: Any) -> pb.Tensor:
 
 def from_tensor(tensor: pb.Tensor, path: str = "tensor") -> np.ndarray:
     """Decode a Tensor message into a read-only array that shares the message's bytes."""
-    dtype = _DTYPES.get(tensor.dtype)
+    dtype = DTYPES.get(tensor.dtype)
     if dtype is None:
-        raise CodecError(f"{path}: unknown dtype {tensor.dtype}")
+        what = "missing (dtype not set)" if tensor.dtype == pb.DTYPE_UNSPECIFIED else f"unknown dtype {tensor.dtype}"
+        raise CodecError(f"{path}: {what}")
     shape = tuple(tensor.shape)
     if len(shape) > MAX_DIMS:
         raise CodecError(f"{path}: {len(shape)} dimensions > {MAX_DIMS}")
     if any(d < 0 for d in shape):
         raise CodecError(f"{path}: negative dimension in shape {shape}")
-    count = math.prod(shape)
-    if count > MAX_ELEMENTS:
+    # Zero-sized dimensions included: numpy refuses a shape like (0, 2**62) however few bytes it holds.
+    if math.prod(max(d, 1) for d in shape) > MAX_ELEMENTS:
         raise CodecError(f"{path}: shape {shape} has more than {MAX_ELEMENTS} elements")
+    count = math.prod(shape)
     if len(tensor.data) != count * dtype.itemsize:
         raise CodecError(
             f"{path}: {len(tensor.data)} data bytes != {count * dtype.itemsize} for shape {shape} of {dtype.name}"
@@ -194,9 +204,6 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
     raise CodecError(f"{path}: missing space")
 
 
-# --- validation -------------------------------------------------------------------------------------
-
-
 def space_to_json(space: gym.Space) -> dict[str, Any]:
     """A space as plain JSON data (the Space message's JSON form), for files a person can read."""
     return json_format.MessageToDict(space_to_proto(space))
@@ -209,74 +216,3 @@ def space_from_json(data: dict[str, Any], path: str = "space") -> gym.Space:
     except json_format.ParseError as exc:
         raise CodecError(f"{path}: not a space: {exc}") from exc
     return space_from_proto(message, path)
-
-
-def validate(value: Any, space: gym.Space, *, path: str = "obs", batch_size: int | None = None) -> None:
-    """Check that `value` belongs to `space` (with a leading axis of `batch_size` rows when given).
-
-    Raises CodecError naming the first mismatch. Box values must have the space's exact dtype and no
-    NaN; discrete values must have an integer dtype and lie in range; all values must lie in bounds.
-    """
-    lead = () if batch_size is None else (batch_size,)
-    if isinstance(space, gym.spaces.Dict):
-        if not isinstance(value, Mapping):
-            raise CodecError(f"{path}: expected a dict, got {_kind(value)}")
-        if set(value) != set(space.spaces):
-            raise CodecError(f"{path}: keys {sorted(value)} != {sorted(space.spaces)}")
-        for key, sub in space.spaces.items():
-            validate(value[key], sub, path=f'{path}["{key}"]', batch_size=batch_size)
-        return
-    if isinstance(space, gym.spaces.Tuple):
-        if not isinstance(value, tuple | list):
-            raise CodecError(f"{path}: expected a tuple, got {_kind(value)}")
-        if len(value) != len(space.spaces):
-            raise CodecError(f"{path}: {len(value)} items != {len(space.spaces)}")
-        for i, sub in enumerate(space.spaces):
-            validate(value[i], sub, path=f"{path}[{i}]", batch_size=batch_size)
-        return
-    if not isinstance(value, np.ndarray):
-        raise CodecError(f"{path}: expected an array, got {_kind(value)}")
-    expected_shape = lead + tuple(space.shape)
-    if value.shape != expected_shape:
-        raise CodecError(f"{path}: shape {value.shape} != {expected_shape}")
-    if isinstance(space, gym.spaces.Box):
-        _check_box(value, space, path)
-    elif isinstance(space, gym.spaces.Discrete):
-        _check_integers(value, path, "Discrete")
-        _check_range(value - space.start, space.n, path, space)
-    elif isinstance(space, gym.spaces.MultiDiscrete):
-        _check_integers(value, path, "MultiDiscrete")
-        _check_range(value - space.start, space.nvec, path, space)
-    elif isinstance(space, gym.spaces.MultiBinary):
-        if value.dtype != np.bool_:
-            _check_integers(value, path, "MultiBinary")
-            _check_range(value, 2, path, space)
-    else:
-        raise CodecError(f"{path}: unsupported space {space}")
-
-
-def _check_box(value: np.ndarray, space: gym.spaces.Box, path: str) -> None:
-    if value.dtype != space.dtype:
-        raise CodecError(f"{path}: dtype {value.dtype} != {space.dtype}")
-    if value.dtype.kind == "f" and np.isnan(value).any():
-        raise CodecError(f"{path}: NaN at index {tuple(int(i) for i in np.argwhere(np.isnan(value))[0])}")
-    outside = (value < space.low) | (value > space.high)
-    if outside.any():
-        index = tuple(int(i) for i in np.argwhere(outside)[0])
-        raise CodecError(f"{path}: value {value[index]} at index {index} outside the Box bounds")
-
-
-def _check_integers(value: np.ndarray, path: str, name: str) -> None:
-    if value.dtype.kind not in "iu":
-        raise CodecError(f"{path}: dtype {value.dtype} is not an integer type, as {name} needs")
-
-
-def _check_range(offset: np.ndarray, limit: Any, path: str, space: gym.Space) -> None:
-    outside = (offset < 0) | (offset >= limit)
-    if outside.any():
-        index = tuple(int(i) for i in np.argwhere(outside)[0])
-        raise CodecError(f"{path}: value at index {index} outside {space}")
-
-
-def _kind(value: Any) -> str:
-    return type(value).__name__

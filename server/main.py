@@ -165,6 +165,7 @@ class InferenceServer:
             "action_space": str(policy.action_space) if policy else None,
             "sessions": len(self.service.sessions),
             "env_steps": self.service.env_steps,
+            "non_finite_rejected": dict(self.service.non_finite_rejected),
             "draining": self.service.draining,
             "paused": self._pause_reason(),
             "unacked_steps": self.learner.unacked_steps() if self.learner else None,

@@ -64,6 +64,12 @@ class ServerMetrics:
         self.learner_last_ack = Gauge(
             "rlgate_learner_last_ack_timestamp_seconds", "Unix time of the learner's last ack.", registry=r
         )
+        self.non_finite_rejected = Counter(
+            "rlgate_non_finite_rejected",
+            "Step messages rejected for a NaN or infinite value, by field (obs, reward).",
+            ["field"],
+            registry=r,
+        )
         ProcessCollector(registry=r)
 
     def report_pause(self, reason: Callable[[], str | None]) -> None:

@@ -14,18 +14,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from rlgate.core import codec
 from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
+from rlgate.core.space_check import NonFiniteError
+from rlgate.core.space_diff import space_differences
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.server.batcher import Batcher
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
 from rlgate.server.settings import ServerSettings
+from rlgate.server.step_decoder import StepDecoder
 from rlgate.v1 import policy_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class PolicyService:
         self.metrics = metrics
         self.sessions: dict[str, Session] = {}
         self.env_steps = 0  # env steps received (transitions), as the rlgate_env_steps counter counts them
+        self.non_finite_rejected = {"obs": 0, "reward": 0}  # as rlgate_non_finite_rejected_total counts them
         self.draining = False
         self._get_policy = get_policy
         self._ship = ship
@@ -71,6 +74,7 @@ class PolicyService:
         """Serve one client stream until it closes, fails or idles out."""
         session: Session | None = None
         batcher: Batcher | None = None
+        decoder: StepDecoder | None = None
         closed = False
         try:
             while True:
@@ -88,15 +92,15 @@ class PolicyService:
                 if kind == "hello":
                     if session is not None:
                         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
-                    session, batcher = await self._open(message.hello)
+                    session, batcher, decoder = await self._open(message.hello)
                     version = batcher.policy.version
                     await context.write(
                         pb.ServerMessage(welcome=pb.Welcome(session_id=session.id, model_version=version))
                     )
                 elif kind == "step":
-                    if session is None or batcher is None:
+                    if session is None or batcher is None or decoder is None:
                         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
-                    await context.write(await self._step(session, batcher, message.step, arrived_cpu))
+                    await context.write(await self._step(session, batcher, decoder, message.step, arrived_cpu))
                     self.metrics.step_latency.observe(time.perf_counter() - arrived)
                 elif kind == "close":
                     if session is None:
@@ -108,6 +112,9 @@ class PolicyService:
         except RequestError as exc:
             await self._abort(context, exc.code, str(exc))
         except CodecError as exc:
+            if isinstance(exc, NonFiniteError):
+                self.non_finite_rejected[exc.field] += 1
+                self.metrics.non_finite_rejected.labels(exc.field).inc()
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except TimeoutError:
             message = f"no message for {self.settings.idle_timeout_s:g} s: session closed, episodes shipped"
@@ -119,7 +126,7 @@ class PolicyService:
             if session is not None:
                 self._end(session)
 
-    async def _open(self, hello: pb.Hello) -> tuple[Session, Batcher]:
+    async def _open(self, hello: pb.Hello) -> tuple[Session, Batcher, StepDecoder]:
         if self.draining:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: connect to another one")
         if len(self.sessions) >= self.settings.max_sessions:
@@ -148,11 +155,14 @@ class PolicyService:
             explore=hello.explore,
         )
         policy, batcher = await self._get_policy(spec)
-        if spec.observation_space != policy.observation_space or spec.action_space != policy.action_space:
+        differences = space_differences(
+            policy.observation_space, spec.observation_space, "observation_space"
+        ) + space_differences(policy.action_space, spec.action_space, "action_space")
+        if differences:
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"this server's model is for observation space {policy.observation_space} and action space "
-                f"{policy.action_space}; the client has {spec.observation_space} and {spec.action_space}",
+                "the hello's spaces must equal the served model's; they differ in (server != client): "
+                + "; ".join(differences),
             )
         sampling = policy.spec.sampling
         session = Session(
@@ -164,25 +174,20 @@ class PolicyService:
         )
         self.sessions[session.id] = session
         self.metrics.sessions.set(len(self.sessions))
+        decoder = StepDecoder(
+            spec.observation_space, spec.num_envs, allow_non_finite_obs=self.settings.allow_non_finite_obs
+        )
         log.info("session opened session=%s client=%s num_envs=%d", session.id, spec.client_id, spec.num_envs)
-        return session, batcher
+        return session, batcher, decoder
 
-    async def _step(self, session: Session, batcher: Batcher, step: pb.Step, arrived_cpu: float) -> pb.ServerMessage:
+    async def _step(
+        self, session: Session, batcher: Batcher, decoder: StepDecoder, step: pb.Step, arrived_cpu: float
+    ) -> pb.ServerMessage:
         """Decode, append, wait for the batch, record, answer; the stage counters take this thread's CPU time
         (not wall time, which would count other threads' turns on the same core too)."""
-        n = session.spec.num_envs
         batcher.arriving += 1
         try:
-            obs = codec.from_value(step.obs, "obs") if step.HasField("obs") else None
-            if obs is None:
-                raise CodecError("obs: missing")
-            codec.validate(obs, session.spec.observation_space, batch_size=n)
-            rewards = _flags(step.reward, "reward", n, "f")
-            terminateds = _flags(step.terminated, "terminated", n, "b")
-            truncateds = _flags(step.truncated, "truncated", n, "b")
-            if step.infos and len(step.infos) != n:
-                raise CodecError(f"infos: {len(step.infos)} items != {n}")
-            infos = [codec.from_struct(s) for s in step.infos] if step.infos else None
+            obs, rewards, terminateds, truncateds, infos = decoder.decode(step, session.resets_only)
             decoded = time.thread_time()
             episodes, steps = session.observe(obs, rewards, terminateds, truncateds, infos)
         finally:
@@ -221,16 +226,3 @@ def _parse(raw: bytes) -> pb.ClientMessage:
         return pb.ClientMessage.FromString(raw)
     except DecodeError as exc:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid rlgate.v1.ClientMessage: {exc}") from exc
-
-
-def _flags(tensor: Any, name: str, n: int, kind: str) -> np.ndarray:
-    """Decode reward (kind "f": float, no NaN) or terminated / truncated (kind "b": bool), shape [n]."""
-    value = codec.from_tensor(tensor, name)
-    if value.shape != (n,):
-        raise CodecError(f"{name}: shape {value.shape} != ({n},)")
-    if value.dtype.kind != kind:
-        expected = "float32 or float64" if kind == "f" else "bool"
-        raise CodecError(f"{name}: dtype {value.dtype} is not {expected}")
-    if kind == "f" and np.isnan(value).any():
-        raise CodecError(f"{name}: NaN at index {int(np.argmax(np.isnan(value)))}")
-    return value

@@ -82,6 +82,10 @@ class Session:
         self._first_start = 0  # the smallest start: no cut is due before row first_start + fragment
         self._pending: _Step | None = None  # the newest row while its actions are being computed
 
+    def resets_only(self) -> bool:
+        """True when no sub-env has a running episode: the next step's rows all carry reset observations."""
+        return not self._live.any()
+
     def observe(
         self,
         obs: Any,

@@ -86,3 +86,10 @@ class ServerSettings(ServiceSettings):
     )
     drain_timeout_s: float = Field(10.0, ge=0, description="On SIGTERM, how long open sessions may finish.")
     tls_client_ca: FilePath | None = Field(None, description="PEM CA that client certificates must chain to (mTLS).")
+    allow_non_finite_obs: bool = Field(
+        False,
+        description="Let +-inf observations pass where their Box bound is infinite (for envs in which infinity is "
+        "a meaningful value). Off: every NaN or infinite observation is rejected (INVALID_ARGUMENT), as are "
+        "non-finite rewards always, so that no such value reaches training; rejections are counted in "
+        "rlgate_non_finite_rejected_total and /status.",
+    )

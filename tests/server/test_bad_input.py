@@ -6,7 +6,18 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from support.servers import BOX4, DISCRETE2, RawStream, SpaceEnv, hello, running_client, step, target, wait_for_steps
+from support.servers import (
+    BOX4,
+    DISCRETE2,
+    RawStream,
+    SpaceEnv,
+    hello,
+    running_client,
+    shipped,
+    step,
+    target,
+    wait_for_steps,
+)
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
@@ -16,6 +27,8 @@ from rlgate.v1 import tensor_pb2
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 GOOD_OBS = np.zeros((1, 4), np.float32)
+# A shape numpy refuses to make whatever the data (issue 18, item 3).
+HUGE = tensor_pb2.Tensor(dtype=tensor_pb2.DTYPE_FLOAT32, shape=[0, 2**62], data=b"")
 
 # name -> (messages after which the server must end the stream, expected code, words in the message)
 CASES = {
@@ -24,7 +37,21 @@ CASES = {
         INVALID,
         "obs: shape (1, 3) != (1, 4)",
     ),
-    "wrong dtype": ([hello(), step(np.zeros((1, 4), np.float64))], INVALID, "obs: dtype float64 != float32"),
+    "integer obs for a float Box": (
+        [hello(), step(np.zeros((1, 4), np.int32))],
+        INVALID,
+        "obs: dtype int32 does not fit Box of float32 (send a float)",
+    ),
+    "obs shape that numpy cannot make": (
+        [hello(), pb.ClientMessage(step=pb.Step(obs=tensor_pb2.Value(tensor=HUGE)))],
+        INVALID,
+        "obs: shape (0, 4611686018427387904) != (1, 4)",
+    ),
+    "reward shape that numpy cannot make": (
+        [hello(), pb.ClientMessage(step=pb.Step(obs=codec.to_value(GOOD_OBS), reward=HUGE))],
+        INVALID,
+        "reward: shape (0, 4611686018427387904) != (1,)",
+    ),
     "NaN in a Box obs": (
         [hello(), step(np.array([[0, np.nan, 0, 0]], np.float32))],
         INVALID,
@@ -37,6 +64,26 @@ CASES = {
         "reward: shape (2,) != (1,)",
     ),
     "NaN reward": ([hello(), step(GOOD_OBS, reward=np.array([np.nan]))], INVALID, "reward: NaN"),
+    "infinite reward": (
+        [hello(), step(GOOD_OBS, reward=np.array([np.inf]))],
+        INVALID,
+        "reward: value inf at index (0,) is not finite",
+    ),
+    "reward too large for float32": (
+        [hello(), step(GOOD_OBS, reward=np.array([1e300]))],
+        INVALID,
+        "reward: value inf at index (0,) is not finite",
+    ),
+    "missing reward after the first step": (
+        [hello(), step(GOOD_OBS), pb.ClientMessage(step=pb.Step(obs=codec.to_value(GOOD_OBS)))],
+        INVALID,
+        "reward: missing",
+    ),
+    "reward of no dtype": (
+        [hello(), step(GOOD_OBS), step(GOOD_OBS, reward=tensor_pb2.Tensor(shape=[1]))],
+        INVALID,
+        "reward: dtype 0 (unknown) does not fit Box of float32 (send a float)",
+    ),
     "step before hello": ([step(GOOD_OBS)], PRECONDITION, "step before hello"),
     "step after close": (
         [hello(), step(GOOD_OBS), pb.ClientMessage(close=pb.Close()), step(GOOD_OBS)],
@@ -115,20 +162,88 @@ async def test_discrete_obs_out_of_range_is_invalid_argument(server_factory):
         status, details = await raw.status()
     finally:
         await raw.close()
-    assert status == INVALID and details == "obs: value at index (0,) outside Discrete(3)"
+    assert status == INVALID and details == "obs: value 7 at index (0,) outside the Discrete bounds [0, 2]"
 
 
-async def test_a_client_with_other_spaces_is_told_both(server):
+async def test_a_client_with_other_spaces_is_told_only_what_differs(server):
     good = EnvClient(SpaceEnv(BOX4, DISCRETE2), target(server), seed=0)
     await good.run(max_steps=3)
+    low, high = np.array([-1, -1, -np.inf, -1], np.float32), np.array([1, 1, np.inf, 1], np.float32)
+    other_obs = gym.spaces.Box(low, high, dtype=np.float32)
     raw = RawStream(server)
     try:
-        await raw.send(hello(action_space=gym.spaces.Discrete(3)))
+        await raw.send(hello(observation_space=other_obs, action_space=gym.spaces.Discrete(3)))
         status, details = await raw.status()
     finally:
         await raw.close()
     assert status == PRECONDITION
-    assert "Discrete(2)" in details and "Discrete(3)" in details
+    assert details == (
+        "the hello's spaces must equal the served model's; they differ in (server != client): "
+        "observation_space.low[2]: -1.0 != -inf; observation_space.high[2]: 1.0 != inf; action_space.n: 2 != 3"
+    )
+
+
+async def exchange(server, *messages: pb.ClientMessage) -> tuple[list[pb.ServerMessage], grpc.StatusCode, str]:
+    """Send the messages on one stream (each answered before the next), close it; the answers and the status."""
+    raw = RawStream(server)
+    answers = []
+    try:
+        for message in messages:
+            await raw.send(message)
+            try:
+                answers.append(await raw.recv())
+            except grpc.aio.AioRpcError:
+                break
+        else:
+            await raw.send(pb.ClientMessage(close=pb.Close()))
+            await raw.call.done_writing()
+        status, details = await raw.status()
+    finally:
+        await raw.close()
+    return answers, status, details
+
+
+async def test_float64_observations_for_a_float32_box_are_converted(server_factory, tmp_path):
+    server = await server_factory()
+    obs = np.array([[0.1, -0.2, 0.3, 1.0]])  # float64, as numpy makes them
+    answers, status, _ = await exchange(server, hello(), step(obs), step(obs, terminated=np.array([True])))
+    assert status == grpc.StatusCode.OK and [a.WhichOneof("kind") for a in answers] == ["welcome", "actions", "actions"]
+    await server.stop()
+    (episode,) = shipped(tmp_path / "episodes")
+    observations = codec.from_value(episode.observations)
+    assert observations.dtype == np.float32
+    np.testing.assert_array_equal(observations, obs.astype(np.float32).repeat(2, axis=0))
+
+
+async def test_the_first_step_may_leave_out_rewards_and_flags(server):
+    bare = pb.ClientMessage(step=pb.Step(obs=codec.to_value(GOOD_OBS)))
+    answers, status, details = await exchange(server, hello(), bare, step(GOOD_OBS))
+    assert status == grpc.StatusCode.OK, details
+    assert [a.WhichOneof("kind") for a in answers] == ["welcome", "actions", "actions"]
+
+
+UNBOUNDED = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+
+
+@pytest.mark.parametrize("allow", [False, True])
+async def test_infinite_observations_need_the_setting_and_nan_never_passes(server_factory, allow):
+    server = await server_factory(allow_non_finite_obs=allow)
+    inf_obs = np.array([[0.0, np.inf, -np.inf, 0.0]], np.float32)
+    answers, status, details = await exchange(server, hello(UNBOUNDED), step(inf_obs))
+    if allow:
+        assert status == grpc.StatusCode.OK and len(answers) == 2, details
+    else:
+        assert status == INVALID
+        assert details.startswith("obs: value inf at index (0, 1) is not finite (+-inf passes only where")
+    nan_obs = np.array([[0.0, np.nan, 0.0, 0.0]], np.float32)
+    _, status, details = await exchange(server, hello(UNBOUNDED), step(nan_obs))
+    assert status == INVALID and details == "obs: NaN at index (0, 1)"
+    _, status, details = await exchange(server, hello(UNBOUNDED), step(GOOD_OBS), step(GOOD_OBS, reward=[-np.inf]))
+    assert status == INVALID and details == "reward: value -inf at index (0,) is not finite"
+    expected = {"obs": 2 - allow, "reward": 1}
+    assert server.status()["non_finite_rejected"] == expected
+    for field, count in expected.items():
+        assert server.metrics.non_finite_rejected.labels(field)._value.get() == count
 
 
 @pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer wrong"),), (("authorization", "secret"),)])

@@ -15,7 +15,7 @@ import numpy as np
 from rlgate.client.env_client import ClientStats, EnvClient, hello_message
 from rlgate.core import codec
 from rlgate.server.main import InferenceServer
-from rlgate.v1 import episode_pb2
+from rlgate.v1 import episode_pb2, tensor_pb2
 from rlgate.v1 import policy_pb2 as pb
 
 CONNECT = "/rlgate.v1.PolicyService/Connect"
@@ -118,10 +118,13 @@ def hello(
 
 
 def step(obs: Any, n: int = 1, reward: Any = None, terminated: Any = None) -> pb.ClientMessage:
+    """A step message; `reward` may be an array or a ready Tensor message (to send malformed ones)."""
+    if not isinstance(reward, tensor_pb2.Tensor):
+        reward = codec.to_tensor(np.zeros(n) if reward is None else reward)
     return pb.ClientMessage(
         step=pb.Step(
             obs=codec.to_value(obs),
-            reward=codec.to_tensor(np.zeros(n) if reward is None else reward),
+            reward=reward,
             terminated=codec.to_tensor(np.zeros(n, bool) if terminated is None else terminated),
             truncated=codec.to_tensor(np.zeros(n, bool)),
         )
