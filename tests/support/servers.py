@@ -94,7 +94,13 @@ class RawStream:
         )(metadata=metadata)
 
     async def send(self, message: pb.ClientMessage | bytes) -> None:
-        await self.call.write(message if isinstance(message, bytes) else message.SerializeToString())
+        """Write one message; a stream the server already ended (e.g. a refused token) is left to status()."""
+        try:
+            await self.call.write(message if isinstance(message, bytes) else message.SerializeToString())
+        except grpc.aio.AioRpcError:
+            if self.call.done():
+                return
+            raise
 
     async def recv(self) -> pb.ServerMessage:
         return await asyncio.wait_for(self.call.read(), 10)
