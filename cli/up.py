@@ -80,6 +80,7 @@ def run(settings: UpSettings) -> int:
         "learner": [
             *("learn", "--config", spec_file, "--port", learner_port, "--http-port", learner_http),
             *("--checkpoint-dir", run_dir / "checkpoints", "--no-resume"),
+            *("--torch-threads", 1),  # it shares the cores with the server and clients (LearnerSettings)
             *("--log-dir", run_dir),  # TensorBoard event files and progress.csv: `tensorboard --logdir runs`
         ],
         "server": [

@@ -7,6 +7,7 @@ import logging
 from typing import Any, Literal
 
 import grpc
+import torch
 from fastapi import Query
 from grpc_health.v1 import health
 
@@ -39,6 +40,8 @@ class LearnerServer:
 
     async def start(self) -> None:
         s = self.settings
+        if s.torch_threads is not None:
+            torch.set_num_threads(s.torch_threads)
         app = build_app(
             "rlgate learner",
             registry=self.learner.metrics.registry,

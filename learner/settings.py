@@ -34,6 +34,13 @@ class LearnerSettings(SpecSettings, ServiceSettings):
         ge=0,
         description="Steps chosen by a model more than this many versions old are dropped (and counted).",
     )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Torch intra-op threads for training; unset: torch's default, one per core. Set 1 where the "
+        "learner shares its cores with servers and env clients (`rlgate up` does): threads waiting for a busy core "
+        "stall every update.",
+    )
 
     def experiment_log_dir(self) -> Path:
         """Where the TensorBoard event files and progress.csv go."""
