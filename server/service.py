@@ -75,7 +75,6 @@ class PolicyService:
         session: Session | None = None
         batcher: Batcher | None = None
         decoder: StepDecoder | None = None
-        closed = False
         try:
             while True:
                 async with asyncio.timeout(self.settings.idle_timeout_s):
@@ -87,8 +86,6 @@ class PolicyService:
                 kind = message.WhichOneof("kind")
                 if self.draining:
                     raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one")
-                if closed:
-                    raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"{kind} after close: the session is over")
                 if kind == "hello":
                     if session is not None:
                         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
@@ -102,11 +99,10 @@ class PolicyService:
                         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
                     await context.write(await self._step(session, batcher, decoder, message.step, arrived_cpu))
                     self.metrics.step_latency.observe(time.perf_counter() - arrived)
-                elif kind == "close":
+                elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
                     if session is None:
                         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "close before hello")
-                    self._end(session)
-                    session, closed = None, True
+                    return
                 else:
                     raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close")
         except RequestError as exc:
@@ -154,7 +150,10 @@ class PolicyService:
             num_envs=hello.num_envs,
             explore=hello.explore,
         )
-        policy, batcher = await self._get_policy(spec)
+        try:
+            policy, batcher = await self._get_policy(spec)
+        except ValueError as exc:  # a fresh model that cannot be built for these spaces (e.g. an action space it lacks)
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"no model for the hello's spaces: {exc}") from exc
         differences = space_differences(
             policy.observation_space, spec.observation_space, "observation_space"
         ) + space_differences(policy.action_space, spec.action_space, "action_space")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import grpc
 import gymnasium as gym
 import numpy as np
@@ -16,6 +19,7 @@ from support.servers import (
     shipped,
     step,
     target,
+    until,
     wait_for_steps,
 )
 
@@ -85,11 +89,7 @@ CASES = {
         "reward: dtype 0 (unknown) does not fit Box of float32 (send a float)",
     ),
     "step before hello": ([step(GOOD_OBS)], PRECONDITION, "step before hello"),
-    "step after close": (
-        [hello(), step(GOOD_OBS), pb.ClientMessage(close=pb.Close()), step(GOOD_OBS)],
-        PRECONDITION,
-        "step after close",
-    ),
+    "close before hello": ([pb.ClientMessage(close=pb.Close())], PRECONDITION, "close before hello"),
     "hello twice": ([hello(), hello()], PRECONDITION, "hello sent twice"),
     "empty message": ([pb.ClientMessage()], INVALID, "empty message"),
     "bytes that are not a message": ([b"\xff\xff\xff\xff"], INVALID, "not a valid rlgate.v1.ClientMessage"),
@@ -251,7 +251,8 @@ async def test_missing_or_wrong_token_is_unauthenticated(server_factory, metadat
     server = await server_factory(token="secret")
     raw = RawStream(server, metadata=metadata)
     try:
-        await raw.send(hello())
+        with contextlib.suppress(grpc.aio.AioRpcError):  # the call may already have ended: the write then raises
+            await raw.send(hello())
         status, details = await raw.status()
     finally:
         await raw.close()
@@ -272,3 +273,34 @@ async def test_too_many_sessions_is_resource_exhausted(server_factory):
         finally:
             await raw.close()
         assert status == grpc.StatusCode.RESOURCE_EXHAUSTED and "1 sessions open" in details
+
+
+async def test_a_server_still_waiting_for_its_learners_weights_is_unavailable(server_factory):
+    server = await server_factory(learner="127.0.0.1:1")  # nothing listens there: no weights come
+    raw = RawStream(server)
+    try:
+        await raw.send(hello())
+        status, details = await raw.status()
+    finally:
+        await raw.close()
+    assert status == grpc.StatusCode.UNAVAILABLE
+    assert details == "no model yet: waiting for the learner's first weights"
+
+
+async def test_a_stopping_server_ends_open_sessions_with_unavailable_at_their_next_message(server_factory):
+    server = await server_factory()
+    raw = RawStream(server)
+    try:
+        await raw.send(hello())
+        await raw.recv()
+        await raw.send(step(GOOD_OBS))
+        await raw.recv()
+        stopping = asyncio.create_task(server.stop())
+        await until(lambda: server.service.draining, 5)
+        await raw.send(step(GOOD_OBS))
+        status, details = await raw.status()
+        await asyncio.wait_for(stopping, 10)
+    finally:
+        await raw.close()
+    assert status == grpc.StatusCode.UNAVAILABLE
+    assert details == "server is shutting down: reconnect to another one"

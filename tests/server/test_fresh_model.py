@@ -43,6 +43,24 @@ async def test_a_hello_too_large_for_a_fresh_model_is_refused_and_builds_nothing
         await ok.close()
 
 
+async def test_a_hello_whose_spaces_no_model_can_serve_is_invalid_argument_and_builds_nothing(server):
+    raw = RawStream(server)
+    try:
+        await raw.send(hello(BOX4, gym.spaces.MultiBinary(3)))
+        code, details = await raw.status()
+    finally:
+        await raw.close()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT  # the client's to fix, not a server error (was INTERNAL)
+    assert details.startswith("no model for the hello's spaces: The default model does not support the action space")
+    assert server.policy is None
+    ok = RawStream(server)
+    try:
+        await ok.send(hello())
+        assert (await ok.recv()).HasField("welcome")
+    finally:
+        await ok.close()
+
+
 async def test_the_server_stays_responsive_while_a_fresh_model_builds(server_factory, http_get):
     slow_module.BUILDING.clear()
     slow_module.GO.clear()
