@@ -271,7 +271,9 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
 
 def _wire_name(code: int) -> str:
     dtype = DTYPES.get(code)
-    return dtype.name if dtype is not None else f"{code} (unknown)"
+    if dtype is not None:
+        return dtype.name
+    return "unset (DTYPE_UNSPECIFIED)" if code == pb.DTYPE_UNSPECIFIED else f"{code} (unknown)"
 
 
 def _space_name(space: gym.Space) -> str:

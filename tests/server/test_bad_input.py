@@ -86,7 +86,7 @@ CASES = {
     "reward of no dtype": (
         [hello(), step(GOOD_OBS), step(GOOD_OBS, reward=tensor_pb2.Tensor(shape=[1]))],
         INVALID,
-        "reward: dtype 0 (unknown) does not fit Box of float32 (send a float)",
+        "reward: dtype unset (DTYPE_UNSPECIFIED) does not fit Box of float32 (send a float)",
     ),
     "step before hello": ([step(GOOD_OBS)], PRECONDITION, "step before hello"),
     "close before hello": ([pb.ClientMessage(close=pb.Close())], PRECONDITION, "close before hello"),
