@@ -28,7 +28,7 @@ class RlgateSettings(BaseSettings):
         None,
         description="Bearer token: a service requires it on every call but the standard health checks (which "
         "probes make without one); a client sends it as 'authorization: Bearer <token>'. Unset: no token. "
-        "Prefer token_file: a value here shows in the process list.",
+        "Prefer --token-file (RLGATE_TOKEN_FILE): a value here shows in the process list.",
     )
     token_file: Path | None = Field(
         None,

@@ -40,7 +40,7 @@ class _DTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DType.ValueType
     DTYPE_FLOAT64: _DType.ValueType  # 12
 
 class DType(_DType, metaclass=_DTypeEnumTypeWrapper):
-    """Element type of a Tensor. Values are raw little-endian, C order."""
+    """Element type of a Tensor. Values are raw little-endian, C order. DTYPE_UNSPECIFIED is always refused."""
 
 DTYPE_UNSPECIFIED: DType.ValueType  # 0
 DTYPE_BOOL: DType.ValueType  # 1
@@ -59,7 +59,9 @@ Global___DType: _TypeAlias = DType  # noqa: Y015
 
 @_typing.final
 class Tensor(_message.Message):
-    """An n-dimensional array: len(data) == prod(shape) * itemsize(dtype). A scalar has shape []."""
+    """An n-dimensional array: len(data) == prod(shape) * itemsize(dtype) exactly (bool: one byte, 0 or 1).
+    A scalar has shape []. At most 32 dimensions and 2^31 elements.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -224,7 +226,9 @@ Global___Space: _TypeAlias = Space  # noqa: Y015
 
 @_typing.final
 class BoxSpace(_message.Message):
-    """gymnasium.spaces.Box: low and high have the full shape and the box's dtype."""
+    """gymnasium.spaces.Box: low and high have the full shape and the box's dtype (a numeric one); infinite
+    bounds are IEEE infinities.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -322,7 +326,7 @@ Global___MultiBinarySpace: _TypeAlias = MultiBinarySpace  # noqa: Y015
 
 @_typing.final
 class DictSpace(_message.Message):
-    """gymnasium.spaces.Dict; entries keep the space's key order."""
+    """gymnasium.spaces.Dict; entries keep the space's key order (gymnasium sorts the keys), which a hello must match."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
