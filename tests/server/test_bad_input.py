@@ -275,12 +275,7 @@ async def test_too_many_sessions_is_resource_exhausted(server_factory):
 
 async def test_a_server_still_waiting_for_its_learners_weights_is_unavailable(server_factory):
     server = await server_factory(learner="127.0.0.1:1")  # nothing listens there: no weights come
-    raw = RawStream(server)
-    try:
-        await raw.send(hello())
-        status, details = await raw.status()
-    finally:
-        await raw.close()
+    _, status, details = await exchange(server, hello())
     assert status == grpc.StatusCode.UNAVAILABLE
     assert details == "no model yet: waiting for the learner's first weights"
 
