@@ -45,14 +45,9 @@ class PolicyServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Connect(self, request_iterator, context):
-        """First message: hello; the server answers welcome. Then each step is answered by actions: one answer per
-        step, in the order sent (a client may write a step before reading the previous answer; the server still
-        handles them one at a time). Put no deadline on the call. With a token set on the server, every call
-        carries the metadata `authorization: Bearer <token>` (health checks need none).
-
-        Any error ends the stream: its final status is the error (INVALID_ARGUMENT, FAILED_PRECONDITION,
-        NOT_FOUND, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE, DEADLINE_EXCEEDED; proto/README.md says when),
-        its message names the field and the mismatch. Other clients' streams go on.
+        """First message: hello, answered by welcome; then one actions answer per step, in order (a step may be
+        written before the previous answer is read; no deadline on the call). Token: metadata `authorization:
+        Bearer <token>`. An error ends the stream as its final status (proto/README.md: each status and when).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -34,28 +34,18 @@ class PolicyServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> PolicyServiceAsyncStub: ...
     Connect: _grpc.StreamStreamMultiCallable[_policy_pb2.ClientMessage, _policy_pb2.ServerMessage]
-    """First message: hello; the server answers welcome. Then each step is answered by actions: one answer per
-    step, in the order sent (a client may write a step before reading the previous answer; the server still
-    handles them one at a time). Put no deadline on the call. With a token set on the server, every call
-    carries the metadata `authorization: Bearer <token>` (health checks need none).
-
-    Any error ends the stream: its final status is the error (INVALID_ARGUMENT, FAILED_PRECONDITION,
-    NOT_FOUND, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE, DEADLINE_EXCEEDED; proto/README.md says when),
-    its message names the field and the mismatch. Other clients' streams go on.
+    """First message: hello, answered by welcome; then one actions answer per step, in order (a step may be
+    written before the previous answer is read; no deadline on the call). Token: metadata `authorization:
+    Bearer <token>`. An error ends the stream as its final status (proto/README.md: each status and when).
     """
 
 @_typing.type_check_only
 class PolicyServiceAsyncStub(PolicyServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Connect: _aio.StreamStreamMultiCallable[_policy_pb2.ClientMessage, _policy_pb2.ServerMessage]  # type: ignore[assignment]
-    """First message: hello; the server answers welcome. Then each step is answered by actions: one answer per
-    step, in the order sent (a client may write a step before reading the previous answer; the server still
-    handles them one at a time). Put no deadline on the call. With a token set on the server, every call
-    carries the metadata `authorization: Bearer <token>` (health checks need none).
-
-    Any error ends the stream: its final status is the error (INVALID_ARGUMENT, FAILED_PRECONDITION,
-    NOT_FOUND, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE, DEADLINE_EXCEEDED; proto/README.md says when),
-    its message names the field and the mismatch. Other clients' streams go on.
+    """First message: hello, answered by welcome; then one actions answer per step, in order (a step may be
+    written before the previous answer is read; no deadline on the call). Token: metadata `authorization:
+    Bearer <token>`. An error ends the stream as its final status (proto/README.md: each status and when).
     """
 
 class PolicyServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -65,14 +55,9 @@ class PolicyServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_policy_pb2.ClientMessage],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_policy_pb2.ServerMessage], _abc.AsyncIterator[_policy_pb2.ServerMessage]]:
-        """First message: hello; the server answers welcome. Then each step is answered by actions: one answer per
-        step, in the order sent (a client may write a step before reading the previous answer; the server still
-        handles them one at a time). Put no deadline on the call. With a token set on the server, every call
-        carries the metadata `authorization: Bearer <token>` (health checks need none).
-
-        Any error ends the stream: its final status is the error (INVALID_ARGUMENT, FAILED_PRECONDITION,
-        NOT_FOUND, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE, DEADLINE_EXCEEDED; proto/README.md says when),
-        its message names the field and the mismatch. Other clients' streams go on.
+        """First message: hello, answered by welcome; then one actions answer per step, in order (a step may be
+        written before the previous answer is read; no deadline on the call). Token: metadata `authorization:
+        Bearer <token>`. An error ends the stream as its final status (proto/README.md: each status and when).
         """
 
 def add_PolicyServiceServicer_to_server(servicer: PolicyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
