@@ -20,9 +20,11 @@ def is_batched(column_data: Any) -> bool:
 
     False for the per-episode forms: a list of items, or a dict `(episode id,) -> [items]`.
     """
+    if isinstance(column_data, np.ndarray):  # the fast path's columns: before the (costly) ABC check
+        return True
     if isinstance(column_data, list):
         return False
-    if isinstance(column_data, Mapping):
+    if isinstance(column_data, dict | Mapping):
         return not column_data or not isinstance(next(iter(column_data)), tuple)
     return True
 

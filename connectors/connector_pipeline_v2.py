@@ -66,8 +66,9 @@ class ConnectorPipelineV2(ConnectorV2):
         **kwargs: Any,
     ) -> dict[str, Any]:
         shared_data = {} if shared_data is None else shared_data
+        timed = metrics is not None
         for connector in self.connectors:
-            start = time.perf_counter()
+            start = time.perf_counter() if timed else 0.0
             batch = connector(
                 rl_module=rl_module,
                 batch=batch,
@@ -77,7 +78,7 @@ class ConnectorPipelineV2(ConnectorV2):
                 metrics=metrics,
                 **kwargs,
             )
-            if metrics is not None:
+            if timed:
                 metrics[connector.name] = metrics.get(connector.name, 0.0) + time.perf_counter() - start
             if not isinstance(batch, dict):
                 raise TypeError(f"{connector.name} returned {type(batch).__name__}, not the batch dict")

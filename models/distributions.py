@@ -5,7 +5,6 @@ inference server's hot path, where torch.distributions' argument handling costs 
 """
 
 import abc
-import functools
 import math
 
 import torch
@@ -66,10 +65,14 @@ class Categorical(Distribution):
 
     def __init__(self, logits: torch.Tensor) -> None:
         self.logits = logits
+        self._log_probs: torch.Tensor | None = None
 
-    @functools.cached_property
+    @property
     def log_probs(self) -> torch.Tensor:
-        return self.logits.log_softmax(-1)
+        """log_softmax(logits), computed once (a plain attribute: functools.cached_property takes a lock)."""
+        if self._log_probs is None:
+            self._log_probs = self.logits.log_softmax(-1)
+        return self._log_probs
 
     def sample(self) -> torch.Tensor:
         # Gumbel-max: argmax(logits + Gumbel noise), with Gumbel = -log(Exponential(1)). About 5x
@@ -77,7 +80,8 @@ class Categorical(Distribution):
         return (self.logits - torch.empty_like(self.logits).exponential_().log()).argmax(-1)
 
     def logp(self, actions: torch.Tensor) -> torch.Tensor:
-        return self.log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        index = actions if actions.dtype == torch.int64 else actions.long()
+        return self.log_probs.gather(-1, index.unsqueeze(-1)).squeeze(-1)
 
     def entropy(self) -> torch.Tensor:
         log_probs = self.log_probs.clamp(min=_MIN_LOG)  # 0 * log(0) must give 0, not NaN

@@ -25,7 +25,7 @@ def to_tensor(value: Any, device: torch.device | str = "cpu") -> torch.Tensor:
         value = torch.from_numpy(array if array.flags.writeable else array.copy())
     if value.dtype == torch.float64:
         value = value.float()
-    return value.to(device)
+    return value if value.device == device else value.to(device)
 
 
 class NumpyToTensor(ConnectorV2):

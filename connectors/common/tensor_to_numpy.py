@@ -38,7 +38,7 @@ def _to_numpy(leaf: Any) -> Any:
     if isinstance(leaf, torch.Tensor):
         if not leaf.ndim:
             return leaf.item()
-        leaf = leaf.detach().cpu().numpy()
+        leaf = leaf.numpy(force=True)  # detach and copy to the CPU in one call
     if isinstance(leaf, np.ndarray):
         reduced = _REDUCED.get(leaf.dtype)
         if reduced is not None:

@@ -11,7 +11,7 @@ from rlgate.connectors.batching import is_batched
 from rlgate.connectors.connector_v2 import ConnectorV2
 from rlgate.core.columns import Columns
 from rlgate.core.spaces import space_struct
-from rlgate.core.tree import map_structure
+from rlgate.core.tree import flatten, map_structure
 
 if TYPE_CHECKING:
     from rlgate.episodes import SingleAgentEpisode
@@ -64,6 +64,8 @@ class NormalizeAndClipActions(ConnectorV2):
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.normalize_actions = normalize_actions
         self.clip_actions = clip_actions
+        self._box_checked_for: gym.Space | None = None
+        self._box = True
 
     def __call__(
         self,
@@ -77,7 +79,7 @@ class NormalizeAndClipActions(ConnectorV2):
         **kwargs: Any,
     ) -> dict[str, Any]:
         actions = batch[Columns.ACTIONS]
-        if not (self.normalize_actions or self.clip_actions):
+        if not (self.normalize_actions or self.clip_actions) or not self._has_box():
             batch[Columns.ACTIONS_FOR_ENV] = actions
         elif is_batched(actions):
             batch[Columns.ACTIONS_FOR_ENV] = self._for_env(actions)
@@ -86,6 +88,14 @@ class NormalizeAndClipActions(ConnectorV2):
                 key: [self._for_env(action) for action in items] for key, items in actions.items()
             }
         return batch
+
+    def _has_box(self) -> bool:
+        """Whether the action space has a Box leaf (only those are unsquashed or clipped); kept per space."""
+        space = self.action_space
+        if space is not self._box_checked_for:
+            self._box_checked_for = space
+            self._box = any(isinstance(leaf, gym.spaces.Box) for leaf in flatten(space_struct(space)))
+        return self._box
 
     def _for_env(self, action: Any) -> Any:
         if self.normalize_actions:
