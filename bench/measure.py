@@ -19,12 +19,11 @@ import numpy as np
 
 from rlgate.bench import profile
 from rlgate.bench.procs import Child, LoadProcess, ServerProcess
+from rlgate.server.metrics import STAGES  # rlgate_stage_seconds_total{stage=...}: CPU time of the thread
 
 # Sleeps through a measuring window of this many seconds; may return figures it watched meanwhile.
 Watch = Callable[[float], dict[str, Any]]
 
-# rlgate's timed stages (`rlgate_stage_seconds_total{stage=...}`, CPU time of the thread), in hot-path order.
-STAGES = ("decode", "append", "env_to_module", "forward", "module_to_env", "encode")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlgate.bench.measure import STAGES
+from rlgate.server.metrics import STAGES
 
 Record = dict[str, Any]
 

@@ -3,12 +3,14 @@
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # Latency buckets from 50 us to 1 s: a forward pass on CPU is ~0.1-10 ms, a round trip ~0.2-50 ms.
 _LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+# The server's timed stages, in hot-path order.
+STAGES = ("decode", "append", "env_to_module", "forward", "module_to_env", "encode")
 
 
 class ServerMetrics:
@@ -38,12 +40,11 @@ class ServerMetrics:
         )
         self.episodes = Counter("rlgate_episodes", "Episode chunks shipped, by how they ended.", ["end"], registry=r)
         self.model_version = Gauge("rlgate_model_version", "Version of the model answering requests.", registry=r)
-        self.stage_seconds = Counter(
-            "rlgate_stage_seconds",
-            "Server CPU time per stage (decode, append, env_to_module, forward, module_to_env, encode).",
-            ["stage"],
-            registry=r,
-        )
+        # Added to per message and per batch on the hot path: plain floats (a prometheus Counter's inc() is
+        # four Python calls and a lock), exported as the counter rlgate_stage_seconds_total{stage}. Each stage
+        # is added to by one thread only (the event loop, or the batches' thread).
+        self.stage_seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        r.register(_StageSeconds(self.stage_seconds))
         self.spool_batches = Gauge(
             "rlgate_spool_batches", "Episode batches in the spool, not yet acknowledged by the learner.", registry=r
         )
@@ -75,6 +76,21 @@ class ServerMetrics:
     def report_pause(self, reason: Callable[[], str | None]) -> None:
         """Export rlgate_paused{reason=...}: 1 with `reason()` while sampling is paused, else 0."""
         self.registry.register(_Paused(reason))
+
+
+class _StageSeconds(Collector):
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self._seconds = seconds
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "rlgate_stage_seconds",
+            "Server CPU time per stage (decode, append, env_to_module, forward, module_to_env, encode).",
+            labels=["stage"],
+        )
+        for stage, seconds in list(self._seconds.items()):
+            family.add_metric([stage], seconds)
+        yield family
 
 
 class _Paused(Collector):

@@ -47,9 +47,7 @@ class Policy:
         self.action_space = action_space
         self.version = version
         self._metrics = metrics
-        self._stage = {
-            name: metrics.stage_seconds.labels(name) for name in ("env_to_module", "forward", "module_to_env")
-        }
+        self._stage_seconds = metrics.stage_seconds
         metrics.model_version.set(version)
 
     @classmethod
@@ -119,9 +117,10 @@ class Policy:
             )
             outputs[Columns.MODEL_VERSION] = np.full(len(episodes), self.version, dtype=np.int64)
             t3 = time.thread_time()
-        self._stage["env_to_module"].inc(t1 - t0)
-        self._stage["forward"].inc(t2 - t1)
-        self._stage["module_to_env"].inc(t3 - t2)
+        stage_seconds = self._stage_seconds
+        stage_seconds["env_to_module"] += t1 - t0
+        stage_seconds["forward"] += t2 - t1
+        stage_seconds["module_to_env"] += t3 - t2
         return outputs
 
     def set_weights(self, version: int, weights: bytes, connector_state: dict[str, Any] | None = None) -> None:

@@ -61,7 +61,7 @@ class PolicyService:
         self.draining = False
         self._get_policy = get_policy
         self._ship = ship
-        self._stage = {name: metrics.stage_seconds.labels(name) for name in ("decode", "append", "encode")}
+        self._stage_seconds = metrics.stage_seconds
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Requests arrive as raw bytes so that malformed ones get INVALID_ARGUMENT, not INTERNAL."""
@@ -201,9 +201,10 @@ class PolicyService:
                 model_version=int(outputs[Columns.MODEL_VERSION][0]),
             )
         )
-        self._stage["decode"].inc(decoded - arrived_cpu)
-        self._stage["append"].inc(appended - decoded)
-        self._stage["encode"].inc(time.thread_time() - computed)
+        stage_seconds = self._stage_seconds
+        stage_seconds["decode"] += decoded - arrived_cpu
+        stage_seconds["append"] += appended - decoded
+        stage_seconds["encode"] += time.thread_time() - computed
         self.metrics.env_steps.inc(steps)
         self.env_steps += steps
         return reply
