@@ -18,7 +18,9 @@ from rlgate.bench.main import SERVE
 from rlgate.bench.measure import Load, Timing, under_load
 from rlgate.bench.procs import ServerProcess, split_cores
 
-FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step")
+FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step", "policy_us_per_step")
+# The batch stages together (the server's own counters): env_to_module + forward + module_to_env.
+POLICY_STAGES = ("env_to_module", "forward", "module_to_env")
 
 
 def compare(checkouts: dict[str, Path], loads: list[Load], rounds: int, timing: Timing) -> dict[Load, dict]:
@@ -37,6 +39,7 @@ def compare(checkouts: dict[str, Path], loads: list[Load], rounds: int, timing: 
             for load in loads:
                 for name in list(servers) if r % 2 == 0 else list(servers)[::-1]:
                     measured = under_load(servers[name], load, timing, client_cores, logs)
+                    measured["policy_us_per_step"] = sum(measured["stages_us"][s] for s in POLICY_STAGES)
                     for figure in FIGURES:
                         results[load][name][figure].append(measured[figure])
                     figures = ", ".join(f"{f} {measured[f]:,.{3 if f.endswith('_ms') else 0}f}" for f in FIGURES)
