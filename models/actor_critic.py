@@ -42,13 +42,17 @@ class ActorCriticModule(RLModule):
         head = (self.encoder.out_dim, model_config.head_fcnet_hiddens, model_config.head_fcnet_activation)
         self.pi = MLP(*head, out_dim=num_logits // 2 if free_log_std else num_logits, out_gain=0.01)
         self.vf = MLP(*head, out_dim=1, out_gain=1.0)
+        # Plain references for the sampling forward: reading a submodule as `self.encoder` is a failed
+        # attribute lookup then nn.Module.__getattr__ (an exception raised and caught) per call.
+        self._sampling = (self.encoder, self.pi)
         if not model_config.ortho_init:
             for layer in self.modules():
                 if isinstance(layer, nn.Linear | nn.Conv2d | nn.LSTM | nn.LSTMCell):
                     layer.reset_parameters()
 
     def _action_dist_inputs(self, features: torch.Tensor) -> torch.Tensor:
-        logits = self.pi(features)
+        _, pi = self._sampling
+        logits = pi(features)
         if not self._gaussian:
             return logits
         if self.log_std is None:
@@ -59,10 +63,11 @@ class ActorCriticModule(RLModule):
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Sampling: the policy head only (RLlib's DefaultPPOTorchRLModule._forward)."""
+        encoder, _ = self._sampling
         if self._stateful:
-            features, state_out = self.encoder(batch[Columns.OBS], batch[Columns.STATE_IN])
+            features, state_out = encoder(batch[Columns.OBS], batch[Columns.STATE_IN])
             return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features), Columns.STATE_OUT: state_out}
-        return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(self.encoder(batch[Columns.OBS]))}
+        return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(encoder(batch[Columns.OBS]))}
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Training: the policy head and, from the same encoder pass when shared, the value head."""

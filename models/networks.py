@@ -53,13 +53,22 @@ class MLP(nn.Module):
         self.out = None if out_dim is None else _init(nn.Linear(dims[-1], out_dim), out_gain)
         self.out_dim = dims[-1] if out_dim is None else out_dim
         self._act = _ACTIVATIONS[activation]
+        # The layers as a plain list, read through their `_parameters` dicts: `layer.weight` is a failed
+        # attribute lookup then nn.Module.__getattr__ (an exception raised and caught), per parameter and
+        # call, which cost more than the matmuls at batch 1. Parameters replaced (load_state_dict with
+        # assign=True) are still read from the module.
+        self._linears = [*self.hidden, *([] if self.out is None else [self.out])]
+        self._activated = len(self.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
-        for layer in self.hidden:
-            x = self._act(F.linear(x, layer.weight, layer.bias))
-        if self.out is not None:
-            x = F.linear(x, self.out.weight, self.out.bias)
+        if x.dtype != torch.float32:
+            x = x.float()
+        act = self._act
+        for i, layer in enumerate(self._linears):
+            params = layer._parameters
+            x = F.linear(x, params["weight"], params["bias"])
+            if i < self._activated:
+                x = act(x)
         return x
 
 
