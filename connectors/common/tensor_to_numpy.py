@@ -22,6 +22,8 @@ def to_numpy(struct: Any) -> Any:
     types, unsigned ones and bool keep their dtype. RLlib uses it where rlgate does: TensorToNumpy, the
     initial states of AddStatesFromEpisodesToBatch and GAE's value predictions.
     """
+    if isinstance(struct, torch.Tensor):  # the usual column: spares map_structure's Mapping (ABC) check
+        return _to_numpy(struct)
     return map_structure(_to_numpy, struct)
 
 
