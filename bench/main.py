@@ -34,13 +34,14 @@ from rlgate.bench.procs import Child, ServerProcess, host_busy_seconds, own_seco
 SERVE_FED = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
 SERVE = [*SERVE_FED, "--env", "CartPole-v1"]
 FLOOR = ["--host", "127.0.0.1", "--port", "0"]
-# The transport floor runs at the points the goals are set for (clients, envs per message).
-TRANSPORT_POINTS = {(clients, envs) for _, _, clients, envs, *_ in report.GOALS}
+# The transport floor runs at the points issue 21's goals are set for (clients, envs per message).
+TRANSPORT_POINTS = {(1, 1), (64, 1), (16, 32)}
 TRANSPORT = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step")
 B3_CLIENTS = 16
 B7_LOAD = (16, 32)
 # Figures every B1-B3 record carries, from rlgate's measurement.
 FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "p999_ms", "mean_batch", "server_cpu_us_per_step", "client_cpu")
+FIGURES += ("server_cpu", "client_cpu_peak", "limited_by")
 # Figures of the B7 record, from bench.handoff.
 HAND_OFF = ("shipped_per_s", "episodes_per_s", "bytes_per_s", "max_spool_bytes", "spool_limit_bytes", "unacked_batches")
 HAND_OFF += ("chunks", "steps_lost")
@@ -169,6 +170,9 @@ def _records(
             "floor_p999_ms": floor["p999_ms"],
             "floor_server_cpu_us_per_step": floor["server_cpu_us_per_step"],
             "floor_client_cpu": floor["client_cpu"],
+            "floor_client_cpu_peak": floor["client_cpu_peak"],
+            "floor_server_cpu": floor["server_cpu"],
+            "floor_limited_by": floor["limited_by"],
             "inprocess_env_steps_per_s": floors[load.clients * load.envs]["env_steps_per_s"],
         }
         if ("transport", load) in measured:

@@ -25,7 +25,6 @@ from rlgate.server.metrics import STAGES  # rlgate_stage_seconds_total{stage=...
 Watch = Callable[[float], dict[str, Any]]
 
 
-
 @dataclass(frozen=True)
 class Load:
     """`clients` env clients with `envs` sub-envs each (rows per message)."""
@@ -82,6 +81,22 @@ def server_figures(before: dict[str, float], after: dict[str, float], cpu_s: flo
     return result
 
 
+# A process using this share of its core (or more) in some window saturates it: that side set the pace.
+SATURATED = 0.9
+
+
+def limited_by(server_cpu: float, client_cpu_peak: float) -> str:
+    """Which side limited a point: "load" when a load process used >= SATURATED of its core in some window
+    (the steps/s are then the clients', not the server's: compare server CPU per env step instead), else
+    "server" when the server did, else "round trip" (neither saturated: each client waits for its answers).
+    """
+    if client_cpu_peak >= SATURATED:
+        return "load"
+    if server_cpu >= SATURATED:
+        return "server"
+    return "round trip"
+
+
 def medians(windows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per figure, the median over windows (nested dicts figure by figure)."""
     first = windows[0]
@@ -109,8 +124,9 @@ def under_load(
     watch: Watch = sleep,
     py_spy: str | None = None,
 ) -> dict[str, Any]:
-    """Run `load` against `server`: warm up, measure `timing.repeats` windows; the medians, and the env
-    steps the clients had answered when they stopped (`total_steps`).
+    """Run `load` against `server`: warm up, measure `timing.repeats` windows; the medians, the busiest
+    load process's share of its core in the busiest window (`client_cpu_peak`), which side limited the
+    point (`limited_by`), and the env steps the clients had answered when they stopped (`total_steps`).
 
     With `py_spy`, one more window is sampled (server and one client process) into `logs`/profiles and
     summarised under `profile`; its figures are not among the medians.
@@ -127,7 +143,10 @@ def under_load(
             if loader.read_line().strip() != "ready":
                 raise loader.failure("load generator did not get ready")
         time.sleep(timing.warmup_s)
-        result = medians([_window(server, loaders, timing.window_s, watch) for _ in range(timing.repeats)])
+        windows = [_window(server, loaders, timing.window_s, watch) for _ in range(timing.repeats)]
+        result = medians(windows)
+        result["client_cpu_peak"] = max(w["client_cpu"] for w in windows)
+        result["limited_by"] = limited_by(result["server_cpu"], result["client_cpu_peak"])
         if py_spy is not None:
             result["profile"] = _profile(server, loaders, timing.window_s, py_spy, logs / "profiles")
         for loader in loaders:
@@ -154,6 +173,7 @@ def _window(server: ServerProcess, loaders: list[LoadProcess], window_s: float, 
         **figures(steps, seconds, [us for r in reports for us in r["latency_us"]]),
         **server_figures(before, after, cpu_after - cpu_before, steps),
         "client_cpu": max(r["cpu_s"] / r["seconds"] for r in reports),
+        "server_cpu": (cpu_after - cpu_before) / seconds,
         **watched,
     }
 

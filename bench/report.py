@@ -21,17 +21,34 @@ GOALS: tuple[tuple[str, str, int, int, Callable[[Record], float], str, float], .
     ("B3 E=32 x bare floor", "B3", 16, 32, lambda r: r["env_steps_per_s"] / r["floor_env_steps_per_s"], ">=", 0.5),
     ("B4 non-forward CPU at 1 env/msg (K=64), us/step", "B4", 64, 1, lambda r: non_forward(r), "<=", 50),
     ("B4 non-forward CPU at 32 envs/msg, us/step", "B4", 16, 32, lambda r: non_forward(r), "<=", 3),
+    # Server CPU per env step against the floors', the ratio that holds whichever side set the pace.
+    ("B1 server CPU/step x bare floor", "B1", 1, 1, lambda r: cpu_ratio(r, "floor"), "<=", 1.2),
+    ("B1 server CPU/step x transport floor", "B1", 1, 1, lambda r: cpu_ratio(r, "transport"), "<=", 2),
+    ("B2 K=64 server CPU/step x bare floor", "B2", 64, 1, lambda r: cpu_ratio(r, "floor"), "<=", 1.2),
+    ("B3 E=32 server CPU/step x bare floor", "B3", 16, 32, lambda r: cpu_ratio(r, "floor"), "<=", 1.2),
+    ("B3 E=128 server CPU/step x bare floor", "B3", 16, 128, lambda r: cpu_ratio(r, "floor"), "<=", 1.2),
 )
 
 
-# rlgate's figures shown as ratios to the bare floor's (rlgate / floor): column name -> record key.
+# rlgate's figures shown as ratios to the bare floor's (rlgate / floor): column name -> record key. Server
+# CPU per env step first: it holds whichever side limited a point, while steps/s compares the clients'
+# pace when the load is what limited (`limited_by`).
 RATIOS = {
+    "cpu/step": "server_cpu_us_per_step",
     "steps/s": "env_steps_per_s",
     "p50": "p50_ms",
     "p99": "p99_ms",
     "p99.9": "p999_ms",
-    "cpu/step": "server_cpu_us_per_step",
 }
+LIMITS = (
+    "limited by: server = its core >= 0.9 busy; load = a load process >= 0.9 of its core in some window (the "
+    "steps/s are then the clients' pace, not the server's: read x cpu/step); round trip = neither saturated"
+)
+
+
+def cpu_ratio(record: Record, floor: str) -> float:
+    """rlgate's server CPU per env step over that of a floor ("floor": the bare one, or "transport")."""
+    return record["server_cpu_us_per_step"] / record[f"{floor}_server_cpu_us_per_step"]
 
 
 def non_forward(record: Record) -> float:
@@ -57,20 +74,22 @@ def render(records: list[Record]) -> str:
     by_scenario = {s: [r for r in records if r["scenario"] == s] for s in ("B1", "B2", "B3", "B4", "B7")}
     loads = [r for s in ("B1", "B2", "B3") for r in by_scenario[s]]
     throughput = table(
-        ["rlgate", "clients", "envs/msg", "steps/s", "p50 ms", "p99 ms", "p99.9 ms", "batch", "cpu us/step",
-         "client cpu"],
+        ["rlgate", "clients", "envs/msg", "cpu us/step", "steps/s", "p50 ms", "p99 ms", "p99.9 ms", "batch",
+         "server cpu", "client cpu", "limited by"],
         [
-            [r["scenario"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["p50_ms"], r["p99_ms"],
-             r["p999_ms"], r["mean_batch"], r["server_cpu_us_per_step"], r["client_cpu"]]
+            [r["scenario"], r["clients"], r["envs_per_message"], r["server_cpu_us_per_step"], r["env_steps_per_s"],
+             r["p50_ms"], r["p99_ms"], r["p999_ms"], r["mean_batch"], r["server_cpu"], r["client_cpu_peak"],
+             r["limited_by"]]
             for r in loads
         ],
     )  # fmt: skip
     floors = table(
-        ["floors", "clients", "envs/msg", "bare steps/s", "p50 ms", "p99 ms", "p99.9 ms", "cpu us/step", "client cpu",
-         *(f"x {figure}" for figure in RATIOS), "in-proc steps/s", "x in-proc"],
+        ["floors", "clients", "envs/msg", "cpu us/step", "bare steps/s", "p50 ms", "p99 ms", "p99.9 ms", "server cpu",
+         "client cpu", "limited by", *(f"x {figure}" for figure in RATIOS), "in-proc steps/s", "x in-proc"],
         [
-            [r["scenario"], r["clients"], r["envs_per_message"], r["floor_env_steps_per_s"], r["floor_p50_ms"],
-             r["floor_p99_ms"], r["floor_p999_ms"], r["floor_server_cpu_us_per_step"], r["floor_client_cpu"],
+            [r["scenario"], r["clients"], r["envs_per_message"], r["floor_server_cpu_us_per_step"],
+             r["floor_env_steps_per_s"], r["floor_p50_ms"], r["floor_p99_ms"], r["floor_p999_ms"],
+             r["floor_server_cpu"], r["floor_client_cpu_peak"], r["floor_limited_by"],
              *(r[key] / r[f"floor_{key}"] for key in RATIOS.values()), r["inprocess_env_steps_per_s"],
              r["env_steps_per_s"] / r["inprocess_env_steps_per_s"]]
             for r in loads
@@ -100,7 +119,7 @@ def render(records: list[Record]) -> str:
         f"(x{r['p50_ms'] / r['no_wait_p50_ms']:.2f} at p50)"
         for r in by_scenario["B1"]
     ]
-    return "\n\n".join([throughput, floors, *lone, stages, hand_off, goals(records)])
+    return "\n\n".join([throughput, floors, LIMITS, *lone, stages, hand_off, goals(records)])
 
 
 def goals(records: list[Record]) -> str:

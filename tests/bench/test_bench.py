@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 STAGES = {"decode", "append", "env_to_module", "forward", "module_to_env", "encode"}
+LIMITS = {"server", "load", "round trip"}
 POSITIVE = ("env_steps_per_s", "p50_ms", "p99_ms", "mean_batch", "server_cpu_us_per_step", "floor_env_steps_per_s")
 
 
@@ -65,6 +66,11 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
         for figure in POSITIVE:
             assert record[figure] > 0, (figure, record)
         assert record["p99_ms"] >= record["p50_ms"], record
+        # Which side set the pace is named, from the processes' shares of their cores.
+        assert record["limited_by"] in LIMITS and 0 < record["server_cpu"] < 1.5, record
+        if record["scenario"] != "B7":
+            assert record["floor_limited_by"] in LIMITS and 0 < record["floor_server_cpu"] < 1.5, record
+    assert "limited by: server" in stdout
     # The transport floor (gRPC and protobuf alone) ran at the goals' points.
     for record in (r for r in records if (r["clients"], r["envs_per_message"]) in {(1, 1), (64, 1), (16, 32)}):
         if record["scenario"] != "B7":
