@@ -1,6 +1,7 @@
-"""Episodes as RLlib 2.60 defines them (SingleAgentEpisode, InfiniteLookbackBuffer), and their wire codec."""
+"""Episodes as RLlib 2.60 defines them (SingleAgentEpisode, MultiAgentEpisode, InfiniteLookbackBuffer), and their wire codec."""
 
 from rlgate.episodes.infinite_lookback_buffer import InfiniteLookbackBuffer
+from rlgate.episodes.multi_agent_episode import MultiAgentEpisode
 from rlgate.episodes.single_agent_episode import SingleAgentEpisode
 
-__all__ = ["InfiniteLookbackBuffer", "SingleAgentEpisode"]
+__all__ = ["InfiniteLookbackBuffer", "MultiAgentEpisode", "SingleAgentEpisode"]

@@ -1,0 +1,814 @@
+"""MultiAgentEpisode: one multi-agent env episode as one SingleAgentEpisode per agent, as RLlib 2.60 defines it.
+
+Agents act at different times (turn-based games, agents that join late or leave early). The env clock
+counts `env.reset()` as env step 0 and every `env.step()` as one more; each agent has its own clock (its
+SingleAgentEpisode's steps). `env_t_to_agent_t[agent]` maps env steps to that agent's steps, with
+`SKIP_ENV_TS_TAG` ("S") where the agent did not observe. An agent that acted but has not observed since
+has a "hanging" action (with its extra model outputs and the rewards it received meanwhile): its step
+completes, rewards summed into it, when its next observation arrives, or with a copy of its last
+observation when it is terminated without one (RLlib's "CASE 1-4" in `add_env_step`).
+
+Getters take env-step indices (`env_steps=True`, the default: only agents that observed at an index
+answer, unless `fill` is given) or agent-step indices (`env_steps=False`), with the lookback and `fill`
+semantics of `InfiniteLookbackBuffer`; actions, rewards and extra model outputs include the hanging ones.
+
+Deliberate differences from RLlib 2.60, where it loses data or contradicts itself:
+- `cut()` keeps an agent with a hanging action: its successor chunk starts at the agent's last
+  observation with the hanging action, outputs and rewards, so the pending step completes in the
+  successor (RLlib drops the step and restarts the agent as if it had just appeared). Each agent's
+  successor SingleAgentEpisode keeps its id and takes `chunk_index + 1`.
+- `get_truncateds()["__all__"]` is `is_truncated` (RLlib reports `is_terminated` there).
+- With `env_steps=False` the hanging value counts for every index form (RLlib drops it for indices=None).
+- The constructor takes no per-env-step lists (build episodes with `add_env_reset` / `add_env_step`, or
+  from agent episodes); `slice()` works per agent on env-step boundaries (see its docstring).
+- Precondition failures raise `MultiAgentEnvError` (a ValueError) or RuntimeError, not AssertionError.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Collection
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from rlgate.core.tree import batch, map_structure
+from rlgate.episodes.infinite_lookback_buffer import Indices, InfiniteLookbackBuffer
+from rlgate.episodes.single_agent_episode import SingleAgentEpisode
+
+ALL = "__all__"
+DEFAULT_MODULE_ID = "default_policy"
+
+AgentID = Any
+ModuleID = str
+MappingFn = Callable[[AgentID, "MultiAgentEpisode"], ModuleID]
+
+
+class MultiAgentEnvError(ValueError):
+    """A multi-agent env step that breaks the episode's rules (e.g. data for an agent that is done)."""
+
+
+def default_agent_to_module_mapping_fn(agent_id: AgentID, episode: MultiAgentEpisode) -> ModuleID:
+    """RLlib's default mapping: every agent acts with the one shared module, "default_policy"."""
+    return DEFAULT_MODULE_ID
+
+
+class MultiAgentEpisode:
+    """A (chunk of a) multi-agent episode: per-agent SingleAgentEpisodes on one env clock."""
+
+    SKIP_ENV_TS_TAG = "S"
+
+    def __init__(
+        self,
+        id_: str | None = None,
+        *,
+        observation_space: gym.spaces.Dict | dict | None = None,
+        action_space: gym.spaces.Dict | dict | None = None,
+        env_t_started: int | None = None,
+        agent_episodes: dict[AgentID, SingleAgentEpisode] | None = None,
+        agent_module_ids: dict[AgentID, ModuleID] | None = None,
+        agent_to_module_mapping_fn: MappingFn | None = None,
+    ) -> None:
+        """An empty episode (call `add_env_reset`), or one continuing at `env_t_started`.
+
+        `agent_module_ids` fixes modules of agents up front; other agents are mapped by
+        `agent_to_module_mapping_fn(agent_id, episode)` (default: all to "default_policy") when they first
+        appear, and keep that module for the whole episode.
+        """
+        self.id_ = id_ or uuid.uuid4().hex
+        self.agent_to_module_mapping_fn = agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
+        self._agent_to_module_mapping: dict[AgentID, ModuleID] = dict(agent_module_ids or {})
+        self.observation_space = observation_space or {}
+        self.action_space = action_space or {}
+        self.env_t_started = env_t_started or 0
+        self.env_t = self.env_t_started
+        self.agent_t_started: dict[AgentID, int] = defaultdict(int)
+        self.env_t_to_agent_t: dict[AgentID, InfiniteLookbackBuffer] = {}
+        self._hanging_actions_end: dict[AgentID, Any] = {}
+        self._hanging_extra_model_outputs_end: dict[AgentID, dict] = defaultdict(dict)
+        self._hanging_rewards_end: dict[AgentID, float] = defaultdict(float)
+        self._hanging_rewards_begin: dict[AgentID, float] = defaultdict(float)
+        self.is_terminated = False
+        self.is_truncated = False
+        self.agent_episodes: dict[AgentID, SingleAgentEpisode] = dict(agent_episodes or {})
+        for agent_id, episode in self.agent_episodes.items():
+            self._agent_to_module_mapping.setdefault(agent_id, episode.module_id)
+            self.agent_t_started[agent_id] = episode.t_started
+        self.custom_data: dict[str, Any] = {}
+        self._start_time: float | None = None
+        self._last_step_time: float | None = None
+
+    # --- building -----------------------------------------------------------------------------------
+
+    def add_env_reset(self, *, observations: dict[AgentID, Any], infos: dict[AgentID, dict] | None = None) -> None:
+        """Record `env.reset()`: the agents in `observations` start their episodes (env step 0)."""
+        if self.is_done or self.env_t != 0 or self.env_t_started != 0 or self.is_reset:
+            raise RuntimeError(f"add_env_reset() needs a fresh episode; {self!r} already has data")
+        infos = infos or {}
+        for agent_id, observation in observations.items():
+            self.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer([0])
+            self.agent_episodes[agent_id] = self._new_agent_episode(agent_id)
+            self.agent_episodes[agent_id].add_env_reset(observation, infos.get(agent_id))
+        self._start_time = time.perf_counter()
+
+    def add_env_step(
+        self,
+        observations: dict[AgentID, Any],
+        actions: dict[AgentID, Any],
+        rewards: dict[AgentID, float],
+        infos: dict[AgentID, dict] | None = None,
+        *,
+        terminateds: dict[AgentID, bool] | None = None,
+        truncateds: dict[AgentID, bool] | None = None,
+        extra_model_outputs: dict[AgentID, dict] | None = None,
+    ) -> None:
+        """Record one `env.step()`: the actions the agents took (those that observed last time), then the
+        env's observations (agents that act next), rewards (any agent), infos and done flags (per agent
+        and `"__all__"`). Raises MultiAgentEnvError for data that breaks the rules."""
+        if self.is_done:
+            raise MultiAgentEnvError(f"episode {self.id_} is done: add_env_step() cannot continue it")
+        infos, extra_model_outputs = infos or {}, extra_model_outputs or {}
+        terminateds, truncateds = terminateds or {}, truncateds or {}
+        self.env_t += 1
+        self.is_terminated = bool(terminateds.get(ALL, False))
+        self.is_truncated = bool(truncateds.get(ALL, False))
+        done = {a for a, e in self.agent_episodes.items() if e.is_done}
+        done |= {a for a, flag in {**terminateds, **truncateds}.items() if flag and a != ALL}
+        if self.agent_episodes and all(a in done for a in self.agent_episodes):
+            self.is_terminated = True  # RLlib: all agents done, some terminated and some truncated
+
+        for agent_id, mapping in self.env_t_to_agent_t.items():
+            if agent_id not in observations:
+                mapping.append(self.SKIP_ENV_TS_TAG)
+        everyone = set(self.agent_episodes) if self.is_done else set()
+        with_data = set(observations) | set(actions) | set(rewards) | set(terminateds) | set(truncateds) | everyone
+        for agent_id in sorted(with_data - {ALL}, key=str):
+            self._add_agent_step(
+                agent_id,
+                observations,
+                actions,
+                rewards,
+                infos.get(agent_id),
+                bool(terminateds.get(agent_id, False)) or self.is_terminated,
+                bool(truncateds.get(agent_id, False)) or self.is_truncated,
+                extra_model_outputs.get(agent_id),
+            )
+        self._last_step_time = time.perf_counter()
+        if self._start_time is None:
+            self._start_time = self._last_step_time
+
+    def _add_agent_step(
+        self,
+        agent_id: AgentID,
+        observations: dict,
+        actions: dict,
+        rewards: dict,
+        info: dict | None,
+        terminated: bool,
+        truncated: bool,
+        outputs: dict | None,
+    ) -> None:
+        """One agent's part of `add_env_step` (RLlib's four cases)."""
+        episode = self.agent_episodes.get(agent_id)
+        observation, action, reward = observations.get(agent_id), actions.get(agent_id), rewards.get(agent_id)
+        if episode is not None and episode.is_done:
+            if any(v is not None for v in (observation, action, reward, info, outputs)):
+                raise MultiAgentEnvError(f"agent {agent_id!r} is done but got data in a later step")
+            return
+        reward = float(reward or 0.0)
+        if observation is not None and action is not None:  # case 1: a whole step in one env step
+            if episode is None:
+                raise MultiAgentEnvError(f"agent {agent_id!r} acted before it ever observed")
+            if agent_id not in rewards:
+                raise MultiAgentEnvError(f"agent {agent_id!r} acted and observed again but got no reward")
+        elif observation is not None:  # case 2: completes a hanging action, or the agent's first observation
+            action = self._hanging_actions_end.pop(agent_id, None)
+            if action is not None:
+                outputs = self._hanging_extra_model_outputs_end.pop(agent_id, None)
+                reward += self._hanging_rewards_end.pop(agent_id, 0.0)
+            else:
+                if terminated or truncated:  # appears and leaves at once: never part of the episode
+                    self._del_hanging(agent_id)
+                    return
+                if episode is not None:
+                    raise MultiAgentEnvError(f"agent {agent_id!r} observed twice without acting in between")
+                self._join(agent_id, observation, info)
+                self._hanging_rewards_begin[agent_id] += reward
+                return
+        elif action is not None:  # case 3: acted, no next observation yet
+            if episode is None:
+                raise MultiAgentEnvError(f"agent {agent_id!r} acted before it ever observed")
+            if truncated:
+                raise MultiAgentEnvError(
+                    f"agent {agent_id!r} acted and was truncated without a last observation (needed to bootstrap)"
+                )
+            if terminated:
+                observation, info = episode.get_observations(-1), episode.get_infos(-1)
+            else:
+                self._hanging_actions_end[agent_id] = action
+                self._hanging_rewards_end[agent_id] = reward
+                self._hanging_extra_model_outputs_end[agent_id] = outputs or {}
+        else:  # case 4: only a reward and/or done flags
+            action = self._hanging_actions_end.get(agent_id)
+            if terminated or truncated:
+                if action is None:  # never acted: not part of this episode
+                    self._del_hanging(agent_id)
+                    return
+                if truncated:
+                    raise MultiAgentEnvError(
+                        f"agent {agent_id!r} acted and was truncated without a last observation (needed to bootstrap)"
+                    )
+                observation, info = episode.get_observations(-1), episode.get_infos(-1)
+                outputs = self._hanging_extra_model_outputs_end.pop(agent_id, None)
+                reward += self._hanging_rewards_end.pop(agent_id, 0.0)
+            elif episode is None:
+                self._hanging_rewards_begin[agent_id] += reward
+            else:
+                self._hanging_rewards_end[agent_id] += reward
+
+        if observation is not None:
+            episode.add_env_step(
+                observation,
+                action,
+                reward,
+                info,
+                terminated=terminated,
+                truncated=truncated,
+                extra_model_outputs=outputs or None,
+            )
+            self.env_t_to_agent_t[agent_id].append(episode.t)
+        if terminated or truncated:
+            self._del_hanging(agent_id)
+
+    def _join(self, agent_id: AgentID, observation: Any, info: dict | None) -> None:
+        """An agent's first observation, mid-episode: skip tags for every env step before this one."""
+        episode = self._new_agent_episode(agent_id)
+        episode.add_env_reset(observation, info)
+        mapping = InfiniteLookbackBuffer([self.SKIP_ENV_TS_TAG] * (self.env_t - self.env_t_started) + [0])
+        self.env_t_to_agent_t[agent_id] = mapping
+        self.agent_episodes[agent_id] = episode
+
+    def _new_agent_episode(self, agent_id: AgentID) -> SingleAgentEpisode:
+        return SingleAgentEpisode(
+            agent_id=agent_id,
+            module_id=self.module_for(agent_id),
+            multi_agent_episode_id=self.id_,
+            observation_space=_sub_space(self.observation_space, agent_id),
+            action_space=_sub_space(self.action_space, agent_id),
+        )
+
+    def validate(self) -> None:
+        """Validate every agent's episode (see `SingleAgentEpisode.validate`)."""
+        for episode in self.agent_episodes.values():
+            episode.validate()
+
+    def to_numpy(self) -> MultiAgentEpisode:
+        """Convert every agent's episode to numpy storage (`SingleAgentEpisode.to_numpy`). Returns self."""
+        for episode in self.agent_episodes.values():
+            episode.to_numpy()
+        return self
+
+    # --- chunks ---------------------------------------------------------------------------------------
+
+    def cut(self, len_lookback_buffer: int = 0) -> MultiAgentEpisode:
+        """Start the successor chunk (length 0, same id, `env_t_started = self.env_t`).
+
+        Every agent that is not done continues with its episode's `cut()` successor (same id, `chunk_index
+        + 1`): with up to `len_lookback_buffer` of its steps as lookback, or all steps taken within the last
+        `len_lookback_buffer` env steps, whichever are fewer; at least its last observation. Hanging
+        actions, outputs and rewards move into the successor, so pending steps complete there.
+        """
+        if self.is_done:
+            raise RuntimeError(f"episode {self.id_} is done: it has no successor")
+        if len_lookback_buffer < 0:
+            raise ValueError(f"len_lookback_buffer must be >= 0, got {len_lookback_buffer}")
+        successor = MultiAgentEpisode(
+            self.id_,
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+            env_t_started=self.env_t,
+            agent_module_ids=self._agent_to_module_mapping,
+            agent_to_module_mapping_fn=self.agent_to_module_mapping_fn,
+        )
+        for agent_id, episode in self.agent_episodes.items():
+            if episode.is_done:
+                continue
+            mapping = self.env_t_to_agent_t[agent_id]
+            recent = mapping.get(slice(-len_lookback_buffer - 1, None)) if len_lookback_buffer else [mapping.get(-1)]
+            agent_steps_in_window = sum(t != self.SKIP_ENV_TS_TAG for t in recent) - 1
+            lookback = min(len_lookback_buffer, max(agent_steps_in_window, 0))
+            sa = episode.cut(len_lookback_buffer=lookback)
+            successor.agent_episodes[agent_id] = sa
+            successor.agent_t_started[agent_id] = sa.t_started
+            successor.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(list(recent), lookback=len(recent) - 1)
+            if agent_id in self._hanging_actions_end:
+                successor._hanging_actions_end[agent_id] = copy.deepcopy(self._hanging_actions_end[agent_id])
+                successor._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
+                    self._hanging_extra_model_outputs_end[agent_id]
+                )
+            if agent_id in self._hanging_rewards_end:
+                successor._hanging_rewards_end[agent_id] = self._hanging_rewards_end[agent_id]
+        successor._hanging_rewards_begin.update(
+            {a: r for a, r in self._hanging_rewards_begin.items() if a not in self.agent_episodes}
+        )
+        successor.custom_data = copy.deepcopy(self.custom_data)
+        return successor
+
+    def concat_episode(self, other: MultiAgentEpisode) -> None:
+        """Append `other` (the chunk that continues this one: same id, `other.env_t_started == self.env_t`)."""
+        if other.id_ != self.id_:
+            raise ValueError(f"cannot concat episode {other.id_} to episode {self.id_}")
+        if self.is_done:
+            raise RuntimeError(f"episode {self.id_} is done: nothing can follow it")
+        if self.env_t != other.env_t_started:
+            raise ValueError(f"chunk starts at env_t={other.env_t_started}, this episode ends at env_t={self.env_t}")
+        for agent_id, theirs in other.agent_episodes.items():
+            mine = self.agent_episodes.get(agent_id)
+            tail = other.env_t_to_agent_t[agent_id].get()
+            if mine is None:
+                self.agent_episodes[agent_id] = theirs
+                self.agent_t_started[agent_id] = theirs.t_started
+                self._agent_to_module_mapping.setdefault(agent_id, theirs.module_id)
+                self.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(
+                    [self.SKIP_ENV_TS_TAG] * (self.env_t - self.env_t_started) + list(tail)
+                )
+            elif mine.is_done:
+                continue
+            else:
+                mine.concat_episode(theirs)
+                self.env_t_to_agent_t[agent_id].extend(list(tail[1:]))
+            for cache in ("_hanging_actions_end", "_hanging_extra_model_outputs_end", "_hanging_rewards_end"):
+                mine_cache, their_cache = getattr(self, cache), getattr(other, cache)
+                mine_cache.pop(agent_id, None)
+                if agent_id in their_cache:
+                    mine_cache[agent_id] = copy.deepcopy(their_cache[agent_id])
+        for agent_id, mapping in self.env_t_to_agent_t.items():  # agents absent from `other` skipped its steps
+            if agent_id not in other.agent_episodes and not self.agent_episodes[agent_id].is_done:
+                mapping.extend([self.SKIP_ENV_TS_TAG] * (other.env_t - other.env_t_started))
+        self.env_t = other.env_t
+        if other.is_terminated:
+            self.is_terminated = True
+        elif other.is_truncated:
+            self.is_truncated = True
+        self.custom_data.update(other.custom_data)
+
+    def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> MultiAgentEpisode:
+        """A new episode with env steps `slice_` of this one (step 1; indices exclude the lookback).
+
+        Each agent keeps its steps whose observations fall within the slice's env steps (a step that starts
+        inside the slice and ends after it becomes hanging, as in RLlib); `len_lookback_buffer` (default:
+        the agents' current lookback) applies to each agent's steps. Done flags are kept only for agents
+        whose episode ends inside the slice.
+        """
+        if slice_.step not in (None, 1):
+            raise NotImplementedError(f"episode slices need step 1, got {slice_.step}")
+        n = len(self)
+        start, stop, _ = slice_.indices(n)
+        sliced = MultiAgentEpisode(
+            self.id_,
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+            env_t_started=self.env_t_started + start,
+            agent_module_ids=self._agent_to_module_mapping,
+            agent_to_module_mapping_fn=self.agent_to_module_mapping_fn,
+        )
+        sliced.env_t = self.env_t_started + stop
+        for agent_id, episode in self.agent_episodes.items():
+            mapping = self.env_t_to_agent_t[agent_id]
+            steps = [t for t in mapping.get(slice(start, stop + 1), fill=self.SKIP_ENV_TS_TAG) if t != "S"]
+            if not steps:
+                continue
+            first, last = steps[0] - episode.t_started, steps[-1] - episode.t_started
+            sa = episode.slice(slice(first, last), len_lookback_buffer=len_lookback_buffer)
+            keep_done = last == len(episode)
+            sa.is_terminated, sa.is_truncated = episode.is_terminated and keep_done, episode.is_truncated and keep_done
+            sliced.agent_episodes[agent_id] = sa
+            sliced.agent_t_started[agent_id] = sa.t_started
+            sliced.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(
+                [t for t in mapping.get(slice(start, stop + 1), fill=self.SKIP_ENV_TS_TAG)]
+            )
+            if not keep_done and not sa.is_done:  # the step after the slice's last observation hangs
+                if last < len(episode):
+                    sliced._hanging_actions_end[agent_id] = episode.get_actions(last)
+                    sliced._hanging_rewards_end[agent_id] = float(episode.get_rewards(last))
+                    sliced._hanging_extra_model_outputs_end[agent_id] = {
+                        k: episode.get_extra_model_outputs(k, last) for k in episode.extra_model_outputs
+                    }
+                elif agent_id in self._hanging_actions_end:
+                    sliced._hanging_actions_end[agent_id] = self._hanging_actions_end[agent_id]
+                    sliced._hanging_rewards_end[agent_id] = self._hanging_rewards_end[agent_id]
+                    sliced._hanging_extra_model_outputs_end[agent_id] = self._hanging_extra_model_outputs_end[agent_id]
+        ends = stop == n
+        sliced.is_terminated, sliced.is_truncated = self.is_terminated and ends, self.is_truncated and ends
+        return sliced
+
+    def __getitem__(self, item: slice) -> MultiAgentEpisode:
+        """`episode[a:b]` is `episode.slice(slice(a, b))`; only slices are supported."""
+        if not isinstance(item, slice):
+            raise NotImplementedError(f"MultiAgentEpisode supports only slices (episode[a:b]), got {item!r}")
+        return self.slice(item)
+
+    # --- agents ---------------------------------------------------------------------------------------
+
+    @property
+    def agent_ids(self) -> set[AgentID]:
+        return set(self.agent_episodes)
+
+    @property
+    def agent_episode_ids(self) -> dict[AgentID, str]:
+        return {agent_id: episode.id_ for agent_id, episode in self.agent_episodes.items()}
+
+    def module_for(self, agent_id: AgentID) -> ModuleID | None:
+        """The agent's module (mapped once, when first asked, by `agent_to_module_mapping_fn`)."""
+        if agent_id not in self._agent_to_module_mapping:
+            self._agent_to_module_mapping[agent_id] = self.agent_to_module_mapping_fn(agent_id, self)
+        return self._agent_to_module_mapping[agent_id]
+
+    def get_agents_to_act(self) -> set[AgentID]:
+        """Agents that observed at the latest env step and are not done: the next actions are theirs."""
+        return {a for a in self.get_agents_that_stepped() if not self.agent_episodes[a].is_done}
+
+    def get_agents_that_stepped(self) -> set[AgentID]:
+        """Agents that observed at the latest env step (including ones whose episode just ended)."""
+        return {a for a, m in self.env_t_to_agent_t.items() if m.get(-1) != self.SKIP_ENV_TS_TAG}
+
+    def get_terminateds(self) -> dict[AgentID, bool]:
+        return {**{a: e.is_terminated for a, e in self.agent_episodes.items()}, ALL: self.is_terminated}
+
+    def get_truncateds(self) -> dict[AgentID, bool]:
+        return {**{a: e.is_truncated for a, e in self.agent_episodes.items()}, ALL: self.is_truncated}
+
+    # --- getters and setters --------------------------------------------------------------------------
+
+    def get_observations(
+        self,
+        indices: Indices = None,
+        agent_ids: Collection[AgentID] | AgentID | None = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+        return_list: bool = False,
+    ) -> dict[AgentID, Any] | list[dict[AgentID, Any]]:
+        """Observations at `indices` (env steps, or agent steps with `env_steps=False`), per agent."""
+        return self._get(
+            "observations",
+            None,
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            one_hot_discrete,
+            return_list,
+        )
+
+    def get_infos(
+        self,
+        indices: Indices = None,
+        agent_ids: Collection[AgentID] | AgentID | None = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        return_list: bool = False,
+    ) -> dict[AgentID, Any] | list[dict[AgentID, Any]]:
+        """Info dicts at `indices`, per agent."""
+        return self._get("infos", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill, False, return_list)
+
+    def get_actions(
+        self,
+        indices: Indices = None,
+        agent_ids: Collection[AgentID] | AgentID | None = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+        return_list: bool = False,
+    ) -> dict[AgentID, Any] | list[dict[AgentID, Any]]:
+        """Actions at `indices` (the action taken after the observation at that index), hanging ones included."""
+        return self._get(
+            "actions", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill, one_hot_discrete, return_list
+        )
+
+    def get_rewards(
+        self,
+        indices: Indices = None,
+        agent_ids: Collection[AgentID] | AgentID | None = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: float | None = None,
+        return_list: bool = False,
+    ) -> dict[AgentID, Any] | list[dict[AgentID, Any]]:
+        """Rewards at `indices` (each agent step's reward sits at the env step of its action)."""
+        return self._get(
+            "rewards", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill, False, return_list
+        )
+
+    def get_extra_model_outputs(
+        self,
+        key: str | None = None,
+        indices: Indices = None,
+        agent_ids: Collection[AgentID] | AgentID | None = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        return_list: bool = False,
+    ) -> dict[AgentID, Any] | list[dict[AgentID, Any]]:
+        """Extra model output `key` (None: a dict of all keys) at `indices`, like the actions."""
+        return self._get(
+            "extra_model_outputs", key, indices, agent_ids, env_steps, neg_index_as_lookback, fill, False, return_list
+        )
+
+    def set_observations(self, *, new_data: dict, at_indices: Indices = None, neg_index_as_lookback: bool = False):
+        """Overwrite agents' observations in place (agent-step indices; see `SingleAgentEpisode.set_observations`)."""
+        for agent_id, data in new_data.items():
+            self._agent(agent_id).set_observations(
+                new_data=data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
+            )
+
+    def set_actions(self, *, new_data: dict, at_indices: Indices = None, neg_index_as_lookback: bool = False):
+        """Overwrite agents' actions in place (agent-step indices)."""
+        for agent_id, data in new_data.items():
+            self._agent(agent_id).set_actions(
+                new_data=data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
+            )
+
+    def set_rewards(self, *, new_data: dict, at_indices: Indices = None, neg_index_as_lookback: bool = False):
+        """Overwrite agents' rewards in place (agent-step indices)."""
+        for agent_id, data in new_data.items():
+            self._agent(agent_id).set_rewards(
+                new_data=data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
+            )
+
+    def set_extra_model_outputs(
+        self, *, key: str, new_data: dict, at_indices: Indices = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        """Overwrite agents' extra model output `key` in place (agent-step indices)."""
+        for agent_id, data in new_data.items():
+            self._agent(agent_id).set_extra_model_outputs(
+                key=key, new_data=data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
+            )
+
+    def _agent(self, agent_id: AgentID) -> SingleAgentEpisode:
+        if agent_id not in self.agent_episodes:
+            raise KeyError(f"agent {agent_id!r} is not in episode {self.id_}")
+        return self.agent_episodes[agent_id]
+
+    def _get(
+        self,
+        what: str,
+        key: str | None,
+        indices: Indices,
+        agent_ids: Collection[AgentID] | AgentID | None,
+        env_steps: bool,
+        neg_index_as_lookback: bool,
+        fill: Any,
+        one_hot_discrete: bool,
+        return_list: bool,
+    ) -> dict[AgentID, Any] | list[dict[AgentID, Any]]:
+        if return_list and not env_steps:
+            raise ValueError(f"get_{what}() takes return_list=True only with env_steps=True")
+        if agent_ids is None:
+            wanted = set(self.agent_episodes)
+        elif isinstance(agent_ids, str) or not isinstance(agent_ids, Collection):
+            wanted = {agent_ids}
+        else:
+            wanted = set(agent_ids)
+        options = {"one_hot_discrete": True} if one_hot_discrete else {}
+        per_agent: dict[AgentID, Any] = {}
+        rows: dict[AgentID, list] = {}
+        for agent_id, _episode in self.agent_episodes.items():
+            if agent_id not in wanted:
+                continue
+            buffer = self._buffer(what, key, agent_id)
+            if buffer is None:
+                continue
+            if not env_steps:
+                value = buffer.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill, **options)
+                if not (isinstance(value, list) and not value):
+                    per_agent[agent_id] = value
+                continue
+            pad = fill is not None or return_list  # lists have one dict per index, empty where out of range
+            positions = self._positions(what, agent_id, buffer, indices, neg_index_as_lookback, pad)
+            if isinstance(positions, list):
+                items = [self._item(buffer, p, fill, options) for p in positions]
+                rows[agent_id] = items
+                kept = [item for item in items if item is not _SKIP]
+                if kept:
+                    per_agent[agent_id] = batch(kept) if buffer.finalized else kept
+            else:
+                item = self._item(buffer, positions, fill, options)
+                if item is not _SKIP:
+                    per_agent[agent_id] = item
+        if not return_list:
+            return per_agent
+        if isinstance(indices, int):
+            return [per_agent]
+        if not rows:
+            return []
+        length = len(next(iter(rows.values())))
+        return [{a: items[i] for a, items in rows.items() if items[i] is not _SKIP} for i in range(length)]
+
+    def _buffer(self, what: str, key: str | None, agent_id: AgentID) -> InfiniteLookbackBuffer | None:
+        """The agent's buffer of `what`, with its hanging value appended (actions, rewards, outputs)."""
+        episode = self.agent_episodes[agent_id]
+        if what == "extra_model_outputs":
+            outputs = episode.extra_model_outputs
+            hanging = self._hanging_extra_model_outputs_end.get(agent_id)
+            if key is None:
+                keys = list(outputs) or list(hanging or {})
+                if not keys:
+                    return None
+                buffers = {k: self._buffer(what, k, agent_id) for k in keys}
+                return _DictBuffer(buffers)
+            buffer = outputs[key] if key in outputs else InfiniteLookbackBuffer()
+            return _with_last(buffer, None if agent_id not in self._hanging_actions_end else (hanging or {}).get(key))
+        buffer = getattr(episode, what)
+        if what == "actions" and agent_id in self._hanging_actions_end:
+            return _with_last(buffer, self._hanging_actions_end[agent_id])
+        if what == "rewards" and agent_id in self._hanging_actions_end:
+            return _with_last(buffer, self._hanging_rewards_end.get(agent_id, 0.0))
+        return buffer
+
+    def _positions(
+        self, what: str, agent_id: AgentID, buffer: Any, indices: Indices, neg_index_as_lookback: bool, pad: bool
+    ) -> Any:
+        """Env-step `indices` as positions in the agent's buffer (lookback included), or SKIP_ENV_TS_TAG."""
+        mapping = self.env_t_to_agent_t[agent_id]
+        if what not in ("observations", "infos"):  # no action yet after the latest observation
+            mapping = InfiniteLookbackBuffer(mapping.data[:-1], lookback=mapping.lookback)
+        if indices is None:
+            indices = slice(0, None)
+        skip = self.SKIP_ENV_TS_TAG if pad else None  # out of range without padding: IndexError
+        agent_ts = mapping.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=skip)
+        offset = self.agent_episodes[agent_id].t_started - buffer.lookback
+        length = buffer.len_incl_lookback()
+
+        def position(t: Any) -> Any:
+            if t == self.SKIP_ENV_TS_TAG:
+                return t
+            p = t - offset
+            return p if 0 <= p < length else self.SKIP_ENV_TS_TAG
+
+        return [position(t) for t in agent_ts] if isinstance(agent_ts, list) else position(agent_ts)
+
+    def _item(self, buffer: Any, position: Any, fill: Any, options: dict) -> Any:
+        if position == self.SKIP_ENV_TS_TAG:
+            if fill is None:
+                return _SKIP
+            return buffer.get(buffer.len_incl_lookback() + 10**9, fill=fill, **options)
+        return buffer.get(position - buffer.lookback, neg_index_as_lookback=True, **options)
+
+    # --- summaries ------------------------------------------------------------------------------------
+
+    @property
+    def is_reset(self) -> bool:
+        return any(episode.is_reset for episode in self.agent_episodes.values())
+
+    @property
+    def is_done(self) -> bool:
+        return self.is_terminated or self.is_truncated
+
+    @property
+    def is_numpy(self) -> bool:
+        """True once every agent's episode is in numpy storage (RuntimeError when only some are)."""
+        flags = {episode.is_numpy for episode in self.agent_episodes.values()}
+        if len(flags) > 1:
+            raise RuntimeError(f"only some agent episodes of {self!r} are in numpy storage")
+        return flags.pop() if flags else False
+
+    def __len__(self) -> int:
+        """Env steps in this episode (chunk)."""
+        return self.env_t - self.env_t_started
+
+    def env_steps(self) -> int:
+        return len(self)
+
+    def agent_steps(self) -> int:
+        """Agent steps in this chunk: the sum of the agents' episode lengths."""
+        return sum(len(episode) for episode in self.agent_episodes.values())
+
+    def get_return(self, include_hanging_rewards: bool = False) -> float:
+        """Sum of all agents' returns (plus the rewards not yet in any agent step, if asked)."""
+        total = sum(episode.get_return() for episode in self.agent_episodes.values())
+        if include_hanging_rewards:
+            total += sum(self._hanging_rewards_begin.values()) + sum(self._hanging_rewards_end.values())
+        return total
+
+    def get_duration_s(self) -> float:
+        if self._last_step_time is None or self._start_time is None:
+            return 0.0
+        return self._last_step_time - self._start_time
+
+    def __repr__(self) -> str:
+        returns = {a: e.get_return() for a, e in self.agent_episodes.items()}
+        return f"MAEps(len={len(self)} done={self.is_done} Rs={returns} id_={self.id_})"
+
+    # --- state ----------------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """The episode as a plain dict (RLlib's keys; agent episodes as their states); see `from_state`."""
+        return {
+            "id_": self.id_,
+            "agent_to_module_mapping_fn": self.agent_to_module_mapping_fn,
+            "_agent_to_module_mapping": dict(self._agent_to_module_mapping),
+            "observation_space": self.observation_space,
+            "action_space": self.action_space,
+            "env_t_started": self.env_t_started,
+            "env_t": self.env_t,
+            "agent_t_started": dict(self.agent_t_started),
+            "env_t_to_agent_t": {a: m.get_state() for a, m in self.env_t_to_agent_t.items()},
+            "_hanging_actions_end": dict(self._hanging_actions_end),
+            "_hanging_extra_model_outputs_end": dict(self._hanging_extra_model_outputs_end),
+            "_hanging_rewards_end": dict(self._hanging_rewards_end),
+            "_hanging_rewards_begin": dict(self._hanging_rewards_begin),
+            "is_terminated": self.is_terminated,
+            "is_truncated": self.is_truncated,
+            "agent_episodes": list({a: e.get_state() for a, e in self.agent_episodes.items()}.items()),
+            "_start_time": self._start_time,
+            "_last_step_time": self._last_step_time,
+            "custom_data": self.custom_data,
+        }
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> MultiAgentEpisode:
+        """Rebuild an episode from `get_state()`'s dict."""
+        episode = MultiAgentEpisode(
+            state["id_"],
+            observation_space=state["observation_space"],
+            action_space=state["action_space"],
+            env_t_started=state["env_t_started"],
+            agent_module_ids=state["_agent_to_module_mapping"],
+            agent_to_module_mapping_fn=state["agent_to_module_mapping_fn"],
+        )
+        episode.env_t = state["env_t"]
+        episode.agent_t_started.update(state["agent_t_started"])
+        episode.env_t_to_agent_t = {
+            a: InfiniteLookbackBuffer.from_state(m) for a, m in state["env_t_to_agent_t"].items()
+        }
+        episode._hanging_actions_end = dict(state["_hanging_actions_end"])
+        episode._hanging_extra_model_outputs_end.update(state["_hanging_extra_model_outputs_end"])
+        episode._hanging_rewards_end.update(state["_hanging_rewards_end"])
+        episode._hanging_rewards_begin.update(state["_hanging_rewards_begin"])
+        episode.is_terminated, episode.is_truncated = state["is_terminated"], state["is_truncated"]
+        episode.agent_episodes = {a: SingleAgentEpisode.from_state(s) for a, s in state["agent_episodes"]}
+        episode._start_time, episode._last_step_time = state["_start_time"], state["_last_step_time"]
+        episode.custom_data = state.get("custom_data", {})
+        episode.validate()
+        return episode
+
+    def _del_hanging(self, agent_id: AgentID) -> None:
+        for cache in (
+            self._hanging_rewards_begin,
+            self._hanging_actions_end,
+            self._hanging_extra_model_outputs_end,
+            self._hanging_rewards_end,
+        ):
+            cache.pop(agent_id, None)
+
+
+class _Skip:
+    """Marks an env step at which an agent has no data (and no fill was asked for)."""
+
+
+_SKIP = _Skip()
+
+
+class _DictBuffer:
+    """Several buffers read as one: each item is a dict of the buffers' items (all extra model outputs)."""
+
+    def __init__(self, buffers: dict[str, InfiniteLookbackBuffer]) -> None:
+        self.buffers = buffers
+        first = next(iter(buffers.values()))
+        self.lookback, self.finalized = first.lookback, first.finalized
+
+    def len_incl_lookback(self) -> int:
+        return next(iter(self.buffers.values())).len_incl_lookback()
+
+    def get(self, indices: Indices = None, **kwargs: Any) -> Any:
+        return {key: buffer.get(indices, **kwargs) for key, buffer in self.buffers.items()}
+
+
+def _with_last(buffer: InfiniteLookbackBuffer, value: Any) -> InfiniteLookbackBuffer:
+    """A copy of `buffer` with `value` appended (the buffer itself when value is None)."""
+    if value is None:
+        return buffer
+    data = list(buffer.data) if not buffer.finalized else map_structure(np.copy, buffer.data)
+    extended = InfiniteLookbackBuffer(data, lookback=buffer.lookback, space=buffer.space)
+    extended.append(value)
+    return extended
+
+
+def _sub_space(space: gym.spaces.Dict | dict | None, agent_id: AgentID) -> gym.Space | None:
+    if space is None:
+        return None
+    return space.get(agent_id) if isinstance(space, dict) else space.spaces.get(agent_id)

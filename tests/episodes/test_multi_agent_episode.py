@@ -1,0 +1,179 @@
+"""MultiAgentEpisode against RLlib 2.60, and against what a scripted env emitted.
+
+The reference values in data/rllib_multi_agent_episode.json are RLlib 2.60's MultiAgentEpisode answers on
+the scripted traces of tests/support/agent_traces.py (data/make_rllib_reference.py wrote them, running
+RLlib in a scratch venv): every getter, in list and numpy storage, by env steps and agent steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.agent_traces import replay, summary, trace
+
+from rlgate.episodes.multi_agent_episode import MultiAgentEnvError, MultiAgentEpisode
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "rllib_multi_agent_episode.json").read_text())
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCE))
+def test_matches_rllib_on_scripted_traces(case: str) -> None:
+    seed, storage = case.split("-")
+    episode = replay(MultiAgentEpisode(), trace(int(seed)))
+    if storage == "numpy":
+        episode.to_numpy()
+    assert summary(episode) == REFERENCE[case]
+
+
+def test_rewards_between_actions_are_summed_into_the_next_step() -> None:
+    """RLlib 2.60 gives agent b, which acted at env step 0 and observed again at env step 3, one step whose
+    reward is everything it got meanwhile: 0.5 + 0.25 + 1.0."""
+    episode = MultiAgentEpisode()
+    episode.add_env_reset(observations={"a": 0, "b": 0})
+    episode.add_env_step({"a": 1}, {"a": 0, "b": 0}, {"a": 1.0, "b": 0.5})
+    episode.add_env_step({"a": 2}, {"a": 1}, {"a": 1.0, "b": 0.25})
+    assert episode.get_actions() == {"a": [0, 1], "b": [0]}  # b's action is hanging
+    assert episode.get_rewards() == {"a": [1.0, 1.0], "b": [0.75]}
+    episode.add_env_step({"a": 3, "b": 3}, {"a": 2}, {"a": 1.0, "b": 1.0})
+    b = episode.agent_episodes["b"]
+    assert (b.get_observations(), b.get_actions(), b.get_rewards()) == ([0, 3], [0], [1.75])
+    assert episode.env_t_to_agent_t["b"].data == [0, "S", "S", 1]
+    assert (len(episode), episode.agent_steps(), episode.get_return()) == (3, 4, 4.75)
+
+
+def test_terminated_without_observation_repeats_the_last_one() -> None:
+    """RLlib 2.60 completes a hanging step of an agent terminated without an observation with a copy of its last
+    observation; the episode ends for all when every agent is done."""
+    episode = MultiAgentEpisode()
+    episode.add_env_reset(observations={"a": 5, "b": 7})
+    episode.add_env_step({"a": 6}, {"a": 0, "b": 1}, {"a": 1.0})
+    episode.add_env_step({}, {"a": 0}, {"a": 2.0, "b": 3.0}, terminateds={"a": True, "b": True, "__all__": False})
+    b = episode.agent_episodes["b"]
+    assert (b.get_observations(), b.get_actions(), b.get_rewards(), b.is_terminated) == ([7, 7], [1], [3.0], True)
+    assert episode.is_terminated and episode.get_terminateds() == {"a": True, "b": True, "__all__": True}
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        (({"a": 1}, {"a": 0}, {}), "got no reward"),
+        (({}, {"a": 0}, {}, None), "truncated without a last observation"),
+    ],
+)
+def test_steps_that_break_the_rules_name_the_agent(step: tuple, message: str) -> None:
+    episode = MultiAgentEpisode()
+    episode.add_env_reset(observations={"a": 0, "b": 0})
+    kwargs = {"truncateds": {"a": True, "__all__": False}} if len(step) == 4 else {}
+    with pytest.raises(MultiAgentEnvError, match=f"agent 'a'.*{message}"):
+        episode.add_env_step(*step[:3], **kwargs)
+
+
+def test_done_agent_that_gets_data_again_is_an_error() -> None:
+    episode = MultiAgentEpisode()
+    episode.add_env_reset(observations={"a": 0, "b": 0})
+    episode.add_env_step({"a": 1, "b": 1}, {"a": 0, "b": 0}, {"a": 0.0, "b": 0.0}, terminateds={"a": True})
+    with pytest.raises(MultiAgentEnvError, match="agent 'a' is done"):
+        episode.add_env_step({"a": 2, "b": 2}, {"b": 0}, {"a": 0.0, "b": 0.0})
+
+
+def test_modules_are_mapped_once_per_agent() -> None:
+    calls = []
+
+    def mapping(agent_id: str, episode: MultiAgentEpisode) -> str:
+        calls.append(agent_id)
+        return f"m_{agent_id}"
+
+    episode = MultiAgentEpisode(agent_to_module_mapping_fn=mapping)
+    episode.add_env_reset(observations={"a": 0})
+    episode.add_env_step({"a": 1, "b": 0}, {"a": 0}, {"a": 0.0})
+    episode.add_env_step({"a": 2, "b": 1}, {"a": 0, "b": 0}, {"a": 0.0, "b": 0.0})
+    assert {a: e.module_id for a, e in episode.agent_episodes.items()} == {"a": "m_a", "b": "m_b"}
+    assert calls == ["a", "b"]
+    assert MultiAgentEpisode().module_for("x") == "default_policy"
+
+
+def test_state_round_trip() -> None:
+    episode = replay(MultiAgentEpisode(), trace(3))
+    again = MultiAgentEpisode.from_state(episode.get_state())
+    assert summary(again) == summary(episode)
+
+
+def test_slice_keeps_each_agents_steps_inside_it() -> None:
+    """RLlib 2.60's slice docstring example: a0 observes at env steps 0, 3, 4; a1 at 0..3. episode[1:3] holds
+    a0's observation 3 and a1's 1, 2, 3; episode[:2] leaves a0's first action hanging, with its reward."""
+    episode = MultiAgentEpisode()
+    observations = [{"a0": 0, "a1": 0}, {"a1": 1}, {"a1": 2}, {"a0": 3, "a1": 3}, {"a0": 4}]
+    episode.add_env_reset(observations=observations[0])
+    for before, after in itertools.pairwise(observations):
+        episode.add_env_step(after, before, {a: r / 10 + 0.1 for a, r in after.items()})
+    part = episode[1:3]
+    a0, a1 = part.agent_episodes["a0"], part.agent_episodes["a1"]
+    assert (a0.get_observations(), a1.get_observations()) == ([3], [1, 2, 3])
+    assert (a0.get_actions(), a1.get_actions()) == ([], [1, 2])
+    assert a1.get_rewards() == pytest.approx([0.3, 0.4])  # here each reward comes with the next observation
+    assert not (a0.is_done or a1.is_done)
+    start = episode[:2]
+    assert (start.agent_episodes["a0"].get_observations(), start.agent_episodes["a0"].get_actions()) == ([0], [])
+    assert start._hanging_actions_end["a0"] == 0
+    assert start._hanging_rewards_end["a0"] == pytest.approx(0.4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n_agents=st.integers(1, 4), cuts=st.sets(st.integers(1, 15), max_size=4))
+def test_chunks_hold_exactly_what_the_env_emitted(seed: int, n_agents: int, cuts: set[int]) -> None:
+    """Agents join mid-episode and leave early; the episode is cut into chunks at random env steps (as the
+    server ships it). Concatenating each agent's chunks gives exactly its observations, actions and rewards,
+    each reward summed into the agent's next step, rewards before its first observation left out."""
+    records = trace(seed, n_agents=n_agents, steps=16)
+    expected = _per_agent(records)
+    episode, chunks = MultiAgentEpisode(), []
+    for env_step, record in enumerate(records):
+        replay(episode, [record])
+        if env_step in cuts and not episode.is_done:
+            chunks.append(episode)
+            episode = episode.cut(len_lookback_buffer=1)
+    chunks.append(episode)
+    got: dict[str, list] = {}
+    for chunk in chunks:
+        for agent_id, sa in chunk.agent_episodes.items():
+            obs, actions, rewards = got.setdefault(agent_id, [[], [], []])
+            observations = list(sa.get_observations())
+            obs.extend(observations if not obs else observations[1:])
+            actions.extend(sa.get_actions())
+            rewards.extend(sa.get_rewards())
+    assert {a: [o, x, list(np.round(r, 6))] for a, (o, x, r) in got.items()} == expected
+    whole = replay(MultiAgentEpisode(), records)
+    assert sum(len(c) for c in chunks) == len(whole)
+    assert sum(c.agent_steps() for c in chunks) == whole.agent_steps()
+
+
+def _per_agent(records: list[tuple]) -> dict[str, list]:
+    """Each agent's observations, actions and rewards, computed from the records alone."""
+    obs: dict[str, list] = {a: [o] for a, o in records[0][1].items()}
+    actions: dict[str, list] = {a: [] for a in obs}
+    rewards: dict[str, list] = {a: [] for a in obs}
+    pending: dict[str, float] = {}
+    for _, observations, acted, step_rewards, terminateds, _ in records[1:]:
+        for a in acted:
+            actions[a].append(acted[a])
+            pending[a] = 0.0
+        for a, r in step_rewards.items():
+            if a in pending:
+                pending[a] += r
+        for a, o in observations.items():
+            if a not in obs:
+                obs[a], actions[a], rewards[a] = [o], [], []
+            elif a in pending:
+                obs[a].append(o)
+                rewards[a].append(pending.pop(a))
+        if terminateds["__all__"]:
+            for a, r in pending.items():  # terminated with a hanging action: the last observation repeats
+                obs[a].append(obs[a][-1])
+                rewards[a].append(r)
+    return {a: [obs[a], actions[a], list(np.round(rewards[a], 6))] for a in obs}
