@@ -11,7 +11,9 @@ from rlgate.connectors.common import (
     AddObservationsFromEpisodesToBatch,
     AddStatesFromEpisodesToBatch,
     AddTimeDimToBatchAndZeroPad,
+    AgentToModuleMapping,
     BatchIndividualItems,
+    ModuleToAgentUnmapping,
     NumpyToTensor,
     TensorToNumpy,
 )
@@ -32,6 +34,8 @@ from rlgate.connectors.module_to_env import (
 
 #: A user hook, like RLlib's `env_to_module_connector`: (observation space, action space) -> piece(s).
 ConnectorHook = Callable[[gym.Space, gym.Space], ConnectorV2 | list[ConnectorV2]]
+#: Multi-agent: each module's (observation space, action space); the env's spaces are then Dicts by agent id.
+ModuleSpaces = dict[str, tuple[gym.Space, gym.Space]]
 
 
 def _user_pieces(
@@ -50,11 +54,13 @@ def build_env_to_module_pipeline(
     env_to_module_connector: ConnectorHook | None = None,
     add_default_connectors: bool = True,
     device: torch.device | str = "cpu",
+    module_spaces: ModuleSpaces | None = None,
 ) -> ConnectorPipelineV2:
     """[user pieces] -> AddObservationsFromEpisodesToBatch -> AddTimeDimToBatchAndZeroPad ->
-    AddStatesFromEpisodesToBatch -> BatchIndividualItems -> NumpyToTensor(device).
+    AddStatesFromEpisodesToBatch -> [AgentToModuleMapping] -> BatchIndividualItems -> NumpyToTensor(device).
 
-    Its output observation space (`pipeline.observation_space`) is the one to build the module for.
+    Its output observation space (`pipeline.observation_space`) is the one to build the module for (multi-agent,
+    with `module_spaces`: a Dict by module id, after AgentToModuleMapping).
     """
     pipeline = ConnectorPipelineV2(
         observation_space,
@@ -65,7 +71,9 @@ def build_env_to_module_pipeline(
         pipeline.append(AddObservationsFromEpisodesToBatch())
         pipeline.append(AddTimeDimToBatchAndZeroPad())
         pipeline.append(AddStatesFromEpisodesToBatch())
-        pipeline.append(BatchIndividualItems())
+        if module_spaces is not None:
+            pipeline.append(AgentToModuleMapping(module_spaces=module_spaces))
+        pipeline.append(BatchIndividualItems(multi_agent=module_spaces is not None))
         pipeline.append(NumpyToTensor(device=device))
     return pipeline
 
@@ -78,9 +86,10 @@ def build_module_to_env_pipeline(
     add_default_connectors: bool = True,
     normalize_actions: bool = True,
     clip_actions: bool = False,
+    multi_agent: bool = False,
 ) -> ConnectorPipelineV2:
-    """GetActions -> TensorToNumpy -> UnBatchToIndividualItems -> RemoveSingleTsTimeRankFromBatch ->
-    [user pieces] -> NormalizeAndClipActions -> ListifyDataForVectorEnv.
+    """GetActions -> TensorToNumpy -> UnBatchToIndividualItems -> [ModuleToAgentUnmapping] ->
+    RemoveSingleTsTimeRankFromBatch -> [user pieces] -> NormalizeAndClipActions -> ListifyDataForVectorEnv.
 
     `normalize_actions` and `clip_actions` have RLlib's AlgorithmConfig defaults.
     """
@@ -91,6 +100,8 @@ def build_module_to_env_pipeline(
     )
     if add_default_connectors:
         pipeline.prepend(RemoveSingleTsTimeRankFromBatch())
+        if multi_agent:
+            pipeline.prepend(ModuleToAgentUnmapping())
         pipeline.prepend(UnBatchToIndividualItems())
         pipeline.prepend(TensorToNumpy())
         pipeline.prepend(GetActions())
@@ -107,9 +118,13 @@ def build_learner_pipeline(
     add_default_connectors: bool = True,
     device: torch.device | str = "cpu",
     gae: tuple[float, float] | None = None,
+    module_spaces: ModuleSpaces | None = None,
 ) -> ConnectorPipelineV2:
     """[user pieces] -> AddObservationsFromEpisodesToBatch -> AddColumnsFromEpisodesToTrainBatch ->
-    AddTimeDimToBatchAndZeroPad -> AddStatesFromEpisodesToBatch -> BatchIndividualItems -> NumpyToTensor.
+    AddTimeDimToBatchAndZeroPad -> AddStatesFromEpisodesToBatch -> [AgentToModuleMapping] ->
+    BatchIndividualItems -> NumpyToTensor.
+
+    Multi-agent (`module_spaces`): the batch becomes `{module id: {column: tensor}}` and GAE runs per module.
 
     `gae=(gamma, lambda_)` adds PPO's pieces (with the defaults): AddOneTsToEpisodesAndTruncate first
     and GeneralAdvantageEstimation(gamma, lambda_) last. The spaces are the env-to-module pipeline's
@@ -125,7 +140,9 @@ def build_learner_pipeline(
         pipeline.append(AddColumnsFromEpisodesToTrainBatch())
         pipeline.append(AddTimeDimToBatchAndZeroPad(as_learner_connector=True))
         pipeline.append(AddStatesFromEpisodesToBatch(as_learner_connector=True))
-        pipeline.append(BatchIndividualItems())
+        if module_spaces is not None:
+            pipeline.append(AgentToModuleMapping(module_spaces=module_spaces, as_learner_connector=True))
+        pipeline.append(BatchIndividualItems(multi_agent=module_spaces is not None))
         pipeline.append(NumpyToTensor(device=device))
         if gae is not None:
             gamma, lambda_ = gae

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -11,6 +11,7 @@ import numpy as np
 
 from rlgate.connectors.batching import BatchedNdArray, batch_items, is_batched
 from rlgate.core.tree import map_structure, unbatch
+from rlgate.episodes.multi_agent_episode import MultiAgentEpisode
 
 if TYPE_CHECKING:
     from rlgate.episodes import SingleAgentEpisode
@@ -24,7 +25,19 @@ def episode_key(episode: SingleAgentEpisode) -> tuple:
     return (episode.id_,)
 
 
-def make_episode_keys_unique(episodes: list[SingleAgentEpisode]) -> None:
+def is_multi_agent(episodes: Any) -> bool:
+    """Whether `episodes` are MultiAgentEpisodes (checked on a list's first item; the server's column-stored
+    single-agent rows, `EpisodeRows`, are never multi-agent and are not asked, which would build an episode)."""
+    return isinstance(episodes, list | tuple) and bool(episodes) and isinstance(episodes[0], MultiAgentEpisode)
+
+
+def is_multi_rl_module(rl_module: Any) -> bool:
+    """Whether `rl_module` is a MultiRLModule (a Mapping of module id -> RLModule): its batches are
+    `{module_id: {column: data}}`."""
+    return isinstance(rl_module, Mapping)
+
+
+def make_episode_keys_unique(episodes: list[SingleAgentEpisode | MultiAgentEpisode]) -> None:
     """Append `_<position>` to the id of each episode whose id has no "_" yet (RLlib 2.60's rule).
 
     Per-episode columns are keyed by episode id, so two chunks of one episode in a train batch would
@@ -32,10 +45,14 @@ def make_episode_keys_unique(episodes: list[SingleAgentEpisode]) -> None:
     way; PPO's AddOneTsToEpisodesAndTruncate, first in its pipeline, has already given every id a
     suffix, so this renames nothing there. An id that already holds a "_" is left alone (as in RLlib;
     rlgate's ids are uuid hex, without one). A user learner piece that adds per-episode items before
-    these pieces should call it first.
+    these pieces should call it first. Agents' episodes are keyed by their multi-agent episode's id, which
+    is renamed the same way (RLlib renames the MultiAgentEpisode).
     """
-    for position, episode in enumerate(episodes):
-        if "_" not in episode.id_:
+    for position, episode in enumerate(ConnectorV2.single_agent_episode_iterator(episodes, False)):
+        if episode.agent_id is not None:
+            if "_" not in episode.multi_agent_episode_id:
+                episode.multi_agent_episode_id = f"{episode.multi_agent_episode_id}_{position}"
+        elif "_" not in episode.id_:
             episode.id_ = f"{episode.id_}_{position}"
 
 
@@ -172,12 +189,25 @@ class ConnectorV2(abc.ABC):
         agents_that_stepped_only: bool = True,
         zip_with_batch_column: Any = None,
     ) -> Iterator[SingleAgentEpisode | tuple[SingleAgentEpisode, Any]]:
-        """Yield the episodes, or (episode, item) pairs with `zip_with_batch_column`.
+        """Yield the episodes (MultiAgentEpisodes as their agents' episodes), or (episode, item) pairs with
+        `zip_with_batch_column`.
 
         `zip_with_batch_column` is a column's data: a list (one item per episode), a dict
-        `(episode id,) -> [items]` (each episode takes its next item), or a batched array (row i belongs to
-        episodes[i]). `agents_that_stepped_only` only matters for multi-agent episodes (not supported).
+        `(episode id,) -> [items]` or `(multi-agent episode id, agent id, module id) -> [items]` (each episode
+        takes its next item), or a batched array (row i belongs to episodes[i]). With
+        `agents_that_stepped_only`, a MultiAgentEpisode yields only the agents that observed at its latest
+        env step (`get_agents_that_stepped()`), else all its agents.
         """
+        if is_multi_agent(episodes):
+            episodes = [
+                ma_episode.agent_episodes[agent_id]
+                for ma_episode in episodes
+                for agent_id in (
+                    sorted(ma_episode.get_agents_that_stepped(), key=str)
+                    if agents_that_stepped_only
+                    else ma_episode.agent_episodes
+                )
+            ]
         if zip_with_batch_column is None:
             yield from episodes
             return

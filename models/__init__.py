@@ -1,4 +1,4 @@
-"""RLModules (RLlib's new API stack contract), action distributions, the default catalog, weights.
+"""RLModules (RLlib's new API stack contract) and MultiRLModule, action distributions, the default catalog, weights.
 
 The names load on first use (PEP 562): a process that only reads a run spec (env clients, `rlgate up`)
 imports `rlgate.models.config` without paying for torch.
@@ -16,6 +16,7 @@ _EXPORTS = {
     "DiagGaussian": "rlgate.models.distributions",
     "Distribution": "rlgate.models.distributions",
     "MultiCategorical": "rlgate.models.distributions",
+    "MultiRLModule": "rlgate.models.multi_rl_module",
     "RLModule": "rlgate.models.rl_module",
     "load_weights": "rlgate.models.weights",
     "weights_to_bytes": "rlgate.models.weights",

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 class AddObservationsFromEpisodesToBatch(ConnectorV2):
     """Add each episode's latest observation (env-to-module) or all its observations (learner) as OBS.
 
+    MultiAgentEpisodes add their agents' episodes: in env-to-module the agents that observed at the latest env
+    step (keyed by (episode id, agent id, module id)), in the learner all of them.
+
     A batch that already has OBS is left alone: the batched fast path (the server passes the latest
     observations as one array) and pieces such as FrameStacking that build OBS themselves.
     Env-to-module, it refuses numpy'd episodes (`to_numpy()`), as RLlib's does: env-to-module works on
@@ -45,11 +48,11 @@ class AddObservationsFromEpisodesToBatch(ConnectorV2):
                     f"episode {numpy_episode.id_} is numpy'd (to_numpy()): an env-to-module pipeline "
                     "works on running list-mode episodes"
                 )
-            for episode in episodes:
+            for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
                 self.add_batch_item(batch, Columns.OBS, episode.get_observations(-1), episode)
             return batch
         make_episode_keys_unique(episodes)
-        for episode in episodes:
+        for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             observations = episode.get_observations(slice(0, len(episode)))
             self.add_n_batch_items(batch, Columns.OBS, observations, len(episode), episode)
         return batch

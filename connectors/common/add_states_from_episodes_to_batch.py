@@ -8,7 +8,7 @@ import numpy as np
 
 from rlgate.connectors.batching import batch_items
 from rlgate.connectors.common.tensor_to_numpy import to_numpy
-from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_rl_module
 from rlgate.connectors.zero_padding import num_sequences
 from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
@@ -26,6 +26,7 @@ class AddStatesFromEpisodesToBatch(ConnectorV2):
     Learner: per zero-padded sequence (of `max_seq_len` steps), the state the module had before the
     sequence's first step: the STATE_OUT of the step before it (for the first sequence of a chunk, from the
     lookback buffer; the initial state when the episode starts at t=0).
+    Multi-agent: each agent's episode with its own module's state (agents of stateless modules add none).
     """
 
     def __call__(
@@ -41,11 +42,15 @@ class AddStatesFromEpisodesToBatch(ConnectorV2):
     ) -> dict[str, Any]:
         if rl_module is None or not rl_module.is_stateful() or Columns.STATE_IN in batch:
             return batch
-        initial_state = to_numpy(rl_module.get_initial_state())
-        for episode in episodes:
+        learner = self._as_learner_connector
+        for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=not learner):
+            module = rl_module[episode.module_id] if is_multi_rl_module(rl_module) else rl_module
+            if not module.is_stateful():
+                continue
+            initial_state = to_numpy(module.get_initial_state())
             has_state_out = Columns.STATE_OUT in episode.extra_model_outputs
-            if self._as_learner_connector:
-                max_seq_len = rl_module.model_config["max_seq_len"]
+            if learner:
+                max_seq_len = module.model_config["max_seq_len"]
                 states_in = _sequence_start_states(episode, initial_state, max_seq_len, has_state_out)
                 num_items = num_sequences(len(episode), max_seq_len)
                 self.add_n_batch_items(batch, Columns.STATE_IN, states_in, num_items, episode)

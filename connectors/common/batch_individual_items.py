@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
+
 from rlgate.connectors.batching import BatchedNdArray, batch_items, is_batched, num_rows
 from rlgate.connectors.connector_v2 import ConnectorV2
 from rlgate.core.columns import Columns
@@ -17,11 +19,25 @@ if TYPE_CHECKING:
 class BatchIndividualItems(ConnectorV2):
     """Stack each column's items, in episode order, into one (nested) array; INFOS become one list.
 
+    With `multi_agent`, the batch is AgentToModuleMapping's `{module id: {column: [items]}}` and each module's
+    columns are stacked (RLlib's `BatchIndividualItems(multi_agent=True)`).
+
     A column that is already batched (the fast path's OBS) stays as it is. When OBS is stacked from
     per-episode items, `shared_data["memorized_map_structure"]` records the episode id of each row, so that
     module-to-env's UnBatchToIndividualItems can hand rows back per episode; when OBS arrived batched it
     is not written, and module-to-env keeps its columns batched.
     """
+
+    def __init__(
+        self,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
+        *,
+        multi_agent: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.multi_agent = multi_agent
+        super().__init__(input_observation_space, input_action_space, **kwargs)
 
     def __call__(
         self,
@@ -34,6 +50,12 @@ class BatchIndividualItems(ConnectorV2):
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
+        if self.multi_agent:
+            for module_data in batch.values():
+                for column, items in module_data.items():
+                    if isinstance(items, list) and column != Columns.INFOS:
+                        module_data[column] = batch_items(items)
+            return batch
         batched_obs = batch.get(Columns.OBS)
         fast_path_rows = num_rows(batched_obs) if batched_obs is not None and is_batched(batched_obs) else None
         for column, data in batch.items():

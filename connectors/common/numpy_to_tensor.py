@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_rl_module
 from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 
@@ -31,7 +31,8 @@ def to_tensor(value: Any, device: torch.device | str = "cpu") -> torch.Tensor:
 class NumpyToTensor(ConnectorV2):
     """Convert every column (nested arrays included) to torch tensors on `device`; INFOS stay as they are.
 
-    Runs after BatchIndividualItems, so each column is one array and converts with one call.
+    Runs after BatchIndividualItems, so each column is one array and converts with one call. A MultiRLModule's
+    batch `{module id: {column: array}}` is converted module by module.
     """
 
     def __init__(
@@ -56,6 +57,11 @@ class NumpyToTensor(ConnectorV2):
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
+        if is_multi_rl_module(rl_module):
+            return {module_id: self._columns(data) for module_id, data in batch.items()}
+        return self._columns(batch)
+
+    def _columns(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {
             column: data if column == Columns.INFOS else map_structure(self._convert, data)
             for column, data in batch.items()

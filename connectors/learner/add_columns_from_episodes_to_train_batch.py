@@ -35,7 +35,7 @@ class AddColumnsFromEpisodesToTrainBatch(ConnectorV2):
         **kwargs: Any,
     ) -> dict[str, Any]:
         skip = set(batch) | {Columns.STATE_IN, Columns.STATE_OUT}
-        for episode in episodes:
+        for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             for column, steps in _step_columns(episode, skip):
                 self.add_n_batch_items(batch, column, steps, len(episode), episode)
         return batch

@@ -43,8 +43,10 @@ class AddOneTsToEpisodesAndTruncate(ConnectorV2):
         **kwargs: Any,
     ) -> dict[str, Any]:
         orig_truncateds = []
-        for position, episode in enumerate(episodes):
+        for position, episode in enumerate(self.single_agent_episode_iterator(episodes, False)):
             episode.id_ = f"{episode.id_}_{position}"
+            if episode.agent_id is not None:  # RLlib renames the MultiAgentEpisode, which keys its agents' items
+                episode.multi_agent_episode_id = f"{episode.multi_agent_episode_id}_{position}"
             n = len(episode)
             orig_truncateds.append(episode.is_truncated)
             _add_one_ts_and_truncate(episode)

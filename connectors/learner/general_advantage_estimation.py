@@ -12,7 +12,7 @@ import torch
 
 from rlgate.connectors.common.numpy_to_tensor import to_tensor
 from rlgate.connectors.common.tensor_to_numpy import to_numpy
-from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_rl_module
 from rlgate.connectors.zero_padding import pad, unpad
 from rlgate.core.columns import Columns
 
@@ -84,6 +84,9 @@ class GeneralAdvantageEstimation(ConnectorV2):
     MODEL_VERSION lags it by more than one version, that episode's targets are V-trace's (with the
     module's current log-probabilities against the recorded ACTION_LOGP), as APPO does; PPO's ratio then
     still corrects the policy gradient. One version of lag (sampling overlapping training) keeps GAE.
+
+    With a MultiRLModule, all of it per module (as RLlib): its values, its agents' episodes, its own
+    standardisation, and its own version (`shared_data["learner_versions"][module id]`).
     """
 
     def __init__(
@@ -110,9 +113,24 @@ class GeneralAdvantageEstimation(ConnectorV2):
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
+        shared_data = shared_data or {}
+        sa_episodes = list(self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False))
+        if is_multi_rl_module(rl_module):
+            versions = shared_data.get("learner_versions", {})
+            for module_id, module_batch in batch.items():
+                lens = [len(e) for e in sa_episodes if e.module_id == module_id]
+                self._add_advantages(rl_module[module_id], module_batch, lens, versions.get(module_id))
+        else:
+            self._add_advantages(rl_module, batch, [len(e) for e in sa_episodes], shared_data.get("learner_version"))
+        return batch
+
+    def _add_advantages(
+        self, rl_module: RLModule, batch: dict[str, Any], episode_lens: list[int], version: int | None
+    ) -> None:
+        """ADVANTAGES and VALUE_TARGETS for one module's batch, whose steps are those of `episode_lens`;
+        `version`: the module's version now (for the off-policy correction), if known."""
         with torch.no_grad():
             values_tensor = rl_module.compute_values(batch)
-        episode_lens = [len(episode) for episode in episodes]
 
         def steps(data: Any) -> np.ndarray:
             return unpad(to_numpy(data), episode_lens)
@@ -120,7 +138,7 @@ class GeneralAdvantageEstimation(ConnectorV2):
         values = steps(values_tensor)
         columns = (steps(batch[Columns.REWARDS]), steps(batch[Columns.TERMINATEDS]), steps(batch[Columns.TRUNCATEDS]))
         value_targets = compute_value_targets(values, *columns, self.gamma, self.lambda_)
-        lagging = self._lagging_rows(batch, episode_lens, shared_data or {}, steps)
+        lagging = self._lagging_rows(batch, episode_lens, version, steps)
         if lagging is not None:
             log_rhos = self._log_rhos(rl_module, batch, steps)
             if Columns.LOSS_MASK in batch:
@@ -136,14 +154,12 @@ class GeneralAdvantageEstimation(ConnectorV2):
             value_targets = pad(value_targets, episode_lens, max_seq_len)
         batch[Columns.ADVANTAGES] = to_tensor(advantages.astype(np.float32), values_tensor.device)
         batch[Columns.VALUE_TARGETS] = to_tensor(value_targets, values_tensor.device)
-        return batch
 
     @staticmethod
     def _lagging_rows(
-        batch: dict[str, Any], episode_lens: list[int], shared_data: dict, steps: Any
+        batch: dict[str, Any], episode_lens: list[int], version: int | None, steps: Any
     ) -> np.ndarray | None:
         """Per step: whether its episode has steps more than one version behind the learner; None if none has."""
-        version = shared_data.get("learner_version")
         if version is None or Columns.MODEL_VERSION not in batch:
             return None
         lag = version - steps(batch[Columns.MODEL_VERSION])

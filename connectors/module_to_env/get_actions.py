@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_rl_module
 from rlgate.core.columns import Columns
 
 if TYPE_CHECKING:
@@ -16,7 +16,8 @@ class GetActions(ConnectorV2):
     """Write ACTIONS (and, when exploring, ACTION_LOGP) from ACTION_DIST_INPUTS, unless ACTIONS exist.
 
     Exploring: a sample of the module's exploration distribution. Otherwise: the deterministic (greedy)
-    action of its inference distribution. Works on the whole [B, ...] tensor at once.
+    action of its inference distribution. Works on the whole [B, ...] tensor at once; for a MultiRLModule, on
+    each module's outputs with that module's distribution.
     """
 
     def __call__(
@@ -30,14 +31,22 @@ class GetActions(ConnectorV2):
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        if Columns.ACTIONS in batch or Columns.ACTION_DIST_INPUTS not in batch:
-            return batch
-        if explore:
-            dist = rl_module.get_exploration_action_dist_cls().from_logits(batch[Columns.ACTION_DIST_INPUTS])
-            batch[Columns.ACTIONS] = dist.sample()
-            if Columns.ACTION_LOGP not in batch:
-                batch[Columns.ACTION_LOGP] = dist.logp(batch[Columns.ACTIONS])
+        if is_multi_rl_module(rl_module):
+            for module_id, module_outputs in batch.items():
+                _get_actions(module_outputs, rl_module[module_id], explore)
         else:
-            dist = rl_module.get_inference_action_dist_cls().from_logits(batch[Columns.ACTION_DIST_INPUTS])
-            batch[Columns.ACTIONS] = dist.to_deterministic().sample()
+            _get_actions(batch, rl_module, explore)
         return batch
+
+
+def _get_actions(batch: dict[str, Any], rl_module: RLModule, explore: bool | None) -> None:
+    if Columns.ACTIONS in batch or Columns.ACTION_DIST_INPUTS not in batch:
+        return
+    if explore:
+        dist = rl_module.get_exploration_action_dist_cls().from_logits(batch[Columns.ACTION_DIST_INPUTS])
+        batch[Columns.ACTIONS] = dist.sample()
+        if Columns.ACTION_LOGP not in batch:
+            batch[Columns.ACTION_LOGP] = dist.logp(batch[Columns.ACTIONS])
+    else:
+        dist = rl_module.get_inference_action_dist_cls().from_logits(batch[Columns.ACTION_DIST_INPUTS])
+        batch[Columns.ACTIONS] = dist.to_deterministic().sample()

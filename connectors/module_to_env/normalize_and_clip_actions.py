@@ -50,6 +50,7 @@ class NormalizeAndClipActions(ConnectorV2):
     ACTIONS stay raw (they go into the episode; the learner's logp needs them); ACTIONS_FOR_ENV go to the
     env. Unlike RLlib, ACTIONS_FOR_ENV is always written (the same object as ACTIONS when neither flag is
     set), so a caller never needs a fallback. Batched ACTIONS are transformed in one vectorised step.
+    Multi-agent: the action space is a Dict by agent id; each agent's actions use its own space.
     """
 
     def __init__(
@@ -85,7 +86,7 @@ class NormalizeAndClipActions(ConnectorV2):
             batch[Columns.ACTIONS_FOR_ENV] = self._for_env(actions)
         else:
             batch[Columns.ACTIONS_FOR_ENV] = {
-                key: [self._for_env(action) for action in items] for key, items in actions.items()
+                key: [self._for_env(action, key) for action in items] for key, items in actions.items()
             }
         return batch
 
@@ -97,7 +98,9 @@ class NormalizeAndClipActions(ConnectorV2):
             self._box = any(isinstance(leaf, gym.spaces.Box) for leaf in flatten(space_struct(space)))
         return self._box
 
-    def _for_env(self, action: Any) -> Any:
+    def _for_env(self, action: Any, key: tuple = ()) -> Any:
+        """The action for the env; multi-agent keys (eps id, agent id, module id) take the agent's space."""
+        space = self.action_space[key[1]] if len(key) == 3 else self.action_space
         if self.normalize_actions:
-            return unsquash_action(action, self.action_space)
-        return clip_action(action, self.action_space)
+            return unsquash_action(action, space)
+        return clip_action(action, space)

@@ -41,9 +41,11 @@ class RemoveSingleTsTimeRankFromBatch(ConnectorV2):
             if is_batched(data):
                 batch[column] = map_structure(lambda a: np.squeeze(a, axis=1), data)
             else:
-                self.foreach_batch_item_change_in_place(batch, column, _squeeze_time)
+
+                def squeeze_time(item: Any, eps_id: Any, agent_id: Any, module_id: Any) -> Any:
+                    if module_id is not None and not rl_module[module_id].is_stateful():
+                        return item  # a multi-agent batch's stateless module never got the time axis
+                    return map_structure(lambda a: np.squeeze(a, axis=0), item)
+
+                self.foreach_batch_item_change_in_place(batch, column, squeeze_time)
         return batch
-
-
-def _squeeze_time(item: Any, *ids: Any) -> Any:
-    return map_structure(lambda a: np.squeeze(a, axis=0), item)
