@@ -1,4 +1,4 @@
-"""Episodes as RLlib 2.60 defines them (SingleAgentEpisode, MultiAgentEpisode, InfiniteLookbackBuffer), and their wire codec."""
+"""Episodes as RLlib 2.60 defines them (Single- and MultiAgentEpisode, InfiniteLookbackBuffer), and their wire codec."""
 
 from rlgate.episodes.infinite_lookback_buffer import InfiniteLookbackBuffer
 from rlgate.episodes.multi_agent_episode import MultiAgentEpisode

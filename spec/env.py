@@ -45,6 +45,23 @@ def env_spaces(spec: EnvSpec, imports: ImportPolicy) -> tuple[gym.Space, gym.Spa
         env.close()
 
 
+def is_multi_agent_env(env: object) -> bool:
+    """A PettingZoo ParallelEnv or AECEnv (told by its API: `possible_agents`, per-agent space methods)."""
+    return hasattr(env, "possible_agents") and callable(getattr(env, "observation_space", None))
+
+
+def agent_spaces(spec: EnvSpec, imports: ImportPolicy) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """agent id -> (observation space, action space) of a multi-agent env (made once and closed), in the
+    order of its `possible_agents`."""
+    env = env_factory(spec, imports)()
+    try:
+        if not is_multi_agent_env(env):
+            raise SpecError(f"env.id: {spec.id!r} is not a PettingZoo ParallelEnv or AECEnv, but [multi_agent] is set")
+        return {agent: (env.observation_space(agent), env.action_space(agent)) for agent in env.possible_agents}
+    finally:
+        env.close()
+
+
 def _make_registered(env_id: str, kwargs: dict) -> gym.Env:
     try:
         return gym.make(env_id, **kwargs)

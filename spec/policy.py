@@ -79,7 +79,8 @@ def _keyword_arguments(cls: type) -> set[str]:
     return names - {"self", "input_observation_space", "input_action_space"}
 
 
-def _pieces(pieces: list[PieceSpec], imports: ImportPolicy, pipeline: str) -> list[ConnectorV2]:
+def build_pieces(pieces: list[PieceSpec], imports: ImportPolicy, pipeline: str) -> list[ConnectorV2]:
+    """The pieces a spec lists for one pipeline ("env_to_module", "module_to_env" or "learner")."""
     return [build_piece(p, imports, f"connectors.{pipeline}[{i}]") for i, p in enumerate(pieces)]
 
 
@@ -94,7 +95,7 @@ def build_env_to_module(
     """
 
     def pieces(obs: gym.Space, act: gym.Space) -> list[ConnectorV2]:
-        user = _pieces(spec.connectors.env_to_module, imports, "env_to_module")
+        user = build_pieces(spec.connectors.env_to_module, imports, "env_to_module")
         if spec.model.module_class is None:
             output = ConnectorPipelineV2(obs, act, connectors=list(user)).observation_space
             if not encodes(output):
@@ -111,7 +112,7 @@ def build_module_to_env(
     return build_module_to_env_pipeline(
         observation_space,
         action_space,
-        module_to_env_connector=lambda _o, _a: _pieces(spec.connectors.module_to_env, imports, "module_to_env"),
+        module_to_env_connector=lambda _o, _a: build_pieces(spec.connectors.module_to_env, imports, "module_to_env"),
     )
 
 
@@ -123,7 +124,7 @@ def build_learner_connector(
     return build_learner_pipeline(
         observation_space,
         action_space,
-        learner_connector=lambda _o, _a: _pieces(spec.connectors.learner, imports, "learner"),
+        learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner"),
         device=device,
         gae=(algorithm.gamma, algorithm.lambda_),
     )

@@ -19,6 +19,9 @@ A TOML, YAML or JSON file, or built in Python::
     [algorithm]                    # PPO's hyper-parameters
     lr = 0.001
 
+    [multi_agent]                  # only for a multi-agent (PettingZoo) env
+    policy_mapping_fn = "per_agent"  # "shared", "per_agent" or "pkg.mod:fn"
+
 The learner owns the spec: it sends it to every server with the weights and writes it into every
 checkpoint, so no two processes hold settings that must agree.
 """
@@ -171,6 +174,57 @@ class SamplingSpec(_Section):
     )
 
 
+SHARED = "shared"
+PER_AGENT = "per_agent"
+
+
+class MultiAgentSpec(_Section):
+    """A multi-agent run (RLlib's `AlgorithmConfig.multi_agent()`): which module each agent acts with, which
+    modules train, and how steps are counted. The env is then a PettingZoo ParallelEnv or AECEnv."""
+
+    policies: list[str] | None = Field(
+        None,
+        description="The module ids. Unset: 'default_policy' for the shared mapping, the env's agent ids for "
+        "per_agent; required with a mapping function of your own.",
+    )
+    policy_mapping_fn: str = Field(
+        SHARED,
+        description="Agent id -> module id: 'shared' (every agent acts with one module, 'default_policy'), "
+        "'per_agent' (one module per agent, named by its agent id) or 'pkg.mod:fn', a function "
+        "(agent_id, episode, **kwargs) -> module id, called once per agent and episode.",
+    )
+    policies_to_train: list[str] | None = Field(
+        None, description="The modules the learner updates; unset: all (the others keep their weights)."
+    )
+    count_steps_by: Literal["env_steps", "agent_steps"] = Field(
+        "env_steps",
+        description="What train_batch_size, rollout_fragment_length and the servers' steps per version count: "
+        "env steps (one per env.step(), however many agents acted) or agent steps (one per acting agent).",
+    )
+
+    @field_validator("policy_mapping_fn")
+    @classmethod
+    def _builtin_or_path(cls, value: str) -> str:
+        if value not in (SHARED, PER_AGENT):
+            split_path(value)
+        return value
+
+    @model_validator(mode="after")
+    def _modules_known(self) -> MultiAgentSpec:
+        if self.policy_mapping_fn not in (SHARED, PER_AGENT) and not self.policies:
+            raise ValueError("policies: list the module ids your policy_mapping_fn maps agents to")
+        if self.policy_mapping_fn == SHARED and self.policies not in (None, ["default_policy"]):
+            raise ValueError("policies: the shared mapping has one module, 'default_policy'")
+        if self.policies and self.policies_to_train:
+            unknown = sorted(set(self.policies_to_train) - set(self.policies))
+            if unknown:
+                raise ValueError(f"policies_to_train: {unknown} are not in policies {self.policies}")
+        return self
+
+    def module(self) -> str | None:
+        return split_path(self.policy_mapping_fn)[0] if ":" in self.policy_mapping_fn else None
+
+
 class RunSpec(_Section):
     """What a run is: env, model, connector pieces, sampling and the algorithm's hyper-parameters."""
 
@@ -179,6 +233,9 @@ class RunSpec(_Section):
     connectors: ConnectorsSpec = Field(default_factory=ConnectorsSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     algorithm: PPOConfig = Field(default_factory=PPOConfig)
+    multi_agent: MultiAgentSpec | None = Field(
+        None, description="Present for a multi-agent env (PettingZoo); absent: a single-agent gymnasium env."
+    )
     seed: int | None = Field(None, description="Seed of the initial weights, sampling and the envs.")
 
     @classmethod
@@ -211,13 +268,17 @@ class RunSpec(_Section):
     def modules(self) -> list[str]:
         """Every module this spec names code from (what a process must be allowed to import)."""
         pieces = [*self.connectors.env_to_module, *self.connectors.module_to_env, *self.connectors.learner]
-        named = [self.env.module(), self.model.module(), *(p.module() for p in pieces)]
+        named = [self.env.module(), self.model.module(), *(p.module() for p in pieces), self._mapping_module()]
         return sorted({name for name in named if name})
 
     def policy_modules(self) -> list[str]:
         """The modules a server needs (pieces and model; never the env, which runs in the clients)."""
         pieces = [*self.connectors.env_to_module, *self.connectors.module_to_env]
-        return sorted({name for name in (self.model.module(), *(p.module() for p in pieces)) if name})
+        named = (self.model.module(), *(p.module() for p in pieces), self._mapping_module())
+        return sorted({name for name in named if name})
+
+    def _mapping_module(self) -> str | None:
+        return self.multi_agent.module() if self.multi_agent else None
 
 
 def read_spec_file(path: Path) -> dict[str, Any]:

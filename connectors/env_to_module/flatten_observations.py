@@ -37,11 +37,43 @@ class FlattenObservations(ConnectorV2):
     mode; episode ids are first renamed as AddObservationsFromEpisodesToBatch renames them (RLlib's
     leaves them, mixing chunks of one episode), a no-op after PPO's AddOneTsToEpisodesAndTruncate; and
     a batch that already has OBS is refused (RLlib's appends a second set of observations to it).
+
+    Multi-agent (`multi_agent`, RLlib's option of the same name; env-to-module): the spaces are Dicts by agent
+    id and each agent's latest observation is flattened in its own space and written back into its episode
+    (the agents that observed at the latest env step of each MultiAgentEpisode; AddObservationsFromEpisodesToBatch
+    then adds them). `agent_ids` limits flattening to those agents (default: all).
     """
+
+    def __init__(
+        self,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
+        *,
+        multi_agent: bool = False,
+        agent_ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.multi_agent = multi_agent
+        self.agent_ids = agent_ids
+        super().__init__(input_observation_space, input_action_space, **kwargs)
 
     def recompute_output_observation_space(
         self, input_observation_space: gym.Space, input_action_space: gym.Space | None
     ) -> gym.Space:
+        if self.multi_agent:
+            return gym.spaces.Dict(
+                {
+                    agent_id: self._flat_space(space) if self._flattens(agent_id) else space
+                    for agent_id, space in input_observation_space.spaces.items()
+                }
+            )
+        return self._flat_space(input_observation_space)
+
+    def _flattens(self, agent_id: str) -> bool:
+        return self.agent_ids is None or agent_id in self.agent_ids
+
+    @staticmethod
+    def _flat_space(input_observation_space: gym.Space) -> gym.Space:
         sample = map_structure(lambda s: np.asarray(s.sample())[None], space_struct(input_observation_space))
         size = flatten_batch(sample, input_observation_space).shape[1]
         return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
@@ -59,6 +91,18 @@ class FlattenObservations(ConnectorV2):
     ) -> dict[str, Any]:
         if self._as_learner_connector:
             return self._add_flat_observations(batch, episodes)
+        if self.multi_agent:
+            for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
+                if not self._flattens(episode.agent_id):
+                    continue
+                latest, flat_space = episode.get_observations(-1), self.observation_space[episode.agent_id]
+                if isinstance(latest, np.ndarray) and latest.shape == flat_space.shape and latest.dtype == np.float32:
+                    continue  # flat already: a terminated agent's repeated last observation
+                space = self.input_observation_space[episode.agent_id]
+                flat = flatten_batch(batch_items([latest]), space)[0]
+                episode.set_observations(new_data=flat, at_indices=-1)
+                episode.observation_space = flat_space
+            return batch
         if episodes:
             flat = flatten_batch(get_latest_observations(batch, episodes), self.input_observation_space)
             set_latest_observations(batch, episodes, flat, self.observation_space)

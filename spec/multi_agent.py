@@ -1,0 +1,145 @@
+"""A multi-agent run spec's policy, built: agent -> module mapping, module spaces, pipelines, MultiRLModule.
+
+The server and the learner both build through these functions (as `spec.policy` does for single-agent
+runs), so both map agents to the same modules and build the same modules and pieces.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import torch
+
+from rlgate.connectors import ConnectorPipelineV2, ConnectorV2
+from rlgate.connectors.builders import (
+    build_env_to_module_pipeline,
+    build_learner_pipeline,
+    build_module_to_env_pipeline,
+)
+from rlgate.connectors.env_to_module import FlattenObservations
+from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, default_agent_to_module_mapping_fn
+from rlgate.models import MultiRLModule
+from rlgate.models.catalog import encodes
+from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.policy import build_pieces, build_rl_module
+from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
+
+#: agent id -> (observation space, action space), as the env declares them.
+AgentSpaces = dict[str, tuple[gym.Space, gym.Space]]
+
+
+def _per_agent(agent_id: str, episode: MultiAgentEpisode) -> str:
+    """The built-in "one module per agent" mapping: the module is named by its agent."""
+    return str(agent_id)
+
+
+def agent_to_module_mapping_fn(spec: RunSpec, imports: ImportPolicy) -> MappingFn:
+    """The spec's mapping: built-in (shared, per_agent) or the user's function by import path."""
+    path = spec.multi_agent.policy_mapping_fn
+    if path == SHARED:
+        return default_agent_to_module_mapping_fn
+    if path == PER_AGENT:
+        return _per_agent
+    fn = imports.load(path, "multi_agent.policy_mapping_fn")
+    if not callable(fn):
+        raise SpecError(f"multi_agent.policy_mapping_fn: {path!r} is not a function (agent_id, episode) -> module id")
+    return fn
+
+
+def module_spaces(spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolicy) -> dict[str, tuple]:
+    """module id -> (observation space, action space), from the spaces of the agents mapped to it.
+
+    Raises SpecError when agents of one module have different spaces, when an agent maps to a module not
+    in `policies`, or when a module in `policies` gets no agent.
+    """
+    mapping, declared = agent_to_module_mapping_fn(spec, imports), spec.multi_agent.policies
+    found: dict[str, tuple] = {}
+    owner: dict[str, str] = {}
+    for agent_id, spaces in agent_spaces.items():
+        module_id = mapping(agent_id, MultiAgentEpisode())
+        if declared and module_id not in declared:
+            raise SpecError(f"multi_agent: agent {agent_id!r} maps to module {module_id!r}, not in policies {declared}")
+        if module_id in found and found[module_id] != spaces:
+            raise SpecError(
+                f"multi_agent: agents {owner[module_id]!r} and {agent_id!r} map to module {module_id!r} but have "
+                f"different spaces ({found[module_id]} and {spaces}): map them to separate modules"
+            )
+        found[module_id], owner[module_id] = spaces, agent_id
+    missing = sorted(set(declared or ()) - set(found))
+    if missing:
+        raise SpecError(f"multi_agent: no agent of the env maps to modules {missing} (agents: {list(agent_spaces)})")
+    order = declared or list(found)
+    return {module_id: found[module_id] for module_id in order}
+
+
+def modules_to_train(spec: RunSpec, module_ids: list[str]) -> list[str]:
+    """The modules the learner updates (policies_to_train, default all)."""
+    wanted = spec.multi_agent.policies_to_train
+    return [m for m in module_ids if wanted is None or m in wanted]
+
+
+def _dicts(agent_spaces: AgentSpaces) -> tuple[gym.spaces.Dict, gym.spaces.Dict]:
+    return (
+        gym.spaces.Dict({a: spaces[0] for a, spaces in agent_spaces.items()}),
+        gym.spaces.Dict({a: spaces[1] for a, spaces in agent_spaces.items()}),
+    )
+
+
+def build_multi_agent_env_to_module(
+    spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolicy, device: str = "cpu"
+) -> ConnectorPipelineV2:
+    """The spec's env-to-module pipeline over MultiAgentEpisodes (ending in AgentToModuleMapping): its output
+    observation space is a Dict of the modules' observation spaces.
+
+    With the default model, agents whose observations (after the user's pieces) its encoders cannot take are
+    flattened by a FlattenObservations(multi_agent=True) appended to the user's pieces.
+    """
+    observation_space, action_space = _dicts(agent_spaces)
+    user: list[ConnectorV2] = build_pieces(spec.connectors.env_to_module, imports, "env_to_module")
+    output = ConnectorPipelineV2(observation_space, action_space, connectors=list(user)).observation_space
+    if spec.model.module_class is None:
+        flat = [a for a, space in output.spaces.items() if not encodes(space)]
+        if flat:
+            user.append(FlattenObservations(multi_agent=True, agent_ids=flat))
+            output = ConnectorPipelineV2(observation_space, action_space, connectors=list(user)).observation_space
+    modules = module_spaces(spec, {a: (output[a], agent_spaces[a][1]) for a in agent_spaces}, imports)
+    return build_env_to_module_pipeline(
+        observation_space,
+        action_space,
+        env_to_module_connector=lambda _o, _a: user,
+        device=device,
+        module_spaces=modules,
+    )
+
+
+def build_multi_agent_module_to_env(
+    spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolicy
+) -> ConnectorPipelineV2:
+    """The spec's module-to-env pipeline: one `{agent id: action}` dict per episode, actions in each agent's space."""
+    return build_module_to_env_pipeline(
+        *_dicts(agent_spaces),
+        module_to_env_connector=lambda _o, _a: build_pieces(spec.connectors.module_to_env, imports, "module_to_env"),
+        multi_agent=True,
+    )
+
+
+def build_multi_agent_learner_connector(
+    spec: RunSpec, modules: dict[str, tuple], imports: ImportPolicy, device: str = "cpu"
+) -> ConnectorPipelineV2:
+    """The spec's learner pipeline with PPO's pieces, ending in per-module batches (GAE per module)."""
+    algorithm = spec.algorithm
+    return build_learner_pipeline(
+        gym.spaces.Dict({m: spaces[0] for m, spaces in modules.items()}),
+        gym.spaces.Dict({m: spaces[1] for m, spaces in modules.items()}),
+        learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner"),
+        device=device,
+        gae=(algorithm.gamma, algorithm.lambda_),
+        module_spaces=modules,
+    )
+
+
+def build_multi_rl_module(spec: RunSpec, modules: dict[str, tuple], imports: ImportPolicy) -> MultiRLModule:
+    """One module of the spec's model per module id, for its (env-to-module output) spaces; seeded once."""
+    if spec.seed is not None:
+        torch.manual_seed(spec.seed)
+    unseeded = spec.model_copy(update={"seed": None})
+    return MultiRLModule({m: build_rl_module(unseeded, *spaces, imports) for m, spaces in modules.items()})
