@@ -4,7 +4,7 @@ Every column travels with its lookback: observations and infos have `len_lookbac
 rows, actions, rewards and extra model outputs `len_lookback_buffer + len`. Nested (Dict/Tuple) data
 travels as a nested Value of tensors. The extra model output `Columns.MODEL_VERSION` travels in the
 `model_versions` field (int64), the others in `extra_model_outputs`. The episode's `chunk_index`
-attribute travels in `chunk_index`. Infos travel only when at least one is non-empty (as Structs, so
+attribute travels in `chunk_index`, `multi_agent_env_steps` in its field. Infos travel only when at least one is non-empty (as Structs, so
 numbers come back as floats); `custom_data` does not travel.
 
 Decoding builds numpy-mode buffers straight from the decoded arrays (read-only views of the message's
@@ -62,6 +62,7 @@ def episode_to_proto(episode: SingleAgentEpisode) -> episode_pb2.Episode:
         agent_id=_text(episode.agent_id),
         module_id=_text(episode.module_id),
         multi_agent_episode_id=_text(episode.multi_agent_episode_id),
+        multi_agent_env_steps=episode.multi_agent_env_steps,
     )
 
 
@@ -113,6 +114,7 @@ def episode_from_proto(
     except ValueError as exc:
         raise CodecError(str(exc)) from exc
     episode.chunk_index = msg.chunk_index
+    episode.multi_agent_env_steps = msg.multi_agent_env_steps
     return episode
 
 

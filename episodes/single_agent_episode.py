@@ -6,7 +6,9 @@ from the episode chunk this one continues). Constructor, methods, keyword argume
 RLlib 2.60; see `episodes.infinite_lookback_buffer` for the index semantics of the getters and setters.
 
 rlgate additions and differences: `chunk_index` (0 for a fresh episode, +1 for each `cut()` successor,
-carried by `get_state()` and the wire codec) identifies chunks of one long episode; `cut()` and `slice()`
+carried by `get_state()` and the wire codec) identifies chunks of one long episode; `multi_agent_env_steps`
+(an agent's episode: the env steps of the multi-agent chunk it was shipped with, on one agent of each chunk,
+else 0; carried by the wire codec) lets the learner count env steps; `cut()` and `slice()`
 keep `agent_id`, `module_id` and `multi_agent_episode_id`; `to_numpy()` also works on an empty episode;
 precondition failures raise RuntimeError / ValueError instead of AssertionError; `add_env_step` does no
 space checks (call `validate()` or check the data where it enters, off the per-step path).
@@ -46,6 +48,7 @@ class SingleAgentEpisode:
         "is_terminated",
         "is_truncated",
         "module_id",
+        "multi_agent_env_steps",
         "multi_agent_episode_id",
         "observations",
         "rewards",
@@ -83,6 +86,7 @@ class SingleAgentEpisode:
         self.module_id = module_id
         self.multi_agent_episode_id = multi_agent_episode_id
         self.chunk_index = 0
+        self.multi_agent_env_steps = 0
 
         len_rewards = _count(rewards)
         if len_lookback_buffer == "auto" or len_lookback_buffer > len_rewards:

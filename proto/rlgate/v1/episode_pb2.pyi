@@ -60,6 +60,7 @@ class Episode(_message.Message):
     AGENT_ID_FIELD_NUMBER: _builtins.int
     MODULE_ID_FIELD_NUMBER: _builtins.int
     MULTI_AGENT_EPISODE_ID_FIELD_NUMBER: _builtins.int
+    MULTI_AGENT_ENV_STEPS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique id of the episode; all chunks of one episode share it."""
     chunk_index: _builtins.int
@@ -72,6 +73,10 @@ class Episode(_message.Message):
     agent_id: _builtins.str
     module_id: _builtins.str
     multi_agent_episode_id: _builtins.str
+    multi_agent_env_steps: _builtins.int
+    """Multi-agent: the env steps of the multi-agent chunk this agent's chunk belongs to, on its first agent
+    chunk only (0 on the others), so that summing over chunks counts every env step once.
+    """
     @_builtins.property
     def observations(self) -> _tensor_pb2.Value:
         """Observations, batched along a leading time axis: len_lookback_buffer + len + 1 rows."""
@@ -114,10 +119,11 @@ class Episode(_message.Message):
         agent_id: _builtins.str = ...,
         module_id: _builtins.str = ...,
         multi_agent_episode_id: _builtins.str = ...,
+        multi_agent_env_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "model_versions", b"model_versions", "observations", b"observations", "rewards", b"rewards"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_id", b"agent_id", "chunk_index", b"chunk_index", "extra_model_outputs", b"extra_model_outputs", "id", b"id", "infos", b"infos", "len_lookback_buffer", b"len_lookback_buffer", "model_versions", b"model_versions", "module_id", b"module_id", "multi_agent_episode_id", b"multi_agent_episode_id", "observations", b"observations", "rewards", b"rewards", "t_started", b"t_started", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_id", b"agent_id", "chunk_index", b"chunk_index", "extra_model_outputs", b"extra_model_outputs", "id", b"id", "infos", b"infos", "len_lookback_buffer", b"len_lookback_buffer", "model_versions", b"model_versions", "module_id", b"module_id", "multi_agent_env_steps", b"multi_agent_env_steps", "multi_agent_episode_id", b"multi_agent_episode_id", "observations", b"observations", "rewards", b"rewards", "t_started", b"t_started", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -122,6 +122,46 @@ Global___WatchWeightsRequest: _TypeAlias = WatchWeightsRequest  # noqa: Y015
 class Weights(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ModuleWeightsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.bytes
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.bytes = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ModuleVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     SAFETENSORS_FIELD_NUMBER: _builtins.int
     CONNECTOR_STATE_FIELD_NUMBER: _builtins.int
@@ -129,6 +169,8 @@ class Weights(_message.Message):
     ACTION_SPACE_FIELD_NUMBER: _builtins.int
     SPEC_JSON_FIELD_NUMBER: _builtins.int
     MAX_UNACKED_STEPS_FIELD_NUMBER: _builtins.int
+    MODULE_WEIGHTS_FIELD_NUMBER: _builtins.int
+    MODULE_VERSIONS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     safetensors: _builtins.bytes
     """The model's state dict as safetensors bytes."""
@@ -151,6 +193,15 @@ class Weights(_message.Message):
 
     @_builtins.property
     def action_space(self) -> _tensor_pb2.Space: ...
+    @_builtins.property
+    def module_weights(self) -> _containers.ScalarMap[_builtins.str, _builtins.bytes]:
+        """Multi-agent runs: the weights of each module (safetensors bytes, by module id), instead of safetensors,
+        and each module's version (the number of updates that changed it), which the servers record per step
+        for the learner's staleness check. observation_space and action_space are Dicts by agent id.
+        """
+
+    @_builtins.property
+    def module_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -161,10 +212,12 @@ class Weights(_message.Message):
         action_space: _tensor_pb2.Space | None = ...,
         spec_json: _builtins.str = ...,
         max_unacked_steps: _builtins.int = ...,
+        module_weights: _abc.Mapping[_builtins.str, _builtins.bytes] | None = ...,
+        module_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "observation_space", b"observation_space"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "max_unacked_steps", b"max_unacked_steps", "observation_space", b"observation_space", "safetensors", b"safetensors", "spec_json", b"spec_json", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "max_unacked_steps", b"max_unacked_steps", "module_versions", b"module_versions", "module_weights", b"module_weights", "observation_space", b"observation_space", "safetensors", b"safetensors", "spec_json", b"spec_json", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,7 @@ class Hello(_message.Message):
     NUM_ENVS_FIELD_NUMBER: _builtins.int
     EXPLORE_FIELD_NUMBER: _builtins.int
     MODULE_ID_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     """Free-form name of the client, for logs and metrics."""
     num_envs: _builtins.int
@@ -84,6 +85,12 @@ class Hello(_message.Message):
     def action_space(self) -> _tensor_pb2.Space:
         """The env's action space (required); actions are clipped/unsquashed into it."""
 
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentSpaces]:
+        """Multi-agent sessions only (see "Multi-agent sessions" below): every agent that may appear, with its
+        spaces; observation_space and action_space are then left unset.
+        """
+
     def __init__(
         self,
         *,
@@ -93,10 +100,11 @@ class Hello(_message.Message):
         num_envs: _builtins.int = ...,
         explore: _builtins.bool = ...,
         module_id: _builtins.str = ...,
+        agents: _abc.Iterable[Global___AgentSpaces] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "observation_space", b"observation_space"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "client_id", b"client_id", "explore", b"explore", "module_id", b"module_id", "num_envs", b"num_envs", "observation_space", b"observation_space"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "agents", b"agents", "client_id", b"client_id", "explore", b"explore", "module_id", b"module_id", "num_envs", b"num_envs", "observation_space", b"observation_space"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -120,6 +128,7 @@ class Step(_message.Message):
     TERMINATED_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     INFOS_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def obs(self) -> _tensor_pb2.Value:
         """Observations batched along a leading axis of size N, shaped as the observation space. A float Box takes
@@ -145,6 +154,10 @@ class Step(_message.Message):
     def infos(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:
         """Optional: empty, or one per sub-env."""
 
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentsStep]:
+        """Multi-agent sessions only: one per sub-env (N), instead of obs, reward, terminated, truncated and infos."""
+
     def __init__(
         self,
         *,
@@ -153,10 +166,11 @@ class Step(_message.Message):
         terminated: _tensor_pb2.Tensor | None = ...,
         truncated: _tensor_pb2.Tensor | None = ...,
         infos: _abc.Iterable[_struct_pb2.Struct] | None = ...,
+        agents: _abc.Iterable[Global___AgentsStep] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["obs", b"obs", "reward", b"reward", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["infos", b"infos", "obs", b"obs", "reward", b"reward", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "infos", b"infos", "obs", b"obs", "reward", b"reward", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -236,6 +250,7 @@ class Actions(_message.Message):
 
     ACTIONS_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
     model_version: _builtins.int
     """The model version that chose them."""
     @_builtins.property
@@ -245,16 +260,256 @@ class Actions(_message.Message):
         Box's dtype when both bounds are finite, else float32.
         """
 
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentActions]:
+        """Multi-agent sessions only: one per sub-env (N), instead of actions."""
+
     def __init__(
         self,
         *,
         actions: _tensor_pb2.Value | None = ...,
         model_version: _builtins.int = ...,
+        agents: _abc.Iterable[Global___AgentActions] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "model_version", b"model_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agents", b"agents", "model_version", b"model_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Actions: _TypeAlias = Actions  # noqa: Y015
+
+@_typing.final
+class AgentSpaces(_message.Message):
+    """===================================================================================================
+    Multi-agent sessions (additive; single-agent clients never set these fields and see no change)
+    ===================================================================================================
+
+    A hello with `agents` opens a multi-agent session on a server whose run spec has a [multi_agent]
+    section (else FAILED_PRECONDITION). Every declared agent must be one the server's model knows, with the
+    same spaces. Each step carries one AgentsStep per sub-env, shaped like a PettingZoo ParallelEnv step
+    (or RLlib's MultiAgentEnv.step()): the observations of the agents that act next, rewards for any agent
+    (an agent's rewards between two of its actions are summed into its next step), per-agent
+    terminated/truncated and the env's "__all__". An agent that observes and is not done gets exactly one
+    action in the answer's AgentActions for that sub-env; no other agent does. Turn-based (AEC) envs send
+    one acting agent per step. The first step after hello carries the reset observations; after a sub-env's
+    episode ends ("__all__"), its next AgentsStep carries its reset observations (rewards and flags there
+    are ignored), as single-agent sub-envs do. INVALID_ARGUMENT, naming the agent: an agent not declared in
+    the hello, a missing "__all__" in terminateds or truncateds, an observation outside the agent's space,
+    a non-finite reward, data for an agent that is already done, an agent that observes twice without an
+    action between, no acting agent while the episode goes on.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    OBSERVATION_SPACE_FIELD_NUMBER: _builtins.int
+    ACTION_SPACE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    @_builtins.property
+    def observation_space(self) -> _tensor_pb2.Space: ...
+    @_builtins.property
+    def action_space(self) -> _tensor_pb2.Space: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        observation_space: _tensor_pb2.Space | None = ...,
+        action_space: _tensor_pb2.Space | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "observation_space", b"observation_space"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "agent_id", b"agent_id", "observation_space", b"observation_space"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentSpaces: _TypeAlias = AgentSpaces  # noqa: Y015
+
+@_typing.final
+class AgentsStep(_message.Message):
+    """One sub-env's step, keyed by agent id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ObsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _tensor_pb2.Value: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _tensor_pb2.Value | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class RewardsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class TerminatedsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.bool
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.bool = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class TruncatedsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.bool
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.bool = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class InfosEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _struct_pb2.Struct: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _struct_pb2.Struct | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    OBS_FIELD_NUMBER: _builtins.int
+    REWARDS_FIELD_NUMBER: _builtins.int
+    TERMINATEDS_FIELD_NUMBER: _builtins.int
+    TRUNCATEDS_FIELD_NUMBER: _builtins.int
+    INFOS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def obs(self) -> _containers.MessageMap[_builtins.str, _tensor_pb2.Value]:
+        """The agents that act next (unbatched observations in each agent's space)."""
+
+    @_builtins.property
+    def rewards(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Rewards since the last step, for any agent."""
+
+    @_builtins.property
+    def terminateds(self) -> _containers.ScalarMap[_builtins.str, _builtins.bool]:
+        """Per agent, and "__all__" (required) for the whole episode."""
+
+    @_builtins.property
+    def truncateds(self) -> _containers.ScalarMap[_builtins.str, _builtins.bool]: ...
+    @_builtins.property
+    def infos(self) -> _containers.MessageMap[_builtins.str, _struct_pb2.Struct]: ...
+    def __init__(
+        self,
+        *,
+        obs: _abc.Mapping[_builtins.str, _tensor_pb2.Value] | None = ...,
+        rewards: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        terminateds: _abc.Mapping[_builtins.str, _builtins.bool] | None = ...,
+        truncateds: _abc.Mapping[_builtins.str, _builtins.bool] | None = ...,
+        infos: _abc.Mapping[_builtins.str, _struct_pb2.Struct] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["infos", b"infos", "obs", b"obs", "rewards", b"rewards", "terminateds", b"terminateds", "truncateds", b"truncateds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentsStep: _TypeAlias = AgentsStep  # noqa: Y015
+
+@_typing.final
+class AgentActions(_message.Message):
+    """One sub-env's actions, keyed by agent id (unbatched, in each agent's action space)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ActionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _tensor_pb2.Value: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _tensor_pb2.Value | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def actions(self) -> _containers.MessageMap[_builtins.str, _tensor_pb2.Value]: ...
+    def __init__(
+        self,
+        *,
+        actions: _abc.Mapping[_builtins.str, _tensor_pb2.Value] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentActions: _TypeAlias = AgentActions  # noqa: Y015
