@@ -55,7 +55,10 @@ class Intake:
     """Pending chunks, the keys already seen, and episode returns for progress reporting.
 
     `observation_spaces`: the spaces a batch may say its observations are in (the env's and each
-    env-to-module piece's output); the first is assumed when a batch says none.
+    env-to-module piece's output); the first is assumed when a batch says none. Multi-agent: `agent_spaces`
+    gives each agent's (observation space, action space) as its chunks hold them, used for chunks with an
+    agent id, `count` counts chunks' steps (env or agent steps; default: their length) and chunks are taken
+    whole (`split_chunks=False`), since an agent chunk's share of env steps cannot be split.
     """
 
     directory: Path
@@ -75,6 +78,9 @@ class Intake:
     lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
     allow_nonfinite_obs: bool = False  # the env's observations may be +-inf or NaN (its spec says so)
     on_reject: Callable[[str, int], None] = lambda reason, chunks: None  # told of every rejection
+    agent_spaces: dict[str, tuple[gym.Space, gym.Space]] | None = None
+    count: Callable[[list[SingleAgentEpisode]], int] = field(default=lambda episodes: sum(map(len, episodes)))
+    split_chunks: bool = True  # False (multi-agent): chunks are taken whole; their env steps count per chunk
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -116,7 +122,7 @@ class Intake:
         self.pending = deque(chunk for chunk in self.pending if _newest_version(chunk) >= min_version)
         for chunk in stale:
             self._finish(chunk_key(chunk.id_, chunk.chunk_index))
-        steps = sum(len(chunk) for chunk in stale)
+        steps = self.count(stale)
         self.pending_steps -= steps
         return steps
 
@@ -128,14 +134,14 @@ class Intake:
             chunk = self.pending.popleft()
             key = chunk_key(chunk.id_, chunk.chunk_index)
             need = steps - taken
-            if len(chunk) > need:
+            if self.split_chunks and len(chunk) > need:
                 self.pending.appendleft(chunk.slice(slice(need, None), len_lookback_buffer=self.lookback))
                 self._taken[key] = self._taken.get(key, 0) + need
                 chunk = chunk.slice(slice(0, need))
             else:
                 self._finish(key)
             batch.append(chunk)
-            taken += len(chunk)
+            taken += self.count([chunk])
         self.pending_steps -= taken
         return batch
 
@@ -175,8 +181,14 @@ class Intake:
             if key in self._seen:
                 self.duplicates += 1
                 continue
+            spaces = (observation_space, self.action_space)
+            if self.agent_spaces is not None:
+                if message.agent_id not in self.agent_spaces:
+                    self._reject("unknown agent", 1, f"{key} from server {batch.server_id}: agent {message.agent_id!r}")
+                    continue
+                spaces = self.agent_spaces[message.agent_id]
             try:
-                episode = episode_from_proto(message, observation_space, self.action_space)
+                episode = episode_from_proto(message, *spaces)
             except ValueError as exc:  # CodecError included: one bad chunk never blocks the others
                 self._reject("malformed", 1, f"{key} from server {batch.server_id}: {exc}")
                 continue
@@ -188,7 +200,7 @@ class Intake:
             if key in self._taken:  # split before a restart: its first steps are trained already
                 episode = episode.slice(slice(self._taken[key], None), len_lookback_buffer=self.lookback)
             self.pending.append(episode)
-            self.pending_steps += len(episode)
+            self.pending_steps += self.count([episode])
             accepted.append(key)
             self._track_return(episode)
         return accepted

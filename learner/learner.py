@@ -11,16 +11,25 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core import codec
+from rlgate.episodes import MultiAgentEpisode
 from rlgate.learner.intake import Intake
 from rlgate.learner.metrics import LearnerMetrics
+from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
 from rlgate.learner.progress import Progress
 from rlgate.learner.servers import Servers
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
 from rlgate.spec import checkpoint
-from rlgate.spec.env import env_spaces
+from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.multi_agent import (
+    agent_to_module_mapping_fn,
+    build_multi_agent_env_to_module,
+    build_multi_agent_learner_connector,
+    build_multi_rl_module,
+    modules_to_train,
+)
 from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
@@ -54,7 +63,10 @@ class Learner:
             )
         else:
             self.spec = given
-            self.observation_space, self.action_space = env_spaces(given.env, self.imports)
+            self.observation_space, self.action_space = run_spaces(given.env, bool(given.multi_agent), self.imports)
+        if self.spec.multi_agent:
+            self._init_multi_agent(ckpt)
+            return
         # The servers' env-to-module pipeline, here as the coordinator of their statistics (MeanStdFilter).
         self.connectors = build_env_to_module(self.spec, self.observation_space, self.action_space, self.imports)
         if ckpt is not None and ckpt.connector_state:
@@ -86,12 +98,60 @@ class Learner:
             allow_nonfinite_obs=self.spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
         )
+        self._init_service()
+
+    def _init_multi_agent(self, ckpt: checkpoint.Checkpoint | None) -> None:
+        """A multi-agent run: a MultiRLModule (a module per module id), its trainer, and an intake that decodes
+        each agent's chunks in that agent's spaces and counts steps by count_steps_by."""
+        settings, spec = self.settings, self.spec
+        agents = {a: (self.observation_space[a], self.action_space[a]) for a in self.observation_space.spaces}
+        self.connectors = build_multi_agent_env_to_module(spec, agents, self.imports)
+        if ckpt is not None and ckpt.connector_state:
+            self.connectors.set_state(ckpt.connector_state)
+        modules = {
+            m: (self.connectors.observation_space[m], self.connectors.action_space[m])
+            for m in self.connectors.observation_space.spaces
+        }
+        module = build_multi_rl_module(spec, modules, self.imports)
+        for module_id, weights in ((ckpt.module_weights or {}) if ckpt else {}).items():
+            load_weights(module[module_id], weights)
+        module.eval()
+        self.trainer = MultiAgentTrainer(
+            module,
+            build_multi_agent_learner_connector(spec, modules, self.imports),
+            spec.algorithm,
+            trainable=modules_to_train(spec, list(modules)),
+            count_steps_by=spec.multi_agent.count_steps_by,
+            max_staleness=settings.max_staleness,
+            seed=spec.seed,
+            version=ckpt.version if ckpt else 0,
+            module_versions=ckpt.module_versions if ckpt else None,
+            optimizer_states=ckpt.module_optimizer_states if ckpt else None,
+            env_steps=ckpt.env_steps if ckpt else 0,
+        )
+        mapping = agent_to_module_mapping_fn(spec, self.imports)
+        self.intake = Intake(
+            settings.checkpoint_dir / "intake",
+            [self.connectors.observation_space],
+            self.action_space,
+            trained=set(ckpt.trained_chunks if ckpt else ()),
+            resume=settings.resume,
+            allow_nonfinite_obs=spec.env.allow_nonfinite_obs,
+            on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
+            split_chunks=False,
+            agent_spaces={a: modules[mapping(a, MultiAgentEpisode())] for a in agents},
+            count=self.trainer.steps,
+        )
+        self._init_service()
+
+    def _init_service(self) -> None:
+        """What both kinds of run share once the trainer and intake exist: published weights, counters."""
         self.watchers = 0  # servers watching for weights now
         self.weights = self._weights_message()
         self.last_update: dict[str, Any] = {}
         self.started = time.time()
         # Update and episode histories (the live page's), and the experiment log (TensorBoard, progress.csv).
-        self.progress = Progress(settings.experiment_log_dir(), env_steps=self.trainer.env_steps)
+        self.progress = Progress(self.settings.experiment_log_dir(), env_steps=self.trainer.env_steps)
         self.progress.episodes_finished(self.intake.take_finished(), self.env_steps_received())
         self.servers = Servers()  # the inference servers that report to this learner
         self.updating_since: float | None = None  # when the update in progress started (time.time())
@@ -176,7 +236,10 @@ class Learner:
         size = self.spec.algorithm.train_batch_size
         async with self._intake_changed:
             while True:
-                stale = self.intake.drop_stale(self.trainer.version - self.settings.max_staleness)
+                # Multi-agent chunks carry their module's version: MultiAgentTrainer masks stale steps per module.
+                stale = 0
+                if isinstance(self.trainer, Trainer):
+                    stale = self.intake.drop_stale(self.trainer.version - self.settings.max_staleness)
                 if stale:
                     self.stale_steps += stale
                     self.metrics.stale.inc(stale)
@@ -231,19 +294,24 @@ class Learner:
         return path
 
     def _write_checkpoint(self, trained_chunks: list[str], partial_chunks: dict[str, int]) -> Path:
+        multi_agent = isinstance(self.trainer, MultiAgentTrainer)
         return checkpoint.save(
             self.settings.checkpoint_dir,
             version=self.trainer.version,
             spec=self.spec,
             observation_space=self.observation_space,
             action_space=self.action_space,
-            weights=weights_to_bytes(self.trainer.module),
+            weights=self._module_weights() if multi_agent else weights_to_bytes(self.trainer.module),
             optimizer=self.trainer.optimizer,
             connector_state=self.connectors.get_state(),
             trained_chunks=trained_chunks,
             partial_chunks=partial_chunks,
             env_steps=self.trainer.env_steps,
+            module_versions=self.trainer.module_versions if multi_agent else None,
         )
+
+    def _module_weights(self) -> dict[str, bytes]:
+        return {module_id: weights_to_bytes(module) for module_id, module in self.trainer.module.items()}
 
     def _merge_connector_state(self, batch: learner_pb2.EpisodeBatch) -> None:
         """Add a server's statistics delta to the merged ones, which go out with the next weights."""
@@ -268,9 +336,13 @@ class Learner:
         self.metrics.model_version.set(weights.version)
 
     def _weights_message(self) -> learner_pb2.Weights:
+        if isinstance(self.trainer, MultiAgentTrainer):
+            per_module = {"module_weights": self._module_weights(), "module_versions": self.trainer.module_versions}
+        else:
+            per_module = {"safetensors": weights_to_bytes(self.trainer.module)}
         return learner_pb2.Weights(
             version=self.trainer.version,
-            safetensors=weights_to_bytes(self.trainer.module),
+            **per_module,
             observation_space=codec.space_to_proto(self.observation_space),
             action_space=codec.space_to_proto(self.action_space),
             spec_json=self.spec.to_json(),
@@ -349,7 +421,7 @@ class Learner:
 def resumable(ckpt: checkpoint.Checkpoint, given: RunSpec, imports: ImportPolicy, where: Path) -> RunSpec:
     """The given spec, if the checkpoint's run can go on under it: same env, spaces, model and env-to-module
     pieces (sampling, learner pieces and the algorithm's hyper-parameters may change). Else SpecError."""
-    spaces = env_spaces(given.env, imports)
+    spaces = run_spaces(given.env, bool(given.multi_agent), imports)
     mine = f"{ckpt.spec.env.id} {ckpt.spec.env.kwargs or ''}".strip()
     theirs = f"{given.env.id} {given.env.kwargs or ''}".strip()
     if (mine, ckpt.observation_space, ckpt.action_space) != (theirs, *spaces):

@@ -17,6 +17,9 @@ from rlgate.episodes import SingleAgentEpisode
 from rlgate.server.batcher import Batcher
 from rlgate.server.learner_link import LearnerLink
 from rlgate.server.metrics import ServerMetrics
+from rlgate.server.multi_agent_batcher import MultiAgentBatcher
+from rlgate.server.multi_agent_policy import MultiAgentPolicy
+from rlgate.server.multi_agent_session import MultiAgentSessionSpec
 from rlgate.server.policy import Policy
 from rlgate.server.service import SERVICE_NAME, PolicyService, RequestError
 from rlgate.server.session import SessionSpec
@@ -25,7 +28,7 @@ from rlgate.server.shipping import DirectorySink, episode_end
 from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import run_until_signal, start_grpc_server
 from rlgate.spec import checkpoint
-from rlgate.spec.env import env_spaces
+from rlgate.spec.env import agent_spaces, env_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
@@ -70,7 +73,7 @@ class InferenceServer:
                 tls_ca=settings.learner_tls_ca.read_bytes() if settings.learner_tls_ca else None,
             )
         self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)
-        self.policy: Policy | None = None
+        self.policy: Policy | MultiAgentPolicy | None = None
         self.batcher: Batcher | None = None
         self.port = 0
         self.http_port = 0
@@ -85,18 +88,26 @@ class InferenceServer:
         torch.set_num_threads(s.torch_threads)
         if s.checkpoint:
             found = checkpoint.load(s.checkpoint)
+            weights = (
+                {"module_weights": found.module_weights, "module_versions": found.module_versions}
+                if found.spec.multi_agent
+                else {"weights": found.weights}
+            )
             self._set_policy(
                 await self._new_policy(
                     found.spec,
                     found.observation_space,
                     found.action_space,
-                    weights=found.weights,
                     connector_state=found.connector_state,
                     version=found.version,
+                    **weights,
                 )
             )
         elif self.spec is not None and "env" in self.spec.model_fields_set:
-            spaces = env_spaces(self.spec.env, self.imports)
+            if self.spec.multi_agent:
+                spaces = _agent_dicts(agent_spaces(self.spec.env, self.imports))
+            else:
+                spaces = env_spaces(self.spec.env, self.imports)
             self._set_policy(await self._new_policy(self.spec, *spaces))
         app = build_app(
             "rlgate inference server",
@@ -237,7 +248,7 @@ class InferenceServer:
     def _pause_reason(self) -> str | None:
         return self.batcher.pause_reason() if self.batcher else None
 
-    async def _policy_for(self, session: SessionSpec) -> tuple[Policy, Batcher]:
+    async def _policy_for(self, session: SessionSpec | MultiAgentSessionSpec) -> tuple[Policy, Batcher]:
         """The served policy; without one yet, a fresh model for the first session's spaces (of bounded size;
         later hellos wait for it, while the event loop goes on serving)."""
         async with self._policy_lock:
@@ -246,16 +257,25 @@ class InferenceServer:
                 raise RequestError(grpc.StatusCode.UNAVAILABLE, reason)
             if self.policy is None:
                 assert self.spec is not None
+                if isinstance(session, MultiAgentSessionSpec) != bool(self.spec.multi_agent):
+                    raise RequestError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        "a multi-agent client needs a run spec with [multi_agent], a single-agent one a spec without",
+                    )
+                if isinstance(session, MultiAgentSessionSpec):
+                    spaces = _agent_dicts(session.agent_spaces)
+                else:
+                    spaces = (session.observation_space, session.action_space)
                 limit = self.settings.max_fresh_space_size
-                for name in ("observation_space", "action_space"):
-                    size = flat_size(getattr(session, name))
+                for name, space in zip(("observation_space", "action_space"), spaces, strict=True):
+                    size = flat_size(space)
                     if size > limit:
                         raise RequestError(
                             grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"hello.{name}: {size} values when flattened; this server builds a fresh model for "
                             f"at most {limit} (its --max-fresh-space-size)",
                         )
-                self._set_policy(await self._new_policy(self.spec, session.observation_space, session.action_space))
+                self._set_policy(await self._new_policy(self.spec, *spaces))
         assert self.policy is not None and self.batcher is not None
         return self.policy, self.batcher
 
@@ -265,10 +285,22 @@ class InferenceServer:
         observation_space: gym.Space,
         action_space: gym.Space,
         **source: Any,
-    ) -> Policy:
+    ) -> Policy | MultiAgentPolicy:
         """The spec's policy for these env spaces on this server; `source`: weights, version, ... if any.
-        Built on a worker thread: a large model takes seconds, and the event loop serves /healthz meanwhile."""
+        Multi-agent: the spaces are Dicts by agent id. Built on a worker thread: a large model takes seconds,
+        and the event loop serves /healthz meanwhile."""
         s = self.settings
+        if spec.multi_agent:
+            return await asyncio.to_thread(
+                MultiAgentPolicy.create,
+                spec,
+                {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces},
+                imports=self.imports,
+                metrics=self.metrics,
+                device=s.device,
+                seed=s.seed,
+                **source,
+            )
         return await asyncio.to_thread(
             Policy.create,
             spec,
@@ -281,10 +313,10 @@ class InferenceServer:
             **source,
         )
 
-    def _set_policy(self, policy: Policy) -> None:
+    def _set_policy(self, policy: Policy | MultiAgentPolicy) -> None:
         self.policy = policy
         s = self.settings
-        self.batcher = Batcher(
+        self.batcher = (MultiAgentBatcher if isinstance(policy, MultiAgentPolicy) else Batcher)(
             policy,
             waiting_for_acks=self.learner.over_window if self.learner else lambda: False,
             flush=self._flush_sessions,
@@ -336,9 +368,9 @@ class InferenceServer:
                     spec,
                     codec.space_from_proto(weights.observation_space),
                     codec.space_from_proto(weights.action_space),
-                    weights=weights.safetensors,
                     connector_state=_connector_state(weights),
                     version=weights.version,
+                    **_weights(weights, spec),
                 )
             except SpecError as exc:
                 self._refuse(str(exc))
@@ -353,13 +385,28 @@ class InferenceServer:
             )
         elif self.batcher is not None:
             await self.batcher.between_batches(
-                self.policy.set_weights, weights.version, weights.safetensors, _connector_state(weights)
+                self.policy.set_weights, weights.version, *_weights(weights, spec).values(), _connector_state(weights)
             )
 
     def _refuse(self, reason: str) -> None:
         if reason != self.refused:
             log.error("not serving the learner's weights: %s", reason)
         self.refused = reason
+
+
+def _weights(weights: learner_pb2.Weights, spec: RunSpec) -> dict[str, Any]:
+    """A Weights message's weights, as the policy of `spec` takes them (per module when multi-agent)."""
+    if spec.multi_agent:
+        return {"module_weights": dict(weights.module_weights), "module_versions": dict(weights.module_versions)}
+    return {"weights": weights.safetensors}
+
+
+def _agent_dicts(spaces: dict[str, tuple[gym.Space, gym.Space]]) -> tuple[gym.spaces.Dict, gym.spaces.Dict]:
+    """agent id -> (observation space, action space) as two Dict spaces by agent id (how weights carry them)."""
+    return (
+        gym.spaces.Dict({agent: pair[0] for agent, pair in spaces.items()}),
+        gym.spaces.Dict({agent: pair[1] for agent, pair in spaces.items()}),
+    )
 
 
 def _connector_state(weights: learner_pb2.Weights) -> dict[str, Any] | None:

@@ -22,8 +22,10 @@ from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.core.space_diff import space_differences
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.server.agents_step import decode_agents_steps, encode_agent_actions
 from rlgate.server.batcher import Batcher
 from rlgate.server.metrics import ServerMetrics
+from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
 from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
 from rlgate.server.settings import ServerSettings
@@ -50,12 +52,12 @@ class PolicyService:
         self,
         settings: ServerSettings,
         metrics: ServerMetrics,
-        get_policy: Callable[[SessionSpec], Awaitable[tuple[Policy, Batcher]]],
+        get_policy: Callable[[SessionSpec | MultiAgentSessionSpec], Awaitable[tuple[Policy, Batcher]]],
         ship: Callable[[list[SingleAgentEpisode]], None],
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, Session | MultiAgentSession] = {}
         self.env_steps = 0  # env steps received (transitions), as the rlgate_env_steps counter counts them
         self.non_finite_rejected = {"obs": 0, "reward": 0}  # as rlgate_non_finite_rejected_total counts them
         self.draining = False
@@ -72,7 +74,7 @@ class PolicyService:
 
     async def connect(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Serve one client stream until it closes, fails or idles out."""
-        session: Session | None = None
+        session: Session | MultiAgentSession | None = None
         batcher: Batcher | None = None
         decoder: StepDecoder | None = None
         try:
@@ -95,9 +97,14 @@ class PolicyService:
                         pb.ServerMessage(welcome=pb.Welcome(session_id=session.id, model_version=version))
                     )
                 elif kind == "step":
-                    if session is None or batcher is None or decoder is None:
+                    if session is None or batcher is None:
                         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
-                    await context.write(await self._step(session, batcher, decoder, message.step, arrived_cpu))
+                    if isinstance(session, MultiAgentSession):
+                        reply = await self._multi_agent_step(session, batcher, message.step)
+                    else:
+                        assert decoder is not None  # made with every single-agent session
+                        reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
+                    await context.write(reply)
                     self.metrics.step_latency.observe(time.perf_counter() - arrived)
                 elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
                     if session is None:
@@ -122,7 +129,7 @@ class PolicyService:
             if session is not None:
                 self._end(session)
 
-    async def _open(self, hello: pb.Hello) -> tuple[Session, Batcher, StepDecoder]:
+    async def _open(self, hello: pb.Hello) -> tuple[Session | MultiAgentSession, Batcher, StepDecoder | None]:
         if self.draining:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: connect to another one")
         if len(self.sessions) >= self.settings.max_sessions:
@@ -141,6 +148,9 @@ class PolicyService:
             raise RequestError(
                 grpc.StatusCode.NOT_FOUND, f"unknown module_id {hello.module_id!r}: this server has 'default'"
             )
+        if hello.agents:
+            session, batcher = await self._open_multi_agent(hello)
+            return session, batcher, None
         if not hello.HasField("observation_space") or not hello.HasField("action_space"):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello needs observation_space and action_space")
         spec = SessionSpec(
@@ -154,6 +164,11 @@ class PolicyService:
             policy, batcher = await self._get_policy(spec)
         except ValueError as exc:  # a fresh model that cannot be built for these spaces (e.g. an action space it lacks)
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"no model for the hello's spaces: {exc}") from exc
+        if getattr(policy, "multi_agent", False):
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this server serves a multi-agent run: declare the env's agents in hello.agents",
+            )
         differences = space_differences(
             policy.observation_space, spec.observation_space, "observation_space"
         ) + space_differences(policy.action_space, spec.action_space, "action_space")
@@ -209,7 +224,82 @@ class PolicyService:
         self.env_steps += steps
         return reply
 
-    def _end(self, session: Session) -> None:
+    async def _open_multi_agent(self, hello: pb.Hello) -> tuple[MultiAgentSession, Batcher]:
+        """A multi-agent session: every declared agent must be one of the served model's, with its spaces."""
+        if hello.HasField("observation_space") or hello.HasField("action_space"):
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "a multi-agent hello declares spaces per agent (hello.agents): leave observation_space and "
+                "action_space unset",
+            )
+        agent_spaces = {}
+        for i, agent in enumerate(hello.agents):
+            if not agent.agent_id or agent.agent_id in agent_spaces or agent.agent_id == "__all__":
+                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"hello.agents[{i}]: agent_id {agent.agent_id!r} "
+                                   "is empty, reserved or declared twice")  # fmt: skip
+            if not agent.HasField("observation_space") or not agent.HasField("action_space"):
+                raise RequestError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"hello.agents[{i}] ({agent.agent_id!r}) needs both spaces"
+                )
+            agent_spaces[agent.agent_id] = (
+                codec.space_from_proto(agent.observation_space, f"hello.agents[{i}].observation_space"),
+                codec.space_from_proto(agent.action_space, f"hello.agents[{i}].action_space"),
+            )
+        spec = MultiAgentSessionSpec(
+            client_id=hello.client_id, agent_spaces=agent_spaces, num_envs=hello.num_envs, explore=hello.explore
+        )
+        policy, batcher = await self._get_policy(spec)
+        if not getattr(policy, "multi_agent", False):
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this server serves a single-agent run: a multi-agent client needs a run spec with [multi_agent]",
+            )
+        for agent_id, spaces in agent_spaces.items():
+            served = policy.agent_spaces.get(agent_id)
+            if served != spaces:
+                known = ", ".join(policy.agent_spaces)
+                raise RequestError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"agent {agent_id!r}: the served model has "
+                    + (f"spaces {served}, the client {spaces}" if served else f"no such agent (agents: {known})"),
+                )
+        sampling, multi_agent = policy.spec.sampling, policy.spec.multi_agent
+        session = MultiAgentSession(
+            spec,
+            mapping_fn=policy.mapping_fn,
+            rollout_fragment_length=sampling.rollout_fragment_length
+            if sampling.batch_mode == "truncate_episodes"
+            else None,
+            count_steps_by=multi_agent.count_steps_by,
+            lookback=sampling.episode_lookback_horizon,
+            write_back=policy.write_back,
+        )
+        self.sessions[session.id] = session
+        self.metrics.sessions.set(len(self.sessions))
+        log.info("multi-agent session opened session=%s client=%s agents=%s num_envs=%d", session.id,
+                 spec.client_id, ",".join(agent_spaces), spec.num_envs)  # fmt: skip
+        return session, batcher
+
+    async def _multi_agent_step(self, session: MultiAgentSession, batcher: Batcher, step: pb.Step) -> pb.ServerMessage:
+        """Decode the sub-envs' agent steps, record them, wait for the batch, answer the acting agents."""
+        batcher.arriving += 1
+        try:
+            steps = decode_agents_steps(step.agents, session.observation_spaces, session.spec.num_envs)
+            episodes, completed = session.observe(steps)
+        finally:
+            batcher.arriving -= 1
+        outputs = await batcher.compute(None, episodes, session.spec.explore, completed)
+        self._ship(session.record(outputs))
+        reply = pb.ServerMessage(
+            actions=pb.Actions(
+                agents=encode_agent_actions(outputs[Columns.ACTIONS_FOR_ENV]), model_version=batcher.policy.version
+            )
+        )
+        self.metrics.env_steps.inc(completed)
+        self.env_steps += completed
+        return reply
+
+    def _end(self, session: Session | MultiAgentSession) -> None:
         self._ship(session.close())
         self.sessions.pop(session.id, None)
         self.metrics.sessions.set(len(self.sessions))

@@ -5,7 +5,9 @@ Layout of `DIR/v000042/`: `spec.json` (the run spec: pass it back with `--config
 (e.g. MeanStdFilter statistics, as an `rlgate.v1.Value`: the wire codec's nested arrays) and
 `metadata.json` (plain JSON a person can read: version, env id, seed, the env's spaces, the rlgate version
 that wrote it, optimizer hyper-parameters, the ids of trained episode chunks, the env steps trained on by all
-updates up to this version). `DIR/latest` names the newest one. No pickle anywhere, and loading imports
+updates up to this version). A multi-agent run keeps each module in `modules/<module id>/` (its
+`weights.safetensors` and `optimizer.safetensors`), with each module's version in `metadata.json`, and its
+spaces are Dicts by agent id. `DIR/latest` names the newest one. No pickle anywhere, and loading imports
 nothing: a checkpoint from an untrusted source can at worst fail to load (the code its spec names is
 imported later, only where the operator allowed it).
 """
@@ -51,6 +53,9 @@ class Checkpoint:
     trained_chunks: list[str]
     partial_chunks: dict[str, int]  # chunk key -> its first steps trained (a chunk split between two updates)
     env_steps: int  # env steps trained on by the updates that led to these weights
+    module_weights: dict[str, bytes] | None = None  # multi-agent: per module (weights is then empty)
+    module_versions: dict[str, int] | None = None
+    module_optimizer_states: dict[str, dict[str, Any]] | None = None
 
 
 def save(
@@ -60,20 +65,23 @@ def save(
     spec: RunSpec,
     observation_space: gym.Space,
     action_space: gym.Space,
-    weights: bytes,
-    optimizer: torch.optim.Optimizer | None = None,
+    weights: bytes | dict[str, bytes],
+    optimizer: torch.optim.Optimizer | dict[str, torch.optim.Optimizer] | None = None,
     connector_state: dict[str, Any] | None = None,
     trained_chunks: list[str] | None = None,
     partial_chunks: dict[str, int] | None = None,
     env_steps: int = 0,
+    module_versions: dict[str, int] | None = None,
 ) -> Path:
-    """Write checkpoint `version` atomically (temp dir, then rename) and point `latest` at it."""
+    """Write checkpoint `version` atomically (temp dir, then rename) and point `latest` at it. Multi-agent:
+    `weights` and `optimizer` by module id, with `module_versions`."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"v{version:06d}"
     tmp = directory / f".tmp-v{version:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    (tmp / "weights.safetensors").write_bytes(weights)
+    if isinstance(weights, bytes):
+        (tmp / "weights.safetensors").write_bytes(weights)
     (tmp / "spec.json").write_text(spec.model_dump_json(indent=2))
     (tmp / "connector_state.pb").write_bytes(codec.to_value(connector_state or {}).SerializeToString())
     metadata: dict[str, Any] = {
@@ -87,7 +95,17 @@ def save(
         "partial_chunks": partial_chunks or {},
         "env_steps": env_steps,
     }
-    if optimizer is not None:
+    if isinstance(weights, dict):
+        metadata["modules"] = {}
+        for module_id, module_weights in weights.items():
+            folder = tmp / "modules" / module_id
+            folder.mkdir(parents=True)
+            (folder / "weights.safetensors").write_bytes(module_weights)
+            entry = metadata["modules"][module_id] = {"version": (module_versions or {}).get(module_id, 0)}
+            if isinstance(optimizer, dict) and module_id in optimizer:
+                tensors, entry["optimizer"] = _optimizer_to_tensors(optimizer[module_id])
+                (folder / "optimizer.safetensors").write_bytes(save_torch(tensors))
+    elif optimizer is not None:
         tensors, metadata["optimizer"] = _optimizer_to_tensors(optimizer)
         (tmp / "optimizer.safetensors").write_bytes(save_torch(tensors))
     (tmp / "metadata.json").write_text(json.dumps(metadata))
@@ -121,12 +139,27 @@ def load(path: Path) -> Checkpoint:
     spec_file = found / "spec.json"
     if not spec_file.exists():
         raise CheckpointNotFound(f"{found} has no spec.json: it was written by an rlgate from before run specs")
+    modules = metadata.get("modules")
+    module_optimizers = None
+    if modules is not None:
+        module_optimizers = {
+            module_id: _optimizer_from_tensors(
+                load_torch((found / "modules" / module_id / "optimizer.safetensors").read_bytes()), entry["optimizer"]
+            )
+            for module_id, entry in modules.items()
+            if "optimizer" in entry
+        }
     return Checkpoint(
         version=int(metadata["version"]),
         spec=RunSpec.from_json(spec_file.read_text(), str(spec_file)),
         observation_space=codec.space_from_json(metadata["observation_space"]),
         action_space=codec.space_from_json(metadata["action_space"]),
-        weights=(found / "weights.safetensors").read_bytes(),
+        weights=b"" if modules is not None else (found / "weights.safetensors").read_bytes(),
+        module_weights=None
+        if modules is None
+        else {m: (found / "modules" / m / "weights.safetensors").read_bytes() for m in modules},
+        module_versions=None if modules is None else {m: int(entry["version"]) for m, entry in modules.items()},
+        module_optimizer_states=module_optimizers,
         connector_state=codec.from_value(
             tensor_pb2.Value.FromString((found / "connector_state.pb").read_bytes()), "connector_state"
         ),

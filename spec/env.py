@@ -45,6 +45,17 @@ def env_spaces(spec: EnvSpec, imports: ImportPolicy) -> tuple[gym.Space, gym.Spa
         env.close()
 
 
+def run_spaces(spec: EnvSpec, multi_agent: bool, imports: ImportPolicy) -> tuple[gym.Space, gym.Space]:
+    """The env's observation and action space; multi-agent: Dicts of the agents' spaces by agent id."""
+    if not multi_agent:
+        return env_spaces(spec, imports)
+    agents = agent_spaces(spec, imports)
+    return (
+        gym.spaces.Dict({agent: pair[0] for agent, pair in agents.items()}),
+        gym.spaces.Dict({agent: pair[1] for agent, pair in agents.items()}),
+    )
+
+
 def is_multi_agent_env(env: object) -> bool:
     """A PettingZoo ParallelEnv or AECEnv (told by its API: `possible_agents`, per-agent space methods)."""
     return hasattr(env, "possible_agents") and callable(getattr(env, "observation_space", None))

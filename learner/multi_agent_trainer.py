@@ -1,0 +1,106 @@
+"""The multi-agent training step: agents' chunks -> learner pipeline (per-module batches, GAE per module) ->
+PPO on each trainable module with its own optimizer -> version + 1.
+
+Each module has its own version (the number of updates that changed it); servers record it with every agent
+step, so staleness is counted per module: steps chosen more than `max_staleness` versions of their module ago
+are masked out. Modules not in `trainable` (policies_to_train) keep their weights and version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlgate.connectors import ConnectorPipelineV2
+from rlgate.core.columns import Columns
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.learner.ppo import ppo_update
+from rlgate.models import MultiRLModule
+from rlgate.spec.algorithm import PPOConfig, scheduled
+
+
+class MultiAgentTrainer:
+    """Owns the MultiRLModule being trained, one optimizer per trainable module, and the learner pipeline."""
+
+    def __init__(
+        self,
+        module: MultiRLModule,
+        pipeline: ConnectorPipelineV2,
+        config: PPOConfig,
+        *,
+        trainable: list[str],
+        count_steps_by: str,
+        max_staleness: int,
+        seed: int | None = None,
+        version: int = 0,
+        module_versions: dict[str, int] | None = None,
+        optimizer_states: dict[str, dict[str, Any]] | None = None,
+        env_steps: int = 0,
+    ) -> None:
+        self.module = module
+        self.pipeline = pipeline
+        self.config = config
+        self.trainable = trainable
+        self.count_steps_by = count_steps_by
+        self.max_staleness = max_staleness
+        self.version = version
+        self.module_versions = {m: (module_versions or {}).get(m, 0) for m in module}
+        self.env_steps = env_steps  # trained on (counted by count_steps_by) by every update since version 0
+        lr = scheduled(config.lr, env_steps)
+        self.optimizer = {m: torch.optim.Adam(module[m].parameters(), lr=lr, eps=1e-5) for m in trainable}
+        for module_id, state in (optimizer_states or {}).items():
+            if module_id in self.optimizer:
+                self.optimizer[module_id].load_state_dict(state)
+        self._rng = np.random.default_rng(seed)
+
+    def steps(self, episodes: list[SingleAgentEpisode]) -> int:
+        """The steps these chunks hold, counted by count_steps_by."""
+        if self.count_steps_by == "agent_steps":
+            return sum(len(e) for e in episodes)
+        return sum(e.multi_agent_env_steps for e in episodes)
+
+    def update(self, episodes: list[SingleAgentEpisode]) -> dict[str, Any]:
+        """One PPO update of each trainable module on its agents' steps in these chunks."""
+        # GAE corrects steps sampled more than one version of their module back (V-trace).
+        shared = {"learner_versions": dict(self.module_versions)}
+        batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data=shared)
+        lr, clip = scheduled(self.config.lr, self.env_steps), scheduled(self.config.clip_param, self.env_steps)
+        parts: dict[str, dict[str, float]] = {}
+        real, stale, staleness = 0, 0, []
+        for module_id, module_batch in batch.items():
+            valid = module_batch[Columns.LOSS_MASK].bool()
+            mask = valid
+            if Columns.MODEL_VERSION in module_batch:
+                lag = (self.module_versions[module_id] - module_batch.pop(Columns.MODEL_VERSION)).float()
+                mask = valid & (lag <= self.max_staleness)
+                staleness.append(lag[mask])
+            module_batch[Columns.LOSS_MASK] = mask
+            real += int(valid.sum())
+            stale += int(valid.sum()) - int(mask.sum())
+            if module_id not in self.trainable or not mask.any():
+                continue
+            for group in self.optimizer[module_id].param_groups:
+                group["lr"] = lr
+            parts[module_id] = ppo_update(
+                self.module[module_id], self.optimizer[module_id], module_batch, self.config, self._rng, clip
+            )
+            self.module_versions[module_id] += 1
+        self.version += 1
+        trained = self.steps(episodes)
+        self.env_steps += trained
+        stats: dict[str, Any] = {
+            key: float(np.mean([p[key] for p in parts.values()])) for key in ("policy_loss", "vf_loss", "entropy", "kl")
+        } if parts else {}  # fmt: skip
+        lags = torch.cat(staleness) if staleness else torch.zeros(0)
+        return {
+            **stats,
+            "lr": lr,
+            "clip_param": clip,
+            "modules": parts,
+            "env_steps": trained,
+            "agent_steps": real,
+            "stale_steps": stale,
+            "staleness": float(lags.mean()) if lags.numel() else 0.0,
+        }

@@ -1,0 +1,171 @@
+"""One multi-agent client stream: a MultiAgentEpisode per sub-env, fed one step message at a time.
+
+A step message carries, per sub-env, the observations of the agents that act next, rewards for any agent
+and the done flags (see rlgate.v1's "Multi-agent sessions"). `observe` records it in the sub-env's episode
+with the actions (and extra model outputs) the server answered last time, exactly as RLlib's
+MultiAgentEnvRunner calls `add_env_step`; the batcher then computes actions for the agents that are to act,
+and `record` keeps them until the next message. Episodes that ended, and long ones cut every
+`rollout_fragment_length` env or agent steps (`count_steps_by`), ship as their agents' SingleAgentEpisode
+chunks (agents with at least one step in the chunk), the first carrying the chunk's env steps.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+
+from rlgate.core.codec import CodecError
+from rlgate.core.columns import Columns
+from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
+from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEnvError
+from rlgate.server.agents_step import AgentsStep
+from rlgate.server.session import RECORDED_OUTPUTS
+
+
+@dataclass(frozen=True)
+class MultiAgentSessionSpec:
+    """What a multi-agent client declared in its hello."""
+
+    client_id: str
+    agent_spaces: dict[str, tuple[gym.Space, gym.Space]]
+    num_envs: int
+    explore: bool
+
+
+class MultiAgentSession:
+    """The MultiAgentEpisodes of one client stream and the actions their agents are waiting on."""
+
+    def __init__(
+        self,
+        spec: MultiAgentSessionSpec,
+        *,
+        mapping_fn: MappingFn,
+        rollout_fragment_length: int | None,
+        count_steps_by: str,
+        lookback: int,
+        write_back: Callable[[list[MultiAgentEpisode]], None],
+    ) -> None:
+        """`rollout_fragment_length`: cut running episodes every this many env or agent steps; None: never.
+        `write_back`: runs the env-to-module pipeline over episodes, for its pieces' observation write-backs."""
+        self.id = uuid.uuid4().hex
+        self.spec = spec
+        self._mapping_fn = mapping_fn
+        self._fragment = rollout_fragment_length
+        self._agent_steps = count_steps_by == "agent_steps"
+        self._lookback = lookback
+        self._write_back = write_back
+        self.observation_spaces = {agent: spaces[0] for agent, spaces in spec.agent_spaces.items()}
+        self._episodes: list[MultiAgentEpisode | None] = [None] * spec.num_envs
+        self._actions: list[dict[str, Any]] = [{} for _ in range(spec.num_envs)]
+        self._outputs: list[dict[str, dict]] = [{} for _ in range(spec.num_envs)]
+        self._done: list[MultiAgentEpisode] = []  # ended at the latest message, shipped by record()
+        self._pending = False
+
+    def observe(self, steps: list[AgentsStep]) -> tuple[list[MultiAgentEpisode], int]:
+        """Record one message (a step per sub-env); returns every sub-env's episode (the batch's rows, ended
+        ones included so that env-to-module pieces see their last observations) and the env or agent steps
+        it completed. Raises CodecError naming the sub-env and agent when a step breaks the episode's rules."""
+        if self._pending:
+            raise RuntimeError("observe() twice: record() the previous step's outputs first")
+        completed = 0
+        for i, step in enumerate(steps):
+            episode = self._episodes[i]
+            if episode is None or episode.is_done:  # a reset observation starts the sub-env's next episode
+                episode = self._episodes[i] = self._new_episode(i)
+                try:
+                    episode.add_env_reset(observations=step.observations, infos=step.infos)
+                except (MultiAgentEnvError, RuntimeError) as exc:
+                    raise CodecError(f"agents[{i}]: {exc}") from exc
+            else:
+                before = episode.agent_steps()
+                try:
+                    episode.add_env_step(
+                        step.observations,
+                        self._actions[i],
+                        step.rewards,
+                        step.infos,
+                        terminateds=step.terminateds,
+                        truncateds=step.truncateds,
+                        extra_model_outputs=self._outputs[i],
+                    )
+                except MultiAgentEnvError as exc:
+                    raise CodecError(f"agents[{i}]: {exc}") from exc
+                completed += episode.agent_steps() - before if self._agent_steps else 1
+                if episode.is_done:
+                    self._done.append(episode)
+            if not episode.is_done and not episode.get_agents_to_act():
+                raise CodecError(f"agents[{i}]: no agent observes and the episode is not over: no one could act")
+            self._actions[i], self._outputs[i] = {}, {}
+        self._pending = True
+        # The list itself, not a copy: a flush() before the batch runs swaps in the successor chunks.
+        return self._episodes, completed  # type: ignore[return-value]
+
+    def record(self, outputs: dict[str, list[dict[str, Any]]]) -> list[SingleAgentEpisode]:
+        """Keep this step's actions and outputs (one {agent: value} dict per sub-env); the chunks now due."""
+        if not self._pending:
+            raise RuntimeError("record() without observe()")
+        self._pending = False
+        for i in range(self.spec.num_envs):
+            actions = outputs[Columns.ACTIONS][i]
+            self._actions[i] = dict(actions)
+            self._outputs[i] = {
+                agent: {key: outputs[key][i][agent] for key in RECORDED_OUTPUTS if key in outputs} for agent in actions
+            }
+        shipped = [chunk for episode in self._done for chunk in _agent_chunks(episode)]
+        self._done = []
+        if self._fragment is not None:
+            for i, episode in enumerate(self._episodes):
+                if episode is not None and not episode.is_done and self._steps(episode) >= self._fragment:
+                    shipped += self._cut(i)
+        return shipped
+
+    def flush(self) -> list[SingleAgentEpisode]:
+        """Ship every step taken so far: running episodes are cut (their successors go on). While a message
+        waits for its actions, its latest step ships too, after the env-to-module pipeline wrote back into it
+        (FlattenObservations), and the successors take the pending actions."""
+        running = [i for i, e in enumerate(self._episodes) if e is not None and not e.is_done and len(e)]
+        if self._pending:
+            self._write_back([self._episodes[i] for i in running])
+        return [chunk for i in running for chunk in self._cut(i)]
+
+    def close(self) -> list[SingleAgentEpisode]:
+        """End the session: episodes that ended and were not shipped yet, and every running one truncated."""
+        shipped = [chunk for episode in self._done for chunk in _agent_chunks(episode)]
+        for episode in self._episodes:
+            if episode is None or episode.is_done:
+                continue
+            episode.is_truncated = True
+            for agent_episode in episode.agent_episodes.values():
+                if not agent_episode.is_done and len(agent_episode):
+                    agent_episode.is_truncated = True
+            shipped += _agent_chunks(episode)
+        self._episodes = [None] * self.spec.num_envs
+        return shipped
+
+    def _cut(self, i: int) -> list[SingleAgentEpisode]:
+        episode = self._episodes[i]
+        self._episodes[i] = episode.cut(len_lookback_buffer=self._lookback)
+        return _agent_chunks(episode)
+
+    def _steps(self, episode: MultiAgentEpisode) -> int:
+        return episode.agent_steps() if self._agent_steps else len(episode)
+
+    def _new_episode(self, i: int) -> MultiAgentEpisode:
+        return MultiAgentEpisode(
+            f"{self.id}-{i}-{uuid.uuid4().hex[:8]}",
+            observation_space=self.observation_spaces,
+            action_space={agent: spaces[1] for agent, spaces in self.spec.agent_spaces.items()},
+            agent_to_module_mapping_fn=self._mapping_fn,
+        )
+
+
+def _agent_chunks(episode: MultiAgentEpisode) -> list[SingleAgentEpisode]:
+    """The agents' episodes with at least one step in this chunk; the first carries its env steps."""
+    chunks = [agent_episode for agent_episode in episode.agent_episodes.values() if len(agent_episode)]
+    if chunks:
+        chunks[0].multi_agent_env_steps = len(episode)
+    return chunks
