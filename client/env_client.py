@@ -1,6 +1,8 @@
-"""`EnvClient`: runs a gymnasium env or vector env against a policy server, one message per step.
+"""`EnvClient`: runs a gymnasium env or vector env, or PettingZoo envs, against a policy server, one message per step.
 
-A plain env runs as a vector env of one. Sub-envs reset themselves the way gymnasium's vector envs
+A plain env runs as a vector env of one. A PettingZoo ParallelEnv or AECEnv (or a list of them, the sub-envs)
+opens a multi-agent session: its hello declares the agents and their spaces, each step carries every
+sub-env's acting agents' observations, rewards and done flags (see client/agent_envs.py). Sub-envs reset themselves the way gymnasium's vector envs
 do by default (autoreset mode NEXT_STEP), which is what the server expects: after a sub-env's episode
 ends, its next observation is a reset observation. A stream that breaks (server restart, network)
 is re-opened with backoff, and every sub-env starts a fresh episode; the server ships the old ones
@@ -19,14 +21,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import gymnasium as gym
 import numpy as np
 
+from rlgate.client.agent_envs import AgentEnvs, AgentsStepData
 from rlgate.core import codec
 from rlgate.core.errors import UserError
 from rlgate.service.channel import CHANNEL_OPTIONS as RECONNECT_AND_KEEPALIVE
+from rlgate.spec.env import is_multi_agent_env
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import policy_pb2_grpc
 
@@ -84,7 +89,7 @@ class EnvClient:
 
     def __init__(
         self,
-        env: gym.Env | gym.vector.VectorEnv,
+        env: gym.Env | gym.vector.VectorEnv | Any,
         target: str,
         *,
         client_id: str | None = None,
@@ -96,13 +101,17 @@ class EnvClient:
         connect_timeout_s: float | None = None,
         on_step: Callable[[ClientStats], None] | None = None,
     ) -> None:
-        """`connect_timeout_s`: how long each connection (the first, and each after a broken stream) may take
-        before run() gives up with ServerUnreachable; None: wait for the server forever."""
-        if not isinstance(env, gym.vector.VectorEnv):
+        """`env`: a gymnasium env or vector env, or a PettingZoo ParallelEnv / AECEnv (or a list of them: one
+        sub-env each). `connect_timeout_s`: how long each connection (the first, and each after a broken
+        stream) may take before run() gives up with ServerUnreachable; None: wait for the server forever."""
+        if isinstance(env, list) or is_multi_agent_env(env):
+            env = AgentEnvs(env if isinstance(env, list) else [env])
+        elif not isinstance(env, gym.vector.VectorEnv):
             env = gym.vector.SyncVectorEnv([lambda: env])
-        mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
-        if mode != gym.vector.AutoresetMode.NEXT_STEP:
-            raise ValueError(f"vector env autoreset mode is {mode}; rlgate needs AutoresetMode.NEXT_STEP")
+        if isinstance(env, gym.vector.VectorEnv):
+            mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+            if mode != gym.vector.AutoresetMode.NEXT_STEP:
+                raise ValueError(f"vector env autoreset mode is {mode}; rlgate needs AutoresetMode.NEXT_STEP")
         self.env = env
         self.target = target
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
@@ -155,6 +164,9 @@ class EnvClient:
             await call.write(self._hello())
             welcome = await self._read(call)
             self.stats.model_version = welcome.welcome.model_version
+            if isinstance(self.env, AgentEnvs):
+                await self._agents_loop(call, max_steps)
+                return
             n = self.env.num_envs
             obs, _ = self.env.reset(seed=self.seed)
             self.seed = None  # reconnects continue the env's RNG instead of replaying the same episodes
@@ -211,6 +223,39 @@ class EnvClient:
                 future.cancel()
         return ready in done
 
+    async def _agents_loop(self, call: grpc.aio.StreamStreamCall, max_steps: int) -> None:
+        """A multi-agent stream after its welcome: every sub-env's agents' step, then their actions, until done."""
+        steps = self.env.reset(seed=self.seed)
+        self.seed = None
+        returns: list[dict[str, float]] = [{} for _ in steps]
+        while True:
+            await call.write(pb.ClientMessage(step=pb.Step(agents=[_agents_step(s) for s in steps])))
+            reply = await self._read(call)
+            self.stats.model_version = reply.actions.model_version
+            if self._done(max_steps):
+                break
+            actions = [
+                {agent: codec.from_value(value, f"actions[{agent!r}]") for agent, value in per_env.actions.items()}
+                for per_env in reply.actions.agents
+            ]
+            was_done = [s.done for s in steps]
+            steps = self.env.step(actions)
+            for i, step in enumerate(steps):
+                if was_done[i]:  # a reset, not an env step
+                    returns[i] = {}
+                    continue
+                self.stats.env_steps += 1
+                for agent, reward in step.rewards.items():
+                    returns[i][agent] = returns[i].get(agent, 0.0) + reward
+                if step.done:
+                    self.stats.episodes += 1
+                    self.stats.returns.extend(returns[i].values())  # one return per agent
+            if self._on_step is not None:
+                self._on_step(self.stats)
+        await call.write(pb.ClientMessage(close=pb.Close()))
+        await call.done_writing()
+        await call.code()
+
     @staticmethod
     async def _read(call: grpc.aio.StreamStreamCall) -> pb.ServerMessage:
         reply = await call.read()
@@ -221,6 +266,18 @@ class EnvClient:
 
     def _hello(self) -> pb.ClientMessage:
         env = self.env
+        if isinstance(env, AgentEnvs):
+            agents = [
+                pb.AgentSpaces(
+                    agent_id=agent,
+                    observation_space=codec.space_to_proto(spaces[0]),
+                    action_space=codec.space_to_proto(spaces[1]),
+                )
+                for agent, spaces in env.agent_spaces.items()
+            ]
+            return pb.ClientMessage(
+                hello=pb.Hello(client_id=self.client_id, num_envs=env.num_envs, explore=self.explore, agents=agents)
+            )
         return hello_message(
             env.single_observation_space, env.single_action_space, env.num_envs, self.explore, self.client_id
         )
@@ -238,4 +295,13 @@ def hello_message(
             num_envs=num_envs,
             explore=explore,
         )
+    )
+
+
+def _agents_step(step: AgentsStepData) -> pb.AgentsStep:
+    return pb.AgentsStep(
+        obs={agent: codec.to_value(observation) for agent, observation in step.observations.items()},
+        rewards=step.rewards,
+        terminateds=step.terminateds,
+        truncateds=step.truncateds,
     )

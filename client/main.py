@@ -22,7 +22,7 @@ from rlgate.client.env_client import ClientStats, EnvClient
 from rlgate.client.settings import ClientSettings
 from rlgate.core.errors import UserError
 from rlgate.service.process import on_stop_signals
-from rlgate.spec.env import make_env
+from rlgate.spec.env import make_agent_envs, make_env
 from rlgate.spec.imports import ImportPolicy
 
 log = logging.getLogger(__name__)
@@ -106,9 +106,10 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
             reports.put((index, stats.env_steps, recent, stats.model_version, None))
             reported.update(at=now, episodes=stats.episodes)
 
+    imports = ImportPolicy(settings.spec.modules())  # the operator's own spec: its env may be imported
     try:
         client = EnvClient(
-            make_env(env, ImportPolicy(settings.spec.modules())),  # the operator's own spec: its env may be imported
+            make_agent_envs(env, imports) if settings.spec.multi_agent else make_env(env, imports),
             settings.server,
             client_id=f"{env.id}-{index}",
             explore=settings.explore,

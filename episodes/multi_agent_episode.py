@@ -137,7 +137,7 @@ class MultiAgentEpisode:
         self.is_terminated = bool(terminateds.get(ALL, False))
         self.is_truncated = bool(truncateds.get(ALL, False))
         done = {a for a, e in self.agent_episodes.items() if e.is_done}
-        done |= {a for a, flag in {**terminateds, **truncateds}.items() if flag and a != ALL}
+        done |= {a for flags in (terminateds, truncateds) for a, flag in flags.items() if flag and a != ALL}
         if self.agent_episodes and all(a in done for a in self.agent_episodes):
             self.is_terminated = True  # RLlib: all agents done, some terminated and some truncated
 

@@ -260,7 +260,10 @@ class InferenceServer:
                 if isinstance(session, MultiAgentSessionSpec) != bool(self.spec.multi_agent):
                     raise RequestError(
                         grpc.StatusCode.FAILED_PRECONDITION,
-                        "a multi-agent client needs a run spec with [multi_agent], a single-agent one a spec without",
+                        "this server serves a multi-agent run: declare the env's agents in hello.agents"
+                        if self.spec.multi_agent
+                        else "this server serves a single-agent run: a multi-agent client needs a run spec with "
+                        "[multi_agent]",
                     )
                 if isinstance(session, MultiAgentSessionSpec):
                     spaces = _agent_dicts(session.agent_spaces)

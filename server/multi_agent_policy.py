@@ -116,14 +116,17 @@ class MultiAgentPolicy:
             rl_module=self.module, batch={}, episodes=episodes, explore=explore, shared_data=shared
         )
         t1 = time.thread_time()
-        with torch.inference_mode():
-            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
-        t2 = time.thread_time()
-        to_env = self.module_to_env(
-            rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
-        )
-        if Columns.ACTIONS not in to_env:  # no agent acts in this batch
+        if not batch:  # no agent acts in these episodes (they all just ended)
             to_env = {Columns.ACTIONS: [{} for _ in episodes], Columns.ACTIONS_FOR_ENV: [{} for _ in episodes]}
+            t2 = time.thread_time()
+        else:
+            with torch.inference_mode():
+                forward = self.module.forward_exploration if explore else self.module.forward_inference
+                outputs = forward(batch)
+            t2 = time.thread_time()
+            to_env = self.module_to_env(
+                rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
+            )
         to_env[Columns.MODEL_VERSION] = [
             {agent: self.module_versions[episode.module_for(agent)] for agent in actions}
             for episode, actions in zip(episodes, to_env[Columns.ACTIONS], strict=True)

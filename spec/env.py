@@ -36,6 +36,12 @@ def make_env(spec: EnvSpec, imports: ImportPolicy, num_envs: int | None = None) 
     return vector([factory] * n)
 
 
+def make_agent_envs(spec: EnvSpec, imports: ImportPolicy, num_envs: int | None = None) -> list:
+    """`num_envs` (spec.num_envs) multi-agent (PettingZoo) envs, the sub-envs of one multi-agent client."""
+    factory = env_factory(spec, imports)
+    return [factory() for _ in range(spec.num_envs if num_envs is None else num_envs)]
+
+
 def env_spaces(spec: EnvSpec, imports: ImportPolicy) -> tuple[gym.Space, gym.Space]:
     """The observation and action space of one env (made once and closed)."""
     env = env_factory(spec, imports)()

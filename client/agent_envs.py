@@ -1,0 +1,121 @@
+"""PettingZoo envs (ParallelEnv or AECEnv) as the multi-agent steps rlgate.v1 carries, one per sub-env.
+
+Each env's `reset` and `step` give what a multi-agent step message holds for it: the observations of the agents
+that act next, rewards, per-agent terminated/truncated and "__all__" (RLlib's MultiAgentEnv format). An AECEnv
+is stepped as RLlib's PettingZooEnv does: the acting agent's action, then the agents that are done (each
+reported with its final observation and reward, then stepped with None) until the next agent that acts; each
+agent's reward is the one PettingZoo accumulated for it since its last action. Sub-envs reset themselves
+after their episode ends (NEXT_STEP autoreset): the next step reports the reset observations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+ALL = "__all__"
+
+
+@dataclass
+class AgentsStepData:
+    """One sub-env's step, keyed by agent id."""
+
+    observations: dict[str, Any]
+    rewards: dict[str, float] = field(default_factory=dict)
+    terminateds: dict[str, bool] = field(default_factory=lambda: {ALL: False})
+    truncateds: dict[str, bool] = field(default_factory=lambda: {ALL: False})
+
+    @property
+    def done(self) -> bool:
+        return self.terminateds[ALL] or self.truncateds[ALL]
+
+
+def is_aec(env: Any) -> bool:
+    """An AECEnv (agent_selection, last()) rather than a ParallelEnv."""
+    return hasattr(env, "agent_iter") and hasattr(env, "last")  # (agent_selection exists only after reset)
+
+
+class AgentEnvs:
+    """N PettingZoo envs of one kind, stepped together, each restarting itself when its episode ends."""
+
+    def __init__(self, envs: list[Any]) -> None:
+        if not envs:
+            raise ValueError("AgentEnvs needs at least one env")
+        self.envs = envs
+        self.num_envs = len(envs)
+        first = envs[0]
+        self.agent_spaces: dict[str, tuple[gym.Space, gym.Space]] = {
+            agent: (first.observation_space(agent), first.action_space(agent)) for agent in first.possible_agents
+        }
+        self._done = [False] * len(envs)
+        self._seed: int | None = None
+
+    def reset(self, seed: int | None = None) -> list[AgentsStepData]:
+        """Reset every sub-env (sub-env i seeded with seed + i)."""
+        self._seed = seed
+        self._done = [False] * self.num_envs
+        return [self._reset(i) for i in range(self.num_envs)]
+
+    def step(self, actions: list[dict[str, Any]]) -> list[AgentsStepData]:
+        """One step of every sub-env: the actions of its acting agents, or a reset where its episode had ended."""
+        steps = []
+        for i, (env, per_env) in enumerate(zip(self.envs, actions, strict=True)):
+            if self._done[i]:
+                self._done[i] = False
+                steps.append(self._reset(i))
+                continue
+            step = self._step_aec(env, per_env) if is_aec(env) else self._step_parallel(env, per_env)
+            self._done[i] = step.done
+            steps.append(step)
+        return steps
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def _reset(self, i: int) -> AgentsStepData:
+        env = self.envs[i]
+        seed = None if self._seed is None else self._seed + i
+        if is_aec(env):
+            env.reset(seed=seed)
+            return AgentsStepData({env.agent_selection: env.observe(env.agent_selection)})
+        observations, _ = env.reset(seed=seed)
+        return AgentsStepData(dict(observations))
+
+    @staticmethod
+    def _step_parallel(env: Any, actions: dict[str, Any]) -> AgentsStepData:
+        observations, rewards, terminateds, truncateds, _ = env.step({a: _plain(x) for a, x in actions.items()})
+        gone = not env.agents
+        return AgentsStepData(
+            dict(observations),
+            {a: float(r) for a, r in rewards.items()},
+            {**{a: bool(t) for a, t in terminateds.items()}, ALL: gone and all(terminateds.values())},
+            {**{a: bool(t) for a, t in truncateds.items()}, ALL: gone and not all(terminateds.values())},
+        )
+
+    @staticmethod
+    def _step_aec(env: Any, actions: dict[str, Any]) -> AgentsStepData:
+        env.step(_plain(actions[env.agent_selection]))
+        step = AgentsStepData({})
+        while env.agents:
+            observation, reward, terminated, truncated, _ = env.last()
+            agent = env.agent_selection
+            step.observations[agent] = observation
+            step.rewards[agent] = float(reward)
+            step.terminateds[agent], step.truncateds[agent] = bool(terminated), bool(truncated)
+            if not (terminated or truncated):
+                break
+            env.step(None)
+        gone = not env.agents
+        agents_terminated = all(step.terminateds[a] for a in step.observations)
+        step.terminateds[ALL] = gone and agents_terminated
+        step.truncateds[ALL] = gone and not agents_terminated
+        return step
+
+
+def _plain(action: Any) -> Any:
+    """A decoded action as PettingZoo envs take it: 0-d arrays as Python numbers."""
+    return action.item() if isinstance(action, np.ndarray) and action.ndim == 0 else action

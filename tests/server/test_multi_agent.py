@@ -1,0 +1,175 @@
+"""Multi-agent sessions against a real server: PettingZoo parallel and turn-based (AEC) envs, many sub-envs,
+episodes shipped as their agents' chunks, and bad input answered with INVALID_ARGUMENT naming the agent."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+from support.servers import BOX4, DISCRETE2, RawStream, shipped, target
+
+from rlgate.client.env_client import EnvClient
+from rlgate.core import codec
+from rlgate.episodes.codec import episode_from_proto
+from rlgate.spec.run import RunSpec
+from rlgate.v1 import policy_pb2 as pb
+
+pytestmark = pytest.mark.usefixtures("examples_importable")
+pytest.importorskip("pettingzoo")
+from pettingzoo.classic import tictactoe_v3  # noqa: E402
+
+
+def multi_agent_spec(mapping: str = "shared", **sampling) -> RunSpec:
+    return RunSpec.parse(
+        {
+            "env": {"id": "examples.multi_agent_cartpole:MultiAgentCartPole"},
+            "multi_agent": {"policy_mapping_fn": mapping},
+            "sampling": sampling,
+        },
+        "test",
+    )
+
+
+@pytest.mark.parametrize("mapping", ["shared", "per_agent"])
+async def test_parallel_env_sub_envs_ship_agent_chunks(server_factory, tmp_path, mapping):
+    server = await server_factory(spec=multi_agent_spec(mapping, rollout_fragment_length=16))
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+
+    envs = [MultiAgentCartPole(num_agents=2) for _ in range(3)]
+    stats = await asyncio.wait_for(EnvClient(envs, target(server), seed=1).run(max_steps=300), 60)
+    assert stats.env_steps >= 300 and stats.episodes > 0
+    await server.stop()
+    chunks = shipped(tmp_path / "episodes")
+    agents = {c.agent_id for c in chunks}
+    modules = {c.module_id for c in chunks}
+    assert agents == {"agent_0", "agent_1"}
+    assert modules == ({"default_policy"} if mapping == "shared" else {"agent_0", "agent_1"})
+    for message in chunks:
+        episode = episode_from_proto(message)
+        assert len(episode) <= 16 and episode.multi_agent_episode_id
+        assert (episode.get_rewards() == 1.0).all()  # CartPole pays 1 per step: nothing lost or doubled
+    # Every env step is counted once: on the first agent chunk of each multi-agent chunk.
+    assert sum(c.multi_agent_env_steps for c in chunks) >= 300
+    assert sum(c.multi_agent_env_steps for c in chunks) <= stats.env_steps + 3
+
+
+async def test_turn_based_game_gets_one_action_per_turn(server_factory, tmp_path):
+    spec = RunSpec.parse(
+        {
+            "env": {"id": "pettingzoo.classic.tictactoe_v3:env"},
+            "multi_agent": {},
+            "sampling": {"batch_mode": "complete_episodes"},
+        },
+        "test",
+    )
+    server = await server_factory(spec=spec)
+    envs = [tictactoe_v3.env() for _ in range(2)]
+    stats = await asyncio.wait_for(EnvClient(envs, target(server), seed=0).run(max_steps=200), 60)
+    await server.stop()
+    assert stats.episodes > 5
+    chunks = [episode_from_proto(c) for c in shipped(tmp_path / "episodes")]
+    assert {c.agent_id for c in chunks} == {"player_1", "player_2"}
+    # Whole games (complete_episodes), but for the games running when the client closed: shipped truncated.
+    unfinished = {c.multi_agent_episode_id for c in chunks if not c.is_terminated}
+    assert len(unfinished) <= len(envs)
+    finals = {}
+    for chunk in chunks:
+        assert chunk.get_observations(-1).shape == (27,)  # flattened by FlattenObservations(multi_agent=True)
+        assert set(np.round(chunk.get_rewards()[:-1], 3)) <= {0.0}  # only a game's end pays
+        if chunk.multi_agent_episode_id not in unfinished:
+            finals.setdefault(chunk.multi_agent_episode_id, []).append(float(chunk.get_rewards()[-1]))
+    # A winner and a loser, a draw, or an illegal move (which loses; the other player gets 0).
+    assert finals and all(sorted(r) in ([-1.0, 1.0], [0.0, 0.0], [-1.0, 0.0]) for r in finals.values())
+
+
+def agents_hello(agents=("a", "b"), num_envs: int = 1) -> pb.ClientMessage:
+    spaces = [
+        pb.AgentSpaces(
+            agent_id=a, observation_space=codec.space_to_proto(BOX4), action_space=codec.space_to_proto(DISCRETE2)
+        )
+        for a in agents
+    ]
+    return pb.ClientMessage(hello=pb.Hello(client_id="raw", num_envs=num_envs, explore=True, agents=spaces))
+
+
+def agents_step(obs: dict, rewards: dict | None = None, terminateds: dict | None = None) -> pb.ClientMessage:
+    return pb.ClientMessage(
+        step=pb.Step(
+            agents=[
+                pb.AgentsStep(
+                    obs={a: codec.to_value(o) for a, o in obs.items()},
+                    rewards=rewards or {},
+                    terminateds={"__all__": False} if terminateds is None else terminateds,
+                    truncateds={"__all__": False},
+                )
+            ]
+        )
+    )
+
+
+OBS = np.zeros(4, np.float32)
+
+
+async def ma_server(server_factory):
+    spec = RunSpec.parse({"multi_agent": {"policy_mapping_fn": "per_agent"}}, "test")
+    return await server_factory(spec=spec)
+
+
+async def test_actions_go_to_exactly_the_agents_that_observed(server_factory):
+    server = await ma_server(server_factory)
+    stream = RawStream(server)
+    await stream.send(agents_hello())
+    assert (await stream.recv()).HasField("welcome")
+    await stream.send(agents_step({"a": OBS}))
+    reply = await stream.recv()
+    assert [set(per_env.actions) for per_env in reply.actions.agents] == [{"a"}]
+    await stream.send(agents_step({"a": OBS, "b": OBS}, rewards={"a": 1.0, "b": 0.5}))
+    reply = await stream.recv()
+    assert [set(per_env.actions) for per_env in reply.actions.agents] == [{"a", "b"}]
+    await stream.send(agents_step({"a": OBS, "b": OBS}, {"a": 1.0, "b": 1.0}, {"a": True, "__all__": False}))
+    reply = await stream.recv()
+    assert [set(per_env.actions) for per_env in reply.actions.agents] == [{"b"}]  # a is done
+    await stream.close()
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([agents_step({"c": OBS})], "unknown agent 'c'"),
+        ([agents_step({"a": OBS}, terminateds={"a": False})], "terminateds: no '__all__'"),
+        ([agents_step({"a": np.full(4, 5.0, np.float32)})], "obs['a']: value 5.0"),
+        ([agents_step({"a": OBS}), agents_step({"a": OBS}, {"a": float("nan")})], "rewards['a']: nan"),
+        ([agents_step({"a": OBS}), agents_step({"a": OBS})], "agent 'a' acted and observed again but got no reward"),
+        ([agents_step({})], "no agent observes"),
+    ],
+)
+async def test_bad_multi_agent_steps_name_the_agent(server_factory, messages, expected):
+    server = await ma_server(server_factory)
+    stream = RawStream(server)
+    await stream.send(agents_hello())
+    await stream.recv()
+    for message in messages[:-1]:
+        await stream.send(message)
+        await stream.recv()
+    await stream.send(messages[-1])
+    code, details = await stream.status()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in details
+    await stream.close()
+
+
+async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
+    server = await ma_server(server_factory)
+    stream = RawStream(server)
+    from support.servers import hello
+
+    await stream.send(hello())
+    code, details = await stream.status()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "hello.agents" in details
+    stream = RawStream(server)
+    await stream.send(agents_hello(agents=("a", "zz")))
+    await stream.send(agents_step({"a": OBS}))
+    assert (await stream.recv()).HasField("welcome")  # per_agent: a module for any agent with these spaces
+    await stream.close()
