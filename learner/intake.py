@@ -167,8 +167,8 @@ class Intake:
 
     def _add(self, batch: learner_pb2.EpisodeBatch) -> list[str]:
         accepted = []
-        try:
-            observation_space = self._observation_space(batch)
+        try:  # multi-agent chunks are decoded in their agent's spaces instead
+            observation_space = self._observation_space(batch) if self.agent_spaces is None else None
         except ValueError as exc:
             self._reject(
                 "unknown observation space",
