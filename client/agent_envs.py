@@ -10,27 +10,12 @@ after their episode ends (NEXT_STEP autoreset): the next step reports the reset 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-ALL = "__all__"
-
-
-@dataclass
-class AgentsStepData:
-    """One sub-env's step, keyed by agent id."""
-
-    observations: dict[str, Any]
-    rewards: dict[str, float] = field(default_factory=dict)
-    terminateds: dict[str, bool] = field(default_factory=lambda: {ALL: False})
-    truncateds: dict[str, bool] = field(default_factory=lambda: {ALL: False})
-
-    @property
-    def done(self) -> bool:
-        return self.terminateds[ALL] or self.truncateds[ALL]
+from rlgate.core.agents_step import ALL, AgentsStep
 
 
 def is_aec(env: Any) -> bool:
@@ -53,13 +38,13 @@ class AgentEnvs:
         self._done = [False] * len(envs)
         self._seed: int | None = None
 
-    def reset(self, seed: int | None = None) -> list[AgentsStepData]:
+    def reset(self, seed: int | None = None) -> list[AgentsStep]:
         """Reset every sub-env (sub-env i seeded with seed + i)."""
         self._seed = seed
         self._done = [False] * self.num_envs
         return [self._reset(i) for i in range(self.num_envs)]
 
-    def step(self, actions: list[dict[str, Any]]) -> list[AgentsStepData]:
+    def step(self, actions: list[dict[str, Any]]) -> list[AgentsStep]:
         """One step of every sub-env: the actions of its acting agents, or a reset where its episode had ended."""
         steps = []
         for i, (env, per_env) in enumerate(zip(self.envs, actions, strict=True)):
@@ -76,20 +61,20 @@ class AgentEnvs:
         for env in self.envs:
             env.close()
 
-    def _reset(self, i: int) -> AgentsStepData:
+    def _reset(self, i: int) -> AgentsStep:
         env = self.envs[i]
         seed = None if self._seed is None else self._seed + i
         if is_aec(env):
             env.reset(seed=seed)
-            return AgentsStepData({env.agent_selection: env.observe(env.agent_selection)})
+            return AgentsStep({env.agent_selection: env.observe(env.agent_selection)})
         observations, _ = env.reset(seed=seed)
-        return AgentsStepData(dict(observations))
+        return AgentsStep(dict(observations))
 
     @staticmethod
-    def _step_parallel(env: Any, actions: dict[str, Any]) -> AgentsStepData:
+    def _step_parallel(env: Any, actions: dict[str, Any]) -> AgentsStep:
         observations, rewards, terminateds, truncateds, _ = env.step({a: _plain(x) for a, x in actions.items()})
         gone = not env.agents
-        return AgentsStepData(
+        return AgentsStep(
             dict(observations),
             {a: float(r) for a, r in rewards.items()},
             {**{a: bool(t) for a, t in terminateds.items()}, ALL: gone and all(terminateds.values())},
@@ -97,9 +82,9 @@ class AgentEnvs:
         )
 
     @staticmethod
-    def _step_aec(env: Any, actions: dict[str, Any]) -> AgentsStepData:
+    def _step_aec(env: Any, actions: dict[str, Any]) -> AgentsStep:
         env.step(_plain(actions[env.agent_selection]))
-        step = AgentsStepData({})
+        step = AgentsStep({})
         while env.agents:
             observation, reward, terminated, truncated, _ = env.last()
             agent = env.agent_selection

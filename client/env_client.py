@@ -1,10 +1,10 @@
-"""`EnvClient`: runs a gymnasium env or vector env, or PettingZoo envs, against a policy server, one message per step.
+"""`EnvClient`: runs a gymnasium env or vector env, or PettingZoo envs, against a policy server, one message a step.
 
 A plain env runs as a vector env of one. A PettingZoo ParallelEnv or AECEnv (or a list of them, the sub-envs)
 opens a multi-agent session: its hello declares the agents and their spaces, each step carries every
-sub-env's acting agents' observations, rewards and done flags (see client/agent_envs.py). Sub-envs reset themselves the way gymnasium's vector envs
-do by default (autoreset mode NEXT_STEP), which is what the server expects: after a sub-env's episode
-ends, its next observation is a reset observation. A stream that breaks (server restart, network)
+sub-env's acting agents' observations, rewards and done flags (see client/agent_envs.py). Sub-envs reset
+themselves the way gymnasium's vector envs do by default (autoreset mode NEXT_STEP), which is what the
+server expects: after a sub-env's episode ends, its next observation is a reset observation. A stream that breaks (server restart, network)
 is re-opened with backoff, and every sub-env starts a fresh episode; the server ships the old ones
 as truncated. A server that cannot be reached within `connect_timeout_s` (when set), or that refuses
 the stream for a reason a new stream would meet again (spaces that do not match its model, a wrong
@@ -27,8 +27,9 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-from rlgate.client.agent_envs import AgentEnvs, AgentsStepData
+from rlgate.client.agent_envs import AgentEnvs
 from rlgate.core import codec
+from rlgate.core.agents_step import AgentsStep
 from rlgate.core.errors import UserError
 from rlgate.service.channel import CHANNEL_OPTIONS as RECONNECT_AND_KEEPALIVE
 from rlgate.spec.env import is_multi_agent_env
@@ -298,7 +299,7 @@ def hello_message(
     )
 
 
-def _agents_step(step: AgentsStepData) -> pb.AgentsStep:
+def _agents_step(step: AgentsStep) -> pb.AgentsStep:
     return pb.AgentsStep(
         obs={agent: codec.to_value(observation) for agent, observation in step.observations.items()},
         rewards=step.rewards,

@@ -3,9 +3,9 @@
 Every column travels with its lookback: observations and infos have `len_lookback_buffer + len + 1`
 rows, actions, rewards and extra model outputs `len_lookback_buffer + len`. Nested (Dict/Tuple) data
 travels as a nested Value of tensors. The extra model output `Columns.MODEL_VERSION` travels in the
-`model_versions` field (int64), the others in `extra_model_outputs`. The episode's `chunk_index`
-attribute travels in `chunk_index`, `multi_agent_env_steps` in its field. Infos travel only when at least one is non-empty (as Structs, so
-numbers come back as floats); `custom_data` does not travel.
+`model_versions` field (int64), the others in `extra_model_outputs`. The episode's `chunk_index` and
+`multi_agent_env_steps` attributes travel in the fields of those names. Infos travel only when at least one
+is non-empty (as Structs, so numbers come back as floats); `custom_data` does not travel.
 
 Decoding builds numpy-mode buffers straight from the decoded arrays (read-only views of the message's
 bytes; appending or setting copies first), with no per-step Python work except for infos.

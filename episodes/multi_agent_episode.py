@@ -36,11 +36,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlgate.core.agents_step import ALL
 from rlgate.core.tree import batch, map_structure
 from rlgate.episodes.infinite_lookback_buffer import Indices, InfiniteLookbackBuffer
 from rlgate.episodes.single_agent_episode import SingleAgentEpisode
 
-ALL = "__all__"
 DEFAULT_MODULE_ID = "default_policy"
 
 AgentID = Any

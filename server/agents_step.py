@@ -6,30 +6,14 @@ Every check names the sub-env and the agent, and raises CodecError (the client g
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
 from rlgate.core import codec
+from rlgate.core.agents_step import ALL, AgentsStep
 from rlgate.core.codec import CodecError
-from rlgate.episodes.multi_agent_episode import ALL
 from rlgate.v1 import policy_pb2 as pb
-
-
-@dataclass(frozen=True)
-class AgentsStep:
-    """One sub-env's multi-agent step, as MultiAgentEpisode.add_env_step takes it."""
-
-    observations: dict[str, Any]
-    rewards: dict[str, float]
-    terminateds: dict[str, bool]
-    truncateds: dict[str, bool]
-    infos: dict[str, dict]
-
-    @property
-    def done(self) -> bool:
-        return self.terminateds[ALL] or self.truncateds[ALL]
 
 
 def decode_agents_steps(messages: Any, observation_spaces: dict[str, gym.Space], num_envs: int) -> list[AgentsStep]:

@@ -18,11 +18,11 @@ from typing import Any
 
 import gymnasium as gym
 
+from rlgate.core.agents_step import AgentsStep
 from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
 from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
 from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEnvError
-from rlgate.server.agents_step import AgentsStep
 from rlgate.server.session import RECORDED_OUTPUTS
 
 
@@ -125,12 +125,15 @@ class MultiAgentSession:
 
     def flush(self) -> list[SingleAgentEpisode]:
         """Ship every step taken so far: running episodes are cut (their successors go on). While a message
-        waits for its actions, its latest step ships too, after the env-to-module pipeline wrote back into it
-        (FlattenObservations), and the successors take the pending actions."""
+        waits for its actions, its latest step ships too (episodes that ended with it included), after the
+        env-to-module pipeline wrote back into it (FlattenObservations); the successors take the pending actions."""
         running = [i for i, e in enumerate(self._episodes) if e is not None and not e.is_done and len(e)]
+        done, self._done = self._done, []
         if self._pending:
-            self._write_back([self._episodes[i] for i in running])
-        return [chunk for i in running for chunk in self._cut(i)]
+            self._write_back([*done, *(self._episodes[i] for i in running)])
+        return [chunk for episode in done for chunk in _agent_chunks(episode)] + [
+            chunk for i in running for chunk in self._cut(i)
+        ]
 
     def close(self) -> list[SingleAgentEpisode]:
         """End the session: episodes that ended and were not shipped yet, and every running one truncated."""

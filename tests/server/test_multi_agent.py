@@ -173,3 +173,37 @@ async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
     await stream.send(agents_step({"a": OBS}))
     assert (await stream.recv()).HasField("welcome")  # per_agent: a module for any agent with these spaces
     await stream.close()
+
+
+def test_flush_while_a_step_waits_ships_every_env_step_once(examples_importable):
+    """What the learner counts (each multi-agent chunk's env steps, on one of its agents' chunks) equals the env
+    steps the session took, when flushes come between observe() and record(), as they do while sampling pauses."""
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+    from rlgate.client.agent_envs import AgentEnvs
+    from rlgate.core.columns import Columns
+    from rlgate.server.metrics import ServerMetrics
+    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+
+    envs = AgentEnvs([MultiAgentCartPole() for _ in range(3)])
+    policy = MultiAgentPolicy.create(multi_agent_spec(), envs.agent_spaces, metrics=ServerMetrics())
+    session = MultiAgentSession(
+        MultiAgentSessionSpec("test", envs.agent_spaces, 3, True),
+        mapping_fn=policy.mapping_fn,
+        rollout_fragment_length=8,
+        count_steps_by="env_steps",
+        lookback=1,
+        write_back=policy.write_back,
+    )
+    steps, taken, shipped = envs.reset(seed=0), 0, []
+    for t in range(120):
+        episodes, completed = session.observe(steps)
+        taken += completed
+        if t % 7 == 3:
+            shipped += session.flush()
+        outputs = policy.compute(episodes, explore=True)
+        shipped += session.record(outputs)
+        steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
+    shipped += session.close()
+    assert sum(chunk.multi_agent_env_steps for chunk in shipped) == taken
+    assert sum(len(chunk) for chunk in shipped) >= taken  # two agents per env step while both balance

@@ -1,0 +1,97 @@
+"""Play a tic-tac-toe checkpoint (examples/tictactoe.toml) against a uniformly random player.
+
+    python examples/evaluate_tictactoe.py runs/<run>/checkpoints --games 1000
+
+The trained module plays greedily (its inference action), half of the games as the first player and half as
+the second; the random player picks uniformly among the legal moves. An illegal move by the module loses the
+game (PettingZoo's rule). Prints the win, draw and loss rates per seat and overall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from pettingzoo.classic import tictactoe_v3
+
+from rlgate.connectors.env_to_module.flatten_observations import flatten_batch
+from rlgate.core.columns import Columns
+from rlgate.core.tree import batch
+from rlgate.episodes import MultiAgentEpisode
+from rlgate.models import load_weights
+from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.multi_agent import (
+    agent_to_module_mapping_fn,
+    build_multi_agent_env_to_module,
+    build_multi_rl_module,
+)
+
+
+def load_policy(directory: Path) -> tuple:
+    """The checkpoint's MultiRLModule and a function: (agent id, observation) -> greedy action."""
+    found = checkpoint.load(directory)
+    spaces = {a: (found.observation_space[a], found.action_space[a]) for a in found.observation_space.spaces}
+    imports = ImportPolicy(found.spec.modules())
+    pipeline = build_multi_agent_env_to_module(found.spec, spaces, imports)
+    modules = {m: (pipeline.observation_space[m], pipeline.action_space[m]) for m in pipeline.observation_space.spaces}
+    module = build_multi_rl_module(found.spec, modules, imports)
+    for module_id, weights in found.module_weights.items():
+        load_weights(module[module_id], weights)
+    module.eval()
+    to_module = agent_to_module_mapping_fn(found.spec, imports)
+
+    def act(agent: str, observation: dict) -> int:
+        flat = flatten_batch(batch([observation]), spaces[agent][0])
+        sub = module[to_module(agent, MultiAgentEpisode())]
+        with torch.inference_mode():
+            logits = sub.forward_inference({Columns.OBS: torch.from_numpy(flat)})[Columns.ACTION_DIST_INPUTS]
+        dist = sub.get_inference_action_dist_cls().from_logits(logits)
+        return int(dist.to_deterministic().sample()[0])
+
+    return act
+
+
+def play(act, trained_seat: str, rng: random.Random, seed: int) -> float:
+    """One game; the trained player's final reward (1 win, 0 draw, -1 loss)."""
+    env = tictactoe_v3.env()
+    env.reset(seed=seed)
+    result = 0.0
+    for agent in env.agent_iter():
+        observation, reward, terminated, truncated, _ = env.last()
+        if agent == trained_seat:
+            result = reward
+        if terminated or truncated:
+            env.step(None)
+            continue
+        if agent == trained_seat:
+            env.step(act(agent, observation))
+        else:
+            env.step(rng.choice(np.flatnonzero(observation["action_mask"]).tolist()))
+    env.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--games", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    act, rng = load_policy(args.checkpoint), random.Random(args.seed)
+    results = {}
+    for seat in ("player_1", "player_2"):
+        outcomes = [play(act, seat, rng, args.seed + i) for i in range(args.games // 2)]
+        results[seat] = outcomes
+        wins, draws = sum(o > 0 for o in outcomes), sum(o == 0 for o in outcomes)
+        print(f"as {seat}: win {wins / len(outcomes):.3f}  draw {draws / len(outcomes):.3f}  "
+              f"loss {(len(outcomes) - wins - draws) / len(outcomes):.3f}  ({len(outcomes)} games)")  # fmt: skip
+    every = results["player_1"] + results["player_2"]
+    print(f"overall win rate {sum(o > 0 for o in every) / len(every):.3f} over {len(every)} games")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Multi-agent training end to end: PettingZoo clients, a real server and a real learner; PPO per module, weights,
+versions and checkpoints per module, policies_to_train; and (slow) two CartPoles learnt through `rlgate up`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from support.servers import running_client, target, until
+
+from rlgate.client.env_client import EnvClient
+from rlgate.learner.main import LearnerServer
+from rlgate.spec import checkpoint
+
+pytestmark = pytest.mark.usefixtures("examples_importable")
+pytest.importorskip("pettingzoo")
+
+ROOT = Path(__file__).resolve().parents[2]
+CARTPOLES = {
+    "env": {"id": "examples.multi_agent_cartpole:MultiAgentCartPole", "num_envs": 2},
+    "multi_agent": {"policy_mapping_fn": "per_agent", "policies_to_train": ["agent_0"]},
+}
+
+
+async def test_each_module_trains_on_its_agents_and_is_versioned_and_checkpointed_apart(
+    learner_settings, server_factory, tmp_path
+):
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+
+    learner = LearnerServer(learner_settings(env=None, spec=CARTPOLES))
+    await learner.start()
+    try:
+        first = learner.learner.weights
+        assert set(first.module_weights) == {"agent_0", "agent_1"} and not first.safetensors
+        server = await server_factory(learner=f"127.0.0.1:{learner.port}", steps_per_version=128)
+        envs = [MultiAgentCartPole() for _ in range(2)]
+        async with running_client(EnvClient(envs, target(server), seed=0)):
+            await until(lambda: learner.learner.trainer.version >= 3, timeout=90)
+        weights = learner.learner.weights
+        assert weights.module_versions["agent_0"] >= 3 and weights.module_versions["agent_1"] == 0
+        assert weights.module_weights["agent_1"] == first.module_weights["agent_1"]  # not in policies_to_train
+        assert weights.module_weights["agent_0"] != first.module_weights["agent_0"]
+        assert learner.learner.trainer.env_steps >= 3 * 128  # env steps (count_steps_by's default), not agent steps
+        await until(lambda: server.policy.version == weights.version, timeout=30)  # servers swap per module
+        assert server.policy.module_versions == dict(weights.module_versions)
+    finally:
+        await learner.stop()
+    saved = checkpoint.load(tmp_path / "checkpoints")
+    assert set(saved.module_weights) == {"agent_0", "agent_1"}
+    assert saved.module_versions["agent_0"] >= 3 and set(saved.module_optimizer_states) == {"agent_0"}
+    assert (checkpoint.latest(tmp_path / "checkpoints") / "modules" / "agent_0" / "weights.safetensors").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mapping", ["shared", "per_agent"])
+async def test_up_learns_two_cartpoles_to_a_per_agent_return_of_400(tmp_path, mapping):
+    """The issue's acceptance run (several minutes on two cores): `rlgate up` with two CartPoles as two agents."""
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "rlgate", "up", "--config", str(ROOT / "examples" / "multi_agent_cartpole.toml")),
+        *("--spec.multi-agent.policy-mapping-fn", mapping, "--stop-return", "400", "--max-steps", "300000"),
+        *("--run-dir", str(tmp_path)),
+        cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 1800)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    last = output.decode().strip().splitlines()[-1]
+    match = re.fullmatch(r"reached return (\S+) at (\d+) env steps in (\S+) s", last)
+    assert process.returncode == 0 and match, last
+    assert float(match[1]) >= 400
