@@ -4,11 +4,11 @@ A plain env runs as a vector env of one. A PettingZoo ParallelEnv or AECEnv (or 
 opens a multi-agent session: its hello declares the agents and their spaces, each step carries every
 sub-env's acting agents' observations, rewards and done flags (see client/agent_envs.py). Sub-envs reset
 themselves the way gymnasium's vector envs do by default (autoreset mode NEXT_STEP), which is what the
-server expects: after a sub-env's episode ends, its next observation is a reset observation. A stream that breaks (server restart, network)
-is re-opened with backoff, and every sub-env starts a fresh episode; the server ships the old ones
-as truncated. A server that cannot be reached within `connect_timeout_s` (when set), or that refuses
-the stream for a reason a new stream would meet again (spaces that do not match its model, a wrong
-token), ends `run()` with a UserError that says so.
+server expects: after a sub-env's episode ends, its next observation is a reset observation. A stream that
+breaks (server restart, network) is re-opened with backoff, and every sub-env starts a fresh episode; the
+server ships the old ones as truncated. A server that cannot be reached within `connect_timeout_s` (when
+set), or that refuses the stream for a reason a new stream would meet again (spaces that do not match its
+model, a wrong token), ends `run()` with a UserError that says so.
 """
 
 from __future__ import annotations
