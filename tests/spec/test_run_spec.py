@@ -13,8 +13,13 @@ import pytest
 from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
 from rlgate.learner.settings import LearnerSettings
 from rlgate.models import ModelConfig
-from rlgate.spec.env import env_spaces, make_env
+from rlgate.spec.env import agent_spaces, env_spaces, make_env
 from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.multi_agent import (
+    build_multi_agent_env_to_module,
+    build_multi_agent_learner_connector,
+    build_multi_rl_module,
+)
 from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_module_to_env, build_rl_module
 from rlgate.spec.run import EnvSpec, RunSpec
 
@@ -182,6 +187,13 @@ def test_envs_by_registered_id_class_factory_or_registering_module(examples_impo
 def test_every_example_spec_builds_its_policy(path: Path, examples_importable) -> None:
     spec = RunSpec.load(path)
     imports = ImportPolicy(spec.modules())
+    if spec.multi_agent:
+        pytest.importorskip("pettingzoo")
+        pipeline = build_multi_agent_env_to_module(spec, agent_spaces(spec.env, imports), imports)
+        modules = {m: (pipeline.observation_space[m], pipeline.action_space[m]) for m in pipeline.observation_space}
+        build_multi_rl_module(spec, modules, imports)
+        build_multi_agent_learner_connector(spec, modules, imports)
+        return
     observation_space, action_space = env_spaces(spec.env, imports)
     pipeline = build_env_to_module(spec, observation_space, action_space, imports)
     module = build_rl_module(spec, pipeline.observation_space, action_space, imports)
