@@ -188,16 +188,20 @@ class Batcher:
             group = [i for i, r in enumerate(requests) if r.explore == explore]
             if not group:
                 continue
-            parts = [requests[i].obs for i in group]
-            obs = parts[0] if len(parts) == 1 else map_structure(lambda *rows: np.concatenate(rows), *parts)
-            episodes = EpisodeRows.concat([requests[i].episodes for i in group])
             started = time.perf_counter()
-            outputs = self.policy.compute(obs, episodes, explore)
+            outputs, rows = self._forward([requests[i] for i in group], explore)
             self.metrics.forward_seconds.observe(time.perf_counter() - started)
-            self.metrics.batch_size.observe(len(episodes))
+            self.metrics.batch_size.observe(rows)
             start = 0
             for i in group:
                 stop = start + len(requests[i].episodes)
                 results[i] = map_structure(lambda column, a=start, b=stop: column[a:b], outputs)
                 start = stop
         return results  # type: ignore[return-value]
+
+    def _forward(self, requests: list[Request], explore: bool) -> tuple[dict[str, Any], int]:
+        """The policy's outputs for these requests' rows, concatenated in order, and the number of rows."""
+        parts = [request.obs for request in requests]
+        obs = parts[0] if len(parts) == 1 else map_structure(lambda *rows: np.concatenate(rows), *parts)
+        episodes = EpisodeRows.concat([request.episodes for request in requests])
+        return self.policy.compute(obs, episodes, explore), len(episodes)

@@ -7,7 +7,6 @@ forward per module over all their acting agents. Each request gets its slice of 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from rlgate.server.batcher import Batcher, Request
@@ -24,20 +23,7 @@ class MultiAgentBatcher(Batcher):
             request.env_steps = request.episodes.uncounted
         return taken
 
-    def _compute(self, requests: list[Request]) -> list[dict[str, Any]]:
-        results: list[dict[str, Any] | None] = [None] * len(requests)
-        for explore in (True, False):
-            group = [i for i, r in enumerate(requests) if r.explore == explore]
-            if not group:
-                continue
-            episodes = [episode for i in group for episode in requests[i].episodes]
-            started = time.perf_counter()
-            outputs = self.policy.compute(episodes, explore)
-            self.metrics.forward_seconds.observe(time.perf_counter() - started)
-            self.metrics.batch_size.observe(len(episodes))
-            start = 0
-            for i in group:
-                stop = start + len(requests[i].episodes)
-                results[i] = {column: rows[start:stop] for column, rows in outputs.items()}
-                start = stop
-        return results  # type: ignore[return-value]
+    def _forward(self, requests: list[Request], explore: bool) -> tuple[dict[str, Any], int]:
+        """One MultiAgentPolicy.compute over all the requests' episodes: per column, one dict per episode."""
+        episodes = [episode for request in requests for episode in request.episodes]
+        return self.policy.compute(episodes, explore), len(episodes)

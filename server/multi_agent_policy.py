@@ -20,6 +20,7 @@ from rlgate.episodes import MultiAgentEpisode
 from rlgate.episodes.multi_agent_episode import MappingFn
 from rlgate.models import MultiRLModule, load_weights
 from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy import Policy
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.multi_agent import (
     AgentSpaces,
@@ -31,8 +32,12 @@ from rlgate.spec.multi_agent import (
 from rlgate.spec.run import RunSpec
 
 
-class MultiAgentPolicy:
-    """Computes actions for the acting agents of a batch of multi-agent episodes, one forward per module."""
+class MultiAgentPolicy(Policy):
+    """Computes actions for the acting agents of a batch of multi-agent episodes, one forward per module.
+
+    A Policy whose spaces are Dicts by agent id, whose `compute` takes MultiAgentEpisodes and whose weights
+    come per module; the connector statistics and the stage metrics are Policy's.
+    """
 
     multi_agent = True
 
@@ -49,21 +54,19 @@ class MultiAgentPolicy:
         version: int = 0,
         module_versions: dict[str, int] | None = None,
     ) -> None:
-        self.module = module
-        self.spec = spec
+        super().__init__(
+            module,
+            spec=spec,
+            env_to_module=env_to_module,
+            module_to_env=module_to_env,
+            observation_space=gym.spaces.Dict({a: s[0] for a, s in agent_spaces.items()}),
+            action_space=gym.spaces.Dict({a: s[1] for a, s in agent_spaces.items()}),
+            metrics=metrics,
+            version=version,
+        )
         self.agent_spaces = agent_spaces
         self.mapping_fn = mapping_fn
-        self.env_to_module = env_to_module
-        self.module_to_env = module_to_env
-        self.observation_space = gym.spaces.Dict({a: s[0] for a, s in agent_spaces.items()})
-        self.action_space = gym.spaces.Dict({a: s[1] for a, s in agent_spaces.items()})
-        self.version = version
         self.module_versions = {m: (module_versions or {}).get(m, 0) for m in module}
-        self._metrics = metrics
-        self._stage = {
-            name: metrics.stage_seconds.labels(name) for name in ("env_to_module", "forward", "module_to_env")
-        }
-        metrics.model_version.set(version)
 
     @classmethod
     def create(
@@ -159,10 +162,3 @@ class MultiAgentPolicy:
             self.env_to_module.set_state(connector_state)
         self.version = version
         self._metrics.model_version.set(version)
-
-    def take_connector_delta(self) -> dict[str, Any]:
-        """The connector statistics gathered since the last call, for the learner to merge (see Policy)."""
-        state = self.env_to_module.get_state()
-        if state:
-            self.env_to_module.set_state(self.env_to_module.merge_states([state]))
-        return state
