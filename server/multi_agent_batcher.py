@@ -1,7 +1,7 @@
 """MultiAgentBatcher: the Batcher for multi-agent sessions (same greedy batching, pausing and flushing).
 
-A request's rows are its sub-envs' MultiAgentEpisodes (a SubEnvEpisodes list; `max_batch_size` counts
-sub-envs, i.e. env steps); one batch concatenates every request's episodes and the MultiAgentPolicy runs one
+A request's rows are its sub-envs' MultiAgentEpisodes; `max_batch_size` counts sub-envs,
+i.e. env steps; one batch concatenates every request's episodes and the MultiAgentPolicy runs one
 forward per module over all their acting agents. Each request gets its slice of the per-episode outputs.
 """
 
@@ -14,14 +14,6 @@ from rlgate.server.batcher import Batcher, Request
 
 class MultiAgentBatcher(Batcher):
     """Batches multi-agent requests: per explore flag, one MultiAgentPolicy.compute over all their episodes."""
-
-    def _take(self) -> list[Request]:
-        """As Batcher's, but a request counts the steps its session has not shipped by a flush yet (a flush while
-        it waited ships them with the completed version's steps, so the next version must not count them)."""
-        taken = super()._take()
-        for request in taken:
-            request.env_steps = request.episodes.uncounted
-        return taken
 
     def _forward(self, requests: list[Request], explore: bool) -> tuple[dict[str, Any], int]:
         """One MultiAgentPolicy.compute over all the requests' episodes: per column, one dict per episode."""

@@ -26,13 +26,6 @@ from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEnvError
 from rlgate.server.session import RECORDED_OUTPUTS
 
 
-class SubEnvEpisodes(list):
-    """A session's episodes, one per sub-env (the rows of its batch request), and the steps its latest message
-    completed that no flush has shipped yet: what the batcher counts towards the model version's steps."""
-
-    uncounted: int = 0
-
-
 @dataclass(frozen=True)
 class MultiAgentSessionSpec:
     """What a multi-agent client declared in its hello."""
@@ -66,7 +59,7 @@ class MultiAgentSession:
         self._lookback = lookback
         self._write_back = write_back
         self.observation_spaces = {agent: spaces[0] for agent, spaces in spec.agent_spaces.items()}
-        self._episodes = SubEnvEpisodes([None] * spec.num_envs)
+        self._episodes: list[MultiAgentEpisode | None] = [None] * spec.num_envs
         self._actions: list[dict[str, Any]] = [{} for _ in range(spec.num_envs)]
         self._outputs: list[dict[str, dict]] = [{} for _ in range(spec.num_envs)]
         self._done: list[MultiAgentEpisode] = []  # ended at the latest message, shipped by record()
@@ -108,7 +101,6 @@ class MultiAgentSession:
                 raise CodecError(f"agents[{i}]: no agent observes and the episode is not over: no one could act")
             self._actions[i], self._outputs[i] = {}, {}
         self._pending = True
-        self._episodes.uncounted = completed
         # The list itself, not a copy: a flush() before the batch runs swaps in the successor chunks.
         return self._episodes, completed
 
@@ -137,9 +129,8 @@ class MultiAgentSession:
         env-to-module pipeline wrote back into it (FlattenObservations); the successors take the pending actions."""
         running = [i for i, e in enumerate(self._episodes) if e is not None and not e.is_done and len(e)]
         done, self._done = self._done, []
-        if self._pending:  # its steps ship now, with the steps of the version that is complete
+        if self._pending:
             self._write_back([*done, *(self._episodes[i] for i in running)])
-            self._episodes.uncounted = 0
         return [chunk for episode in done for chunk in _agent_chunks(episode)] + [
             chunk for i in running for chunk in self._cut(i)
         ]
@@ -155,7 +146,7 @@ class MultiAgentSession:
                 if not agent_episode.is_done and len(agent_episode):
                     agent_episode.is_truncated = True
             shipped += _agent_chunks(episode)
-        self._episodes = SubEnvEpisodes([None] * self.spec.num_envs)
+        self._episodes = [None] * self.spec.num_envs
         return shipped
 
     def _cut(self, i: int) -> list[SingleAgentEpisode]:

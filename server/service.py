@@ -288,7 +288,7 @@ class PolicyService:
             episodes, completed = session.observe(steps)
         finally:
             batcher.arriving -= 1
-        outputs = await batcher.compute(None, episodes, session.spec.explore, completed)
+        outputs = await batcher.compute(None, episodes, session.spec.explore)
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(
             actions=pb.Actions(

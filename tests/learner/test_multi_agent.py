@@ -35,7 +35,7 @@ async def test_each_module_trains_on_its_agents_and_is_versioned_and_checkpointe
     try:
         first = learner.learner.weights
         assert set(first.module_weights) == {"agent_0", "agent_1"} and not first.safetensors
-        server = await server_factory(learner=f"127.0.0.1:{learner.port}", steps_per_version=128)
+        server = await server_factory(learner=f"127.0.0.1:{learner.port}")
         envs = [MultiAgentCartPole() for _ in range(2)]
         async with running_client(EnvClient(envs, target(server), seed=0)):
             await until(lambda: learner.learner.trainer.version >= 3, timeout=90)
