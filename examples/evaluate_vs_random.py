@@ -1,10 +1,11 @@
-"""Play a tic-tac-toe checkpoint (examples/tictactoe.toml) against a uniformly random player.
+"""Play a two-player game's checkpoint (connect_four.toml, tictactoe.toml) against a uniformly random player.
 
-    python examples/evaluate_tictactoe.py runs/<run>/checkpoints --games 1000
+    python -m examples.evaluate_vs_random runs/<run>/checkpoints --games 1000
 
-The trained module plays greedily (its inference action), half of the games as the first player and half as
-the second; the random player picks uniformly among the legal moves. An illegal move by the module loses the
-game (PettingZoo's rule). Prints the win, draw and loss rates per seat and overall.
+The game is the checkpoint's env (a PettingZoo classic AECEnv). The trained module plays greedily (its
+inference action), half of the games as the first player and half as the second; the random player picks
+uniformly among the legal moves. An illegal move by the module loses the game (PettingZoo's rule). Prints
+the win, draw and loss rates per seat and overall.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pettingzoo.classic import tictactoe_v3
 
 from rlgate.connectors.env_to_module.flatten_observations import flatten_batch
 from rlgate.core.columns import Columns
@@ -23,6 +23,7 @@ from rlgate.core.tree import batch
 from rlgate.episodes import MultiAgentEpisode
 from rlgate.models import load_weights
 from rlgate.spec import checkpoint
+from rlgate.spec.env import env_factory
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.multi_agent import (
     agent_to_module_mapping_fn,
@@ -32,7 +33,7 @@ from rlgate.spec.multi_agent import (
 
 
 def load_policy(directory: Path) -> tuple:
-    """The checkpoint's MultiRLModule and a function: (agent id, observation) -> greedy action."""
+    """A function (agent id, observation) -> the checkpoint's greedy action, and a maker of its env."""
     found = checkpoint.load(directory)
     spaces = {a: (found.observation_space[a], found.action_space[a]) for a in found.observation_space.spaces}
     imports = ImportPolicy(found.spec.modules())
@@ -52,12 +53,12 @@ def load_policy(directory: Path) -> tuple:
         dist = sub.get_inference_action_dist_cls().from_logits(logits)
         return int(dist.to_deterministic().sample()[0])
 
-    return act
+    return act, env_factory(found.spec.env, imports)
 
 
-def play(act, trained_seat: str, rng: random.Random, seed: int) -> float:
+def play(act, make_env, trained_seat: str, rng: random.Random, seed: int) -> float:
     """One game; the trained player's final reward (1 win, 0 draw, -1 loss)."""
-    env = tictactoe_v3.env()
+    env = make_env()
     env.reset(seed=seed)
     result = 0.0
     for agent in env.agent_iter():
@@ -81,15 +82,16 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    act, rng = load_policy(args.checkpoint), random.Random(args.seed)
+    (act, make_env), rng = load_policy(args.checkpoint), random.Random(args.seed)
+    seats = make_env().possible_agents
     results = {}
-    for seat in ("player_1", "player_2"):
-        outcomes = [play(act, seat, rng, args.seed + i) for i in range(args.games // 2)]
+    for seat in seats:
+        outcomes = [play(act, make_env, seat, rng, args.seed + i) for i in range(args.games // 2)]
         results[seat] = outcomes
         wins, draws = sum(o > 0 for o in outcomes), sum(o == 0 for o in outcomes)
         print(f"as {seat}: win {wins / len(outcomes):.3f}  draw {draws / len(outcomes):.3f}  "
               f"loss {(len(outcomes) - wins - draws) / len(outcomes):.3f}  ({len(outcomes)} games)")  # fmt: skip
-    every = results["player_1"] + results["player_2"]
+    every = [outcome for seat in seats for outcome in results[seat]]
     print(f"overall win rate {sum(o > 0 for o in every) / len(every):.3f} over {len(every)} games")
 
 
