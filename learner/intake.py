@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,10 +55,11 @@ class Intake:
     """Pending chunks, the keys already seen, and episode returns for progress reporting.
 
     `observation_spaces`: the spaces a batch may say its observations are in (the env's and each
-    env-to-module piece's output); the first is assumed when a batch says none. Multi-agent: `agent_spaces`
-    gives each agent's (observation space, action space) as its chunks hold them, used for chunks with an
-    agent id, `count` counts chunks' steps (env or agent steps; default: their length) and chunks are taken
-    whole (`split_chunks=False`), since an agent chunk's share of env steps cannot be split.
+    env-to-module piece's output); the first is assumed when a batch says none. Multi-agent: `module_spaces`
+    gives each module's (observation space, action space), in which the chunks of its agents (`agents`: the
+    ids a chunk may name) are decoded; `count` counts chunks' steps (env or agent steps; default: their
+    length) and chunks are taken whole (`split_chunks=False`), since an agent chunk's share of env steps
+    cannot be split.
     """
 
     directory: Path
@@ -78,7 +79,8 @@ class Intake:
     lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
     allow_nonfinite_obs: bool = False  # the env's observations may be +-inf or NaN (its spec says so)
     on_reject: Callable[[str, int], None] = lambda reason, chunks: None  # told of every rejection
-    agent_spaces: dict[str, tuple[gym.Space, gym.Space]] | None = None
+    module_spaces: dict[str, tuple[gym.Space, gym.Space]] | None = None
+    agents: frozenset[str] = frozenset()
     count: Callable[[list[SingleAgentEpisode]], int] = field(default=lambda episodes: sum(map(len, episodes)))
     split_chunks: bool = True  # False (multi-agent): chunks are taken whole; their env steps count per chunk
 
@@ -114,12 +116,18 @@ class Intake:
             rejected=self.rejected.total() - rejected,
         )
 
-    def drop_stale(self, min_version: int) -> int:
-        """Drop pending chunks all of whose actions came from versions older than `min_version`; their steps."""
-        stale = [chunk for chunk in self.pending if _newest_version(chunk) < min_version]
+    def drop_stale(self, min_version: int | Mapping[str, int]) -> int:
+        """Drop pending chunks all of whose actions came from versions older than `min_version` (multi-agent:
+        one per module id, each chunk held to its module's); their steps."""
+
+        def is_stale(chunk: SingleAgentEpisode) -> bool:
+            floor = min_version if isinstance(min_version, int) else min_version[chunk.module_id]
+            return _newest_version(chunk) < floor
+
+        stale = [chunk for chunk in self.pending if is_stale(chunk)]
         if not stale:
             return 0
-        self.pending = deque(chunk for chunk in self.pending if _newest_version(chunk) >= min_version)
+        self.pending = deque(chunk for chunk in self.pending if not is_stale(chunk))
         for chunk in stale:
             self._finish(chunk_key(chunk.id_, chunk.chunk_index))
         steps = self.count(stale)
@@ -167,8 +175,8 @@ class Intake:
 
     def _add(self, batch: learner_pb2.EpisodeBatch) -> list[str]:
         accepted = []
-        try:  # multi-agent chunks are decoded in their agent's spaces instead
-            observation_space = self._observation_space(batch) if self.agent_spaces is None else None
+        try:  # multi-agent chunks are decoded in their module's spaces instead
+            observation_space = self._observation_space(batch) if self.module_spaces is None else None
         except ValueError as exc:
             self._reject(
                 "unknown observation space",
@@ -182,11 +190,15 @@ class Intake:
                 self.duplicates += 1
                 continue
             spaces = (observation_space, self.action_space)
-            if self.agent_spaces is not None:
-                if message.agent_id not in self.agent_spaces:
+            if self.module_spaces is not None:
+                if message.agent_id not in self.agents:
                     self._reject("unknown agent", 1, f"{key} from server {batch.server_id}: agent {message.agent_id!r}")
                     continue
-                spaces = self.agent_spaces[message.agent_id]
+                if message.module_id not in self.module_spaces:
+                    module = message.module_id
+                    self._reject("unknown module", 1, f"{key} from server {batch.server_id}: module {module!r}")
+                    continue
+                spaces = self.module_spaces[message.module_id]
             try:
                 episode = episode_from_proto(message, *spaces)
             except ValueError as exc:  # CodecError included: one bad chunk never blocks the others

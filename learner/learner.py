@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core import codec
-from rlgate.episodes import MultiAgentEpisode
 from rlgate.learner.intake import Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
@@ -24,7 +23,6 @@ from rlgate.spec import checkpoint
 from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import (
-    agent_to_module_mapping_fn,
     build_multi_agent_env_to_module,
     build_multi_agent_learner_connector,
     build_multi_rl_module,
@@ -129,7 +127,6 @@ class Learner:
             optimizer_states=ckpt.module_optimizer_states if ckpt else None,
             env_steps=ckpt.env_steps if ckpt else 0,
         )
-        mapping = agent_to_module_mapping_fn(spec, self.imports)
         self.intake = Intake(
             settings.checkpoint_dir / "intake",
             [self.connectors.observation_space],
@@ -139,7 +136,8 @@ class Learner:
             allow_nonfinite_obs=spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
             split_chunks=False,
-            agent_spaces={a: modules[mapping(a, MultiAgentEpisode())] for a in agents},
+            module_spaces=modules,
+            agents=frozenset(agents),
             count=self.trainer.steps,
         )
         self._init_service()
@@ -236,10 +234,7 @@ class Learner:
         size = self.spec.algorithm.train_batch_size
         async with self._intake_changed:
             while True:
-                # Multi-agent chunks carry their module's version: MultiAgentTrainer masks stale steps per module.
-                stale = 0
-                if isinstance(self.trainer, Trainer):
-                    stale = self.intake.drop_stale(self.trainer.version - self.settings.max_staleness)
+                stale = self.intake.drop_stale(self.trainer.oldest_version())
                 if stale:
                     self.stale_steps += stale
                     self.metrics.stale.inc(stale)

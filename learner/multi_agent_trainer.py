@@ -61,6 +61,10 @@ class MultiAgentTrainer:
             return sum(len(e) for e in episodes)
         return sum(e.multi_agent_env_steps for e in episodes)
 
+    def oldest_version(self) -> dict[str, int]:
+        """Per module, the oldest version of it whose steps still train (older ones are dropped before an update)."""
+        return {module_id: version - self.max_staleness for module_id, version in self.module_versions.items()}
+
     def update(self, episodes: list[SingleAgentEpisode]) -> dict[str, Any]:
         """One PPO update of each trainable module on its agents' steps in these chunks."""
         # GAE corrects steps sampled more than one version of their module back (V-trace).

@@ -54,6 +54,10 @@ class Trainer:
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.module.observation_space, self.module.action_space
 
+    def oldest_version(self) -> int:
+        """The oldest model version whose steps still train (older ones are dropped before an update)."""
+        return self.version - self.max_staleness
+
     def update(self, episodes: list[SingleAgentEpisode]) -> dict[str, Any]:
         """One PPO update on these chunks; steps chosen more than max_staleness versions ago don't count.
 

@@ -177,3 +177,25 @@ def test_chunks_too_stale_to_train_are_dropped_counted_and_covered_by_the_next_c
     assert keys(intake.pending) == keys(new) and intake.pending_steps == sum(len(c) for c in new)
     covered, _, files = intake.checkpoint_state()
     assert covered == sorted(keys(old)) and len(files) == 1  # the stale batch's file may go
+
+
+def test_multi_agent_chunks_are_decoded_in_their_modules_spaces_and_dropped_by_their_modules_version(
+    tmp_path, cartpole_chunks
+):
+    """A multi-agent intake: each chunk is held to its own module's version; unknown agents and modules are
+    refused (a chunk naming a module the learner lacks would fail the whole update)."""
+    trained, frozen, strangers = cartpole_chunks(40), cartpole_chunks(40, seed=1), cartpole_chunks(20, seed=2)
+    for chunks, agent, module in ((trained, "a0", "m0"), (frozen, "a1", "m1"), (strangers[:1], "a1", "m9")):
+        for chunk in chunks:
+            chunk.agent_id, chunk.module_id = agent, module
+    strangers[1].agent_id, strangers[1].module_id = "a9", "m0"
+    spaces = (OBSERVATION_SPACE, ACTION_SPACE)
+    intake = Intake(
+        tmp_path, [], ACTION_SPACE, module_spaces={"m0": spaces, "m1": spaces}, agents=frozenset({"a0", "a1"})
+    )
+    ack = intake.accept(batch(trained + frozen + strangers[:2], seq=0))
+    assert (ack.accepted, ack.rejected) == (len(trained) + len(frozen), 2)
+    assert intake.rejected == {"unknown module": 1, "unknown agent": 1}
+    # m0 trained to version 5 (all its chunks came from version 0), m1 never trained: only m0's chunks go.
+    assert intake.drop_stale({"m0": 5 - 2, "m1": 0 - 2}) == sum(len(c) for c in trained)
+    assert keys(intake.pending) == keys(frozen)
