@@ -12,7 +12,8 @@ What a value may be (proto/README.md says the same to client authors):
   range), converted to the space's dtype.
 - MultiBinary: bool or any integer dtype, values 0 and 1, converted to the space's dtype.
 - Dict and Tuple: the same keys / number of items as the space, each checked as above.
-Every value has a leading axis of `rows` (the sub-envs). Rejections raise `CodecError` (`NonFiniteError`
+Every value has a leading axis of `rows` (the sub-envs), or none where `rows` is None (one value: a
+multi-agent step's observation of one agent). Rejections raise `CodecError` (`NonFiniteError`
 for NaN and infinities), naming the path and the mismatch.
 """
 
@@ -41,7 +42,8 @@ class NonFiniteError(CodecError):
 
 
 class SpaceCheck:
-    """Decodes `rows` values of `space` ([rows, ...] per leaf) from a Value message and checks them.
+    """Decodes `rows` values of `space` ([rows, ...] per leaf; one value if `rows` is None) from a Value message
+    and checks them.
 
     `path` names the column in error messages (`obs`, `reward`, ...). `allow_infinite` lets +-inf pass
     in float Box leaves whose bound on that side is infinite (NaN never passes).
@@ -52,7 +54,7 @@ class SpaceCheck:
         self.path = path
         self._root = _node(space, path, allow_infinite)
 
-    def decode(self, value: pb.Value, rows: int) -> Any:
+    def decode(self, value: pb.Value, rows: int | None) -> Any:
         """The arrays (nested as the space is), in the space's dtypes; CodecError on any mismatch."""
         try:
             return self._root.decode(value, rows)
@@ -60,7 +62,7 @@ class SpaceCheck:
             exc.field = self.path
             raise
 
-    def decode_tensor(self, tensor: pb.Tensor, rows: int) -> np.ndarray:
+    def decode_tensor(self, tensor: pb.Tensor, rows: int | None) -> np.ndarray:
         """Like `decode`, for a flat space given as a bare Tensor (rewards)."""
         root = self._root
         if not isinstance(root, _Leaf):
@@ -108,7 +110,7 @@ class _Dict:
         self._keys = set(items)
         self._path = path
 
-    def decode(self, value: pb.Value, rows: int) -> dict[str, Any]:
+    def decode(self, value: pb.Value, rows: int | None) -> dict[str, Any]:
         if value.WhichOneof("kind") != "dict":
             raise CodecError(f"{self._path}: expected a dict, got {_kind(value)}")
         items = value.dict.items
@@ -122,7 +124,7 @@ class _Tuple:
         self._items = items
         self._path = path
 
-    def decode(self, value: pb.Value, rows: int) -> tuple:
+    def decode(self, value: pb.Value, rows: int | None) -> tuple:
         if value.WhichOneof("kind") != "tuple":
             raise CodecError(f"{self._path}: expected a tuple, got {_kind(value)}")
         items = value.tuple.items
@@ -158,17 +160,17 @@ class _Leaf:
         # Nothing to test in the space's own dtype: bools, and integers whose bounds are their dtype's range.
         self._unbounded = kinds == "b" or (kinds != "f" and _is_full_range(low, high, self.dtype))
         self._last_data, self._last_code, self._last = b"", -1, np.empty(0)  # the last value decoded, and from what
-        self._rows = -1  # the row count of the shape and bound lists below (a session's is fixed)
+        self._rows: int | None = -1  # the row count of the shape and bound lists below (a session's is fixed)
         self._expected: tuple[int, ...] = ()
         self._lows: list[Any] = []
         self._highs: list[Any] = []
 
-    def decode(self, value: pb.Value, rows: int) -> np.ndarray:
+    def decode(self, value: pb.Value, rows: int | None) -> np.ndarray:
         if value.WhichOneof("kind") != "tensor":
             raise CodecError(f"{self._path}: expected a tensor, got {_kind(value)}")
         return self.tensor(value.tensor, rows)
 
-    def tensor(self, tensor: pb.Tensor, rows: int) -> np.ndarray:
+    def tensor(self, tensor: pb.Tensor, rows: int | None) -> np.ndarray:
         if rows != self._rows:
             self._prepare(rows)
         code = tensor.dtype
@@ -205,10 +207,10 @@ class _Leaf:
         self._last_data, self._last_code, self._last = data, code, array
         return array
 
-    def _prepare(self, rows: int) -> None:
+    def _prepare(self, rows: int | None) -> None:
         self._rows = rows
-        self._expected = (rows, *self._shape)
-        self._size = rows * self._row_size
+        self._expected = self._shape if rows is None else (rows, *self._shape)
+        self._size = self._row_size if rows is None else rows * self._row_size
         if self._size <= SMALL:
             self._lows = np.broadcast_to(self._low, self._expected).ravel().tolist()
             self._highs = np.broadcast_to(self._high, self._expected).ravel().tolist()
@@ -235,10 +237,11 @@ class _Leaf:
                 return NonFiniteError(f"{path}: value {array[index]} at index {index} is not finite")
         outside = (array < self._low) | (array > self._high)
         index = _first(outside)
-        low, high = np.broadcast_to(self._low, array.shape[1:]), np.broadcast_to(self._high, array.shape[1:])
+        within = index[array.ndim - len(self._shape) :]  # the index inside one value (after the rows axis)
+        low, high = np.broadcast_to(self._low, self._shape), np.broadcast_to(self._high, self._shape)
         return CodecError(
             f"{path}: value {array[index]} at index {index} outside the {_space_name(self._space)} bounds "
-            f"[{low[index[1:]]}, {high[index[1:]]}]"
+            f"[{low[within]}, {high[within]}]"
         )
 
     def _rule(self) -> str:

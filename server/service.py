@@ -22,7 +22,7 @@ from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.core.space_diff import space_differences
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.server.agents_step import decode_agents_steps, encode_agent_actions
+from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.batcher import Batcher
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
@@ -76,7 +76,7 @@ class PolicyService:
         """Serve one client stream until it closes, fails or idles out."""
         session: Session | MultiAgentSession | None = None
         batcher: Batcher | None = None
-        decoder: StepDecoder | None = None
+        decoder: StepDecoder | AgentsStepDecoder | None = None
         try:
             while True:
                 async with asyncio.timeout(self.settings.idle_timeout_s):
@@ -97,12 +97,11 @@ class PolicyService:
                         pb.ServerMessage(welcome=pb.Welcome(session_id=session.id, model_version=version))
                     )
                 elif kind == "step":
-                    if session is None or batcher is None:
+                    if session is None or batcher is None or decoder is None:
                         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
-                    if isinstance(session, MultiAgentSession):
-                        reply = await self._multi_agent_step(session, batcher, message.step)
+                    if isinstance(decoder, AgentsStepDecoder):
+                        reply = await self._multi_agent_step(session, batcher, decoder, message.step)
                     else:
-                        assert decoder is not None  # made with every single-agent session
                         reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
                     await context.write(reply)
                     self.metrics.step_latency.observe(time.perf_counter() - arrived)
@@ -129,7 +128,9 @@ class PolicyService:
             if session is not None:
                 self._end(session)
 
-    async def _open(self, hello: pb.Hello) -> tuple[Session | MultiAgentSession, Batcher, StepDecoder | None]:
+    async def _open(
+        self, hello: pb.Hello
+    ) -> tuple[Session | MultiAgentSession, Batcher, StepDecoder | AgentsStepDecoder]:
         if self.draining:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: connect to another one")
         if len(self.sessions) >= self.settings.max_sessions:
@@ -149,8 +150,7 @@ class PolicyService:
                 grpc.StatusCode.NOT_FOUND, f"unknown module_id {hello.module_id!r}: this server has 'default'"
             )
         if hello.agents:
-            session, batcher = await self._open_multi_agent(hello)
-            return session, batcher, None
+            return await self._open_multi_agent(hello)
         if not hello.HasField("observation_space") or not hello.HasField("action_space"):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello needs observation_space and action_space")
         spec = SessionSpec(
@@ -224,7 +224,7 @@ class PolicyService:
         self.env_steps += steps
         return reply
 
-    async def _open_multi_agent(self, hello: pb.Hello) -> tuple[MultiAgentSession, Batcher]:
+    async def _open_multi_agent(self, hello: pb.Hello) -> tuple[MultiAgentSession, Batcher, AgentsStepDecoder]:
         """A multi-agent session: every declared agent must be one of the served model's, with its spaces."""
         if hello.HasField("observation_space") or hello.HasField("action_space"):
             raise RequestError(
@@ -278,13 +278,19 @@ class PolicyService:
         self.metrics.sessions.set(len(self.sessions))
         log.info("multi-agent session opened session=%s client=%s agents=%s num_envs=%d", session.id,
                  spec.client_id, ",".join(agent_spaces), spec.num_envs)  # fmt: skip
-        return session, batcher
+        observation_spaces = {agent: spaces[0] for agent, spaces in agent_spaces.items()}
+        decoder = AgentsStepDecoder(
+            observation_spaces, spec.num_envs, allow_non_finite_obs=self.settings.allow_non_finite_obs
+        )
+        return session, batcher, decoder
 
-    async def _multi_agent_step(self, session: MultiAgentSession, batcher: Batcher, step: pb.Step) -> pb.ServerMessage:
+    async def _multi_agent_step(
+        self, session: MultiAgentSession, batcher: Batcher, decoder: AgentsStepDecoder, step: pb.Step
+    ) -> pb.ServerMessage:
         """Decode the sub-envs' agent steps, record them, wait for the batch, answer the acting agents."""
         batcher.arriving += 1
         try:
-            steps = decode_agents_steps(step.agents, session.observation_spaces, session.spec.num_envs)
+            steps = decoder.decode(step)
             episodes, completed = session.observe(steps)
         finally:
             batcher.arriving -= 1

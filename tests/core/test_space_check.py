@@ -151,3 +151,14 @@ def test_space_differences_name_only_the_differing_fields():
     ]
     assert space_differences(BOX, gym.spaces.Box(-1.0, 1.0, (3,), np.float32), "obs") == ["obs.shape: (2,) != (3,)"]
     assert space_differences(BOX, gym.spaces.Discrete(2), "obs") == ["obs: Box != Discrete"]
+
+
+def test_rows_none_decodes_one_value_without_a_leading_axis():
+    """A multi-agent step carries each agent's observation unbatched: rows=None checks it as one value."""
+    check = SpaceCheck(POS, path="obs['a']")
+    value = check.decode(codec.to_value({"pos": np.array([1.0, -2.0], np.float32), "mode": np.array(2)}), None)
+    assert value["pos"].shape == (2,) and int(value["mode"]) == 2
+    with pytest.raises(CodecError, match=r"""^obs\['a'\]\["pos"\]: shape \(1, 2\) != \(2,\)$"""):
+        check.decode(codec.to_value({"pos": np.zeros((1, 2), np.float32), "mode": np.array(0)}), None)
+    with pytest.raises(CodecError, match=r"^obs: value 2.0 at index \(1,\) outside the Box bounds \[-1.0, 1.0\]$"):
+        SpaceCheck(BOX).decode(codec.to_value(np.array([0.0, 2.0], np.float32)), None)

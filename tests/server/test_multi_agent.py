@@ -143,6 +143,9 @@ async def test_actions_go_to_exactly_the_agents_that_observed(server_factory):
         ([agents_step({"a": OBS}), agents_step({"a": OBS}, {"a": float("nan")})], "rewards['a']: nan"),
         ([agents_step({"a": OBS}), agents_step({"a": OBS})], "agent 'a' acted and observed again but got no reward"),
         ([agents_step({})], "no agent observes"),
+        ([agents_step({"a": OBS, "b": OBS}, terminateds={"b": True})], "agents[0].terminateds: no '__all__'"),
+        ([agents_step({"a": np.array([0, 0, np.nan, 0], np.float32)})], "agents[0].obs['a']: NaN at index (2,)"),
+        ([agents_step({"a": np.zeros((1, 4), np.float32)})], "agents[0].obs['a']: shape (1, 4) != (4,)"),
     ],
 )
 async def test_bad_multi_agent_steps_name_the_agent(server_factory, messages, expected):
@@ -158,6 +161,21 @@ async def test_bad_multi_agent_steps_name_the_agent(server_factory, messages, ex
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in details
     await stream.close()
+
+
+async def test_non_finite_agent_values_are_counted_as_single_agent_ones(server_factory):
+    server = await ma_server(server_factory)
+    for messages in ([agents_step({"a": np.full(4, np.nan, np.float32)})], [agents_step({"a": OBS}),
+                     agents_step({"a": OBS}, {"a": float("inf")})]):  # fmt: skip
+        stream = RawStream(server)
+        for message in [agents_hello(), *messages[:-1]]:
+            await stream.send(message)
+            await stream.recv()
+        await stream.send(messages[-1])
+        code, _ = await stream.status()
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        await stream.close()
+    assert server.status()["non_finite_rejected"] == {"obs": 1, "reward": 1}
 
 
 async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
