@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.agent_traces import replay, summary, trace
+from support.agent_traces import per_agent, replay, summary, trace
 
 from rlgate.episodes.multi_agent_episode import MultiAgentEnvError, MultiAgentEpisode
 
@@ -131,7 +131,7 @@ def test_chunks_hold_exactly_what_the_env_emitted(seed: int, n_agents: int, cuts
     server ships it). Concatenating each agent's chunks gives exactly its observations, actions and rewards,
     each reward summed into the agent's next step, rewards before its first observation left out."""
     records = trace(seed, n_agents=n_agents, steps=16)
-    expected = _per_agent(records)
+    expected = per_agent(records)
     episode, chunks = MultiAgentEpisode(), []
     for env_step, record in enumerate(records):
         replay(episode, [record])
@@ -151,29 +151,3 @@ def test_chunks_hold_exactly_what_the_env_emitted(seed: int, n_agents: int, cuts
     whole = replay(MultiAgentEpisode(), records)
     assert sum(len(c) for c in chunks) == len(whole)
     assert sum(c.agent_steps() for c in chunks) == whole.agent_steps()
-
-
-def _per_agent(records: list[tuple]) -> dict[str, list]:
-    """Each agent's observations, actions and rewards, computed from the records alone."""
-    obs: dict[str, list] = {a: [o] for a, o in records[0][1].items()}
-    actions: dict[str, list] = {a: [] for a in obs}
-    rewards: dict[str, list] = {a: [] for a in obs}
-    pending: dict[str, float] = {}
-    for _, observations, acted, step_rewards, terminateds, _ in records[1:]:
-        for a in acted:
-            actions[a].append(acted[a])
-            pending[a] = 0.0
-        for a, r in step_rewards.items():
-            if a in pending:
-                pending[a] += r
-        for a, o in observations.items():
-            if a not in obs:
-                obs[a], actions[a], rewards[a] = [o], [], []
-            elif a in pending:
-                obs[a].append(o)
-                rewards[a].append(pending.pop(a))
-        if terminateds["__all__"]:
-            for a, r in pending.items():  # terminated with a hanging action: the last observation repeats
-                obs[a].append(obs[a][-1])
-                rewards[a].append(r)
-    return {a: [obs[a], actions[a], list(np.round(rewards[a], 6))] for a in obs}

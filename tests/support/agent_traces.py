@@ -128,3 +128,117 @@ def _answer(get: Any, index: Any, **kwargs: Any) -> Any:
         return get(index, **kwargs)
     except IndexError:
         return "IndexError"
+
+
+def per_agent(records: list[tuple]) -> dict[str, list]:
+    """Each agent's observations, actions and rewards in one episode's records, as RLlib's MultiAgentEpisode
+    keeps them: each reward summed into the agent's next step, rewards before its first observation left out,
+    and an agent whose action still hangs when the episode ends repeating its last observation."""
+    obs: dict[str, list] = {a: [o] for a, o in records[0][1].items()}
+    actions: dict[str, list] = {a: [] for a in obs}
+    rewards: dict[str, list] = {a: [] for a in obs}
+    pending: dict[str, float] = {}
+    for _, observations, acted, step_rewards, terminateds, _ in records[1:]:
+        for a in acted:
+            actions[a].append(acted[a])
+            pending[a] = 0.0
+        for a, r in step_rewards.items():
+            if a in pending:
+                pending[a] += r
+        for a, o in observations.items():
+            if a not in obs:
+                obs[a], actions[a], rewards[a] = [o], [], []
+            elif a in pending:
+                obs[a].append(o)
+                rewards[a].append(pending.pop(a))
+        if terminateds["__all__"]:
+            for a, r in pending.items():  # terminated with a hanging action: the last observation repeats
+                obs[a].append(obs[a][-1])
+                rewards[a].append(r)
+    return {a: [obs[a], actions[a], list(np.round(rewards[a], 6))] for a in obs}
+
+
+class JoinLeaveEnv:
+    """A PettingZoo ParallelEnv that plays `trace`'s script live: agents join mid-episode, leave early, observe
+    only some steps after acting, get rewards between their actions and before they join. Actions come from
+    outside (a policy); the env keeps, per episode, the records of what it emitted and received (`records`),
+    and fails when an action comes for an agent that was not asked to act. Observations are Box(1,) counters."""
+
+    metadata: dict[str, Any] = {}
+
+    def __init__(self, seed: int, n_agents: int = 3, steps: int = 12) -> None:
+        import gymnasium as gym
+
+        self.possible_agents = [f"a{i}" for i in range(n_agents)]
+        self.records: list[list[tuple]] = []
+        self._rng = random.Random(seed)
+        self._steps = steps
+        self._observation_space = gym.spaces.Box(0.0, 1e6, (1,), np.float32)
+        self._action_space = gym.spaces.Discrete(4)
+        self._counter = 0.0
+        self.agents: list[str] = []
+
+    def observation_space(self, agent: str) -> Any:
+        return self._observation_space
+
+    def action_space(self, agent: str) -> Any:
+        return self._action_space
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        rng = self._rng
+        first = set(rng.sample(self.possible_agents, rng.randint(1, len(self.possible_agents))))
+        self._joined, self._gone, self._hanging, self._t = set(first), set(), set(), 0
+        observations = {a: self._observe() for a in sorted(first)}
+        self._to_act = set(first)
+        self.agents = sorted(first)
+        self.records.append([("reset", _values(observations))])
+        return observations, {a: {} for a in observations}
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        if set(actions) != self._to_act:
+            raise AssertionError(f"actions for {sorted(actions)}, but {sorted(self._to_act)} were asked to act")
+        rng, agents = self._rng, self.possible_agents
+        actions = {a: int(x) for a, x in actions.items()}
+        self._hanging |= set(actions)
+        observations, rewards, terminateds = {}, {}, {}
+        last = self._t == self._steps - 1
+        veterans = self._joined - self._gone
+        for a in agents:
+            if a in self._gone:
+                continue
+            if a not in self._joined:
+                if not last and rng.random() < 0.3:  # joins mid-episode
+                    self._joined.add(a)
+                    observations[a] = self._observe()
+                elif rng.random() < 0.3:
+                    rewards[a] = 0.25  # a reward before its first observation: not part of its episode
+                continue
+            if a in self._hanging and (rng.random() < 0.6 or (last and rng.random() < 0.5)):
+                observations[a] = self._observe()
+                self._hanging.discard(a)
+                rewards[a] = round(rng.random(), 2)
+                if not last and rng.random() < 0.15 and len(veterans - self._gone) > 1:  # leaves early
+                    terminateds[a] = True
+                    self._gone.add(a)
+            elif rng.random() < 0.5:
+                rewards[a] = round(rng.random(), 2)  # a reward between two of its actions
+        self._to_act = {a for a in observations if not terminateds.get(a)}
+        ends = last or not self._to_act or self._joined <= self._gone  # rlgate.v1: someone acts while it goes on
+        self._t += 1
+        self.agents = [] if ends else sorted(self._joined - self._gone)
+        if ends:  # every agent still in the episode is done with it
+            terminateds.update({a: True for a in self._joined - self._gone})
+        record = ("step", _values(observations), actions, rewards, {**terminateds, "__all__": ends}, {"__all__": False})
+        self.records[-1].append(record)
+        return observations, rewards, terminateds, {a: False for a in terminateds}, {a: {} for a in observations}
+
+    def close(self) -> None:
+        pass
+
+    def _observe(self) -> np.ndarray:
+        self._counter += 1.0
+        return np.array([self._counter], np.float32)
+
+
+def _values(observations: dict[str, np.ndarray]) -> dict[str, float]:
+    return {a: float(o[0]) for a, o in observations.items()}
