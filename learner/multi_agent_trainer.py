@@ -69,6 +69,7 @@ class MultiAgentTrainer:
         """One PPO update of each trainable module on its agents' steps in these chunks."""
         # GAE corrects steps sampled more than one version of their module back (V-trace).
         shared = {"learner_versions": dict(self.module_versions)}
+        trained = self.steps(episodes)  # before the pipeline, which adds a step to every chunk (PPO's bootstrap)
         batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data=shared)
         lr, clip = scheduled(self.config.lr, self.env_steps), scheduled(self.config.clip_param, self.env_steps)
         parts: dict[str, dict[str, float]] = {}
@@ -92,7 +93,6 @@ class MultiAgentTrainer:
             )
             self.module_versions[module_id] += 1
         self.version += 1
-        trained = self.steps(episodes)
         self.env_steps += trained
         stats: dict[str, Any] = {
             key: float(np.mean([p[key] for p in parts.values()])) for key in ("policy_loss", "vf_loss", "entropy", "kl")

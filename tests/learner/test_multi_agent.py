@@ -14,6 +14,7 @@ from support.servers import running_client, target, until
 from rlgate.client.env_client import EnvClient
 from rlgate.learner.main import LearnerServer
 from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy
 
 pytestmark = pytest.mark.usefixtures("examples_importable")
 pytest.importorskip("pettingzoo")
@@ -77,3 +78,72 @@ async def test_up_learns_two_cartpoles_to_a_per_agent_return_of_400(tmp_path, ma
     match = re.fullmatch(r"reached return (\S+) at (\d+) env steps in (\S+) s", last)
     assert process.returncode == 0 and match, last
     assert float(match[1]) >= 400
+
+
+@pytest.mark.parametrize("count_steps_by", ["env_steps", "agent_steps"])
+def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_by):
+    """RLlib's count_steps_by: the server cuts running episodes every rollout_fragment_length env or agent steps,
+    and the trainer counts the steps it trained on (train_batch_size's unit) the same way. Two CartPoles that
+    both act every env step make two agent steps per env step, until one pole falls."""
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+    from rlgate.client.agent_envs import AgentEnvs
+    from rlgate.core.columns import Columns
+    from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
+    from rlgate.server.metrics import ServerMetrics
+    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+    from rlgate.spec.multi_agent import build_multi_agent_learner_connector
+    from rlgate.spec.run import RunSpec
+
+    spec = RunSpec.parse(
+        {
+            "env": {"id": "examples.multi_agent_cartpole:MultiAgentCartPole"},
+            "multi_agent": {"count_steps_by": count_steps_by},
+            "algorithm": {"train_batch_size": 64, "minibatch_size": 32, "num_epochs": 1},
+        },
+        "test",
+    )
+    envs = AgentEnvs([MultiAgentCartPole() for _ in range(2)])
+    policy = MultiAgentPolicy.create(spec, envs.agent_spaces, metrics=ServerMetrics(), seed=0)
+    session = MultiAgentSession(
+        MultiAgentSessionSpec("test", envs.agent_spaces, 2, True),
+        mapping_fn=policy.mapping_fn,
+        rollout_fragment_length=8,
+        count_steps_by=count_steps_by,
+        lookback=1,
+        write_back=policy.write_back,
+    )
+    steps, chunks = envs.reset(seed=0), []
+    for _ in range(60):
+        episodes, _ = session.observe(steps)
+        outputs = policy.compute(episodes, explore=True)
+        chunks += session.record(outputs)
+        steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
+    groups: dict[tuple, list] = {}  # the agents' chunks of each multi-agent chunk
+    for chunk in chunks:
+        groups.setdefault((chunk.multi_agent_episode_id, chunk.chunk_index), []).append(chunk)
+    cut = [group for group in groups.values() if not all(c.is_done for c in group)]  # the episode went on
+    assert cut
+    for group in cut:
+        env_steps, agent_steps = sum(c.multi_agent_env_steps for c in group), sum(len(c) for c in group)
+        if count_steps_by == "env_steps":
+            assert env_steps == 8
+        else:  # cut once 8 are reached: one env step may take it from 7 to 9
+            assert agent_steps in (8, 9)
+    modules = {
+        m: (policy.env_to_module.observation_space[m], policy.env_to_module.action_space[m]) for m in ["default_policy"]
+    }
+    trainer = MultiAgentTrainer(
+        policy.module,
+        build_multi_agent_learner_connector(spec, modules, ImportPolicy()),
+        spec.algorithm,
+        trainable=["default_policy"],
+        count_steps_by=count_steps_by,
+        max_staleness=10,
+        seed=0,
+    )
+    env_steps, agent_steps = sum(c.multi_agent_env_steps for c in chunks), sum(len(c) for c in chunks)
+    stats = trainer.update(chunks)
+    assert agent_steps > env_steps  # both agents acted in most env steps
+    assert stats["env_steps"] == trainer.env_steps == (env_steps if count_steps_by == "env_steps" else agent_steps)
+    assert stats["agent_steps"] == agent_steps
