@@ -35,7 +35,7 @@ from rlgate.core.columns import Columns
 from rlgate.core.tree import first_leaf, map_structure
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.spec import checkpoint
-from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
@@ -90,6 +90,11 @@ class Policy:
         """The spec's policy for these env spaces (with `weights` and `connector_state`, else fresh).
         `imports`: where code the spec names may come from (default: rlgate's own only); `seed` seeds
         torch's generator, which samples the actions of explore=True (as a server's --seed does)."""
+        if spec.multi_agent is not None:
+            raise SpecError(
+                "a multi-agent run ([multi_agent]): Policy and rlgate eval act in single-agent runs only (for now); "
+                "examples/evaluate_vs_random.py shows how to act with a multi-agent checkpoint's modules"
+            )
         built = build_policy(
             spec,
             observation_space,
