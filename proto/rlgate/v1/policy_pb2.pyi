@@ -297,7 +297,9 @@ class AgentSpaces(_message.Message):
     are ignored), as single-agent sub-envs do. INVALID_ARGUMENT, naming the agent: an agent not declared in
     the hello, a missing "__all__" in terminateds or truncateds, an observation outside the agent's space,
     a non-finite reward, data for an agent that is already done, an agent that observes twice without an
-    action between, no acting agent while the episode goes on.
+    action between, an agent that observes again after acting with no reward for it (RLlib's rule), no
+    acting agent while the episode goes on. Observations follow the single-agent rules (any float dtype for
+    a float Box, any integer dtype for Discrete; NaN never, +-inf only on a server that allows them).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
