@@ -248,7 +248,10 @@ class PolicyService:
         spec = MultiAgentSessionSpec(
             client_id=hello.client_id, agent_spaces=agent_spaces, num_envs=hello.num_envs, explore=hello.explore
         )
-        policy, batcher = await self._get_policy(spec)
+        try:
+            policy, batcher = await self._get_policy(spec)
+        except ValueError as exc:  # as for a single-agent hello: no model can be built for these spaces
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"no model for the hello's spaces: {exc}") from exc
         if not getattr(policy, "multi_agent", False):
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,

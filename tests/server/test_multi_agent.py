@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import pytest
 from support.servers import BOX4, DISCRETE2, RawStream, shipped, target
@@ -176,6 +177,17 @@ async def test_non_finite_agent_values_are_counted_as_single_agent_ones(server_f
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         await stream.close()
     assert server.status()["non_finite_rejected"] == {"obs": 1, "reward": 1}
+
+
+async def test_agent_spaces_no_model_can_be_built_for_are_invalid_argument(server_factory):
+    server = await ma_server(server_factory)
+    stream = RawStream(server)
+    dict_actions = codec.space_to_proto(gym.spaces.Dict({"x": DISCRETE2}))
+    agent = pb.AgentSpaces(agent_id="a", observation_space=codec.space_to_proto(BOX4), action_space=dict_actions)
+    await stream.send(pb.ClientMessage(hello=pb.Hello(client_id="raw", num_envs=1, agents=[agent])))
+    code, details = await stream.status()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "no model for the hello's spaces" in details
+    await stream.close()
 
 
 async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
