@@ -299,7 +299,8 @@ class AgentSpaces(_message.Message):
     a non-finite reward, data for an agent that is already done, an agent that observes twice without an
     action between, an agent that observes again after acting with no reward for it (RLlib's rule), no
     acting agent while the episode goes on. Observations follow the single-agent rules (any float dtype for
-    a float Box, any integer dtype for Discrete; NaN never, +-inf only on a server that allows them).
+    a float Box, any integer dtype for Discrete; NaN never, +-inf only on a server that allows them). proto/README.md,
+    "Multi-agent sessions", says the same at more length.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
