@@ -39,7 +39,7 @@ async def test_each_module_trains_on_its_agents_and_is_versioned_and_checkpointe
         server = await server_factory(learner=f"127.0.0.1:{learner.port}")
         envs = [MultiAgentCartPole() for _ in range(2)]
         async with running_client(EnvClient(envs, target(server), seed=0)):
-            await until(lambda: learner.learner.trainer.version >= 3, timeout=90)
+            await until(lambda: learner.learner.weights.version >= 3, timeout=90)  # published, not just trained
         weights = learner.learner.weights
         assert weights.module_versions["agent_0"] >= 3 and weights.module_versions["agent_1"] == 0
         assert weights.module_weights["agent_1"] == first.module_weights["agent_1"]  # not in policies_to_train
