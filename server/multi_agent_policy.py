@@ -135,9 +135,10 @@ class MultiAgentPolicy(Policy):
             for episode, actions in zip(episodes, to_env[Columns.ACTIONS], strict=True)
         ]
         t3 = time.thread_time()
-        self._stage["env_to_module"].inc(t1 - t0)
-        self._stage["forward"].inc(t2 - t1)
-        self._stage["module_to_env"].inc(t3 - t2)
+        stage_seconds = self._stage_seconds
+        stage_seconds["env_to_module"] += t1 - t0
+        stage_seconds["forward"] += t2 - t1
+        stage_seconds["module_to_env"] += t3 - t2
         return to_env
 
     def write_back(self, episodes: list[MultiAgentEpisode]) -> None:
