@@ -49,9 +49,12 @@ RETRYABLE = frozenset(
 )
 
 # A target like dns:///inference:50051 resolves to every replica; round_robin spreads streams over them
-# (each stream, once open, stays on its replica, so its episodes never move).
+# (each stream, once open, stays on its replica, so its episodes never move). Each client has a connection
+# of its own (gRPC would share one between a process's channels to one target): a server's workers, which
+# share its port, get connections spread over them by the kernel, not streams.
 CHANNEL_OPTIONS = (
     ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
+    ("grpc.use_local_subchannel_pool", 1),
     *RECONNECT_AND_KEEPALIVE,
 )
 # While the server is unreachable, one warning after this long, not one per attempt.

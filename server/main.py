@@ -25,6 +25,7 @@ from rlgate.server.service import SERVICE_NAME, PolicyService, RequestError
 from rlgate.server.session import SessionSpec
 from rlgate.server.settings import ServerSettings
 from rlgate.server.shipping import DirectorySink, episode_end
+from rlgate.server.workers import run_workers
 from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import run_until_signal, start_grpc_server
 from rlgate.spec import checkpoint
@@ -41,9 +42,11 @@ MAX_LISTED = 200  # sessions listed by /sessions
 class InferenceServer:
     """Owns the policy, batcher, sinks, gRPC server and HTTP server of one `rlgate serve` process."""
 
-    def __init__(self, settings: ServerSettings, spec: RunSpec | None = None) -> None:
-        """`spec`: without a learner or checkpoint, the run spec of a fresh model (else settings.config's)."""
+    def __init__(self, settings: ServerSettings, spec: RunSpec | None = None, *, shared_port: bool = False) -> None:
+        """`spec`: without a learner or checkpoint, the run spec of a fresh model (else settings.config's).
+        `shared_port`: listen beside the other workers of `rlgate serve --workers N` (SO_REUSEPORT)."""
         self.settings = settings
+        self.shared_port = shared_port
         if (settings.learner or settings.checkpoint) and (spec or settings.config or settings.env):
             raise SpecError(
                 "--config and --env describe a fresh model: a server with --learner or --checkpoint "
@@ -141,6 +144,7 @@ class InferenceServer:
             token=s.bearer_token(),
             on_reject=reject,
             tls=s.tls(s.tls_client_ca),
+            reuse_port=self.shared_port,
         )
         if self.files is not None:
             self.files.start()
@@ -418,5 +422,12 @@ def _connector_state(weights: learner_pb2.Weights) -> dict[str, Any] | None:
 
 def main(argv: list[str]) -> int:
     settings = ServerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate serve")
+    if settings.workers > 1:
+        return run_workers(settings, serve_worker)
     asyncio.run(run_until_signal(lambda: InferenceServer(settings)))
     return 0
+
+
+def serve_worker(settings: ServerSettings) -> None:
+    """One worker process of `rlgate serve --workers N` (server/workers.py), on the port they share."""
+    asyncio.run(run_until_signal(lambda: InferenceServer(settings, shared_port=True)))

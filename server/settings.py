@@ -14,6 +14,13 @@ class ServerSettings(ServiceSettings):
 
     port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one (logged at start).")
     http_port: int = Field(8000, ge=0, le=65535, description="HTTP port for /healthz /readyz /status /metrics.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Server processes sharing the gRPC port (SO_REUSEPORT: the kernel spreads connections over "
+        "them), each with its own sessions, batcher, learner link (server id <server_id>-w<i>) and HTTP port "
+        "(http_port + i: one scrape target per worker; 0: each a free one). For machines with many cores.",
+    )
     env: str | None = Field(
         None,
         description="Without a learner or checkpoint: serve a fresh model for this env (an id as in a run spec's "

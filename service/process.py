@@ -88,6 +88,21 @@ def ensure_free(host: str, port: int, flag: str) -> None:
         bind(host, port, flag).close()
 
 
+def reserve_shared_port(host: str, port: int, flag: str) -> socket.socket:
+    """A bound, not listening, SO_REUSEPORT socket on host:port (0: a free port), for worker processes to
+    listen on beside it (`start_grpc_server(reuse_port=True)`). Held while they run, it keeps every other
+    process from listening there, and the port is first checked to be free: nothing else shares it."""
+    ensure_free(host, port, flag)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # taken since ensure_free looked
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port} ({flag}): {os.strerror(exc.errno or 0)}") from None
+    return sock
+
+
 def on_stop_signals(stop: Callable[[], None]) -> None:
     """Call `stop` on the running loop at SIGTERM, and at Ctrl-C (SIGINT) unless this process started with
     SIGINT ignored: then a parent (`rlgate up`) that gets the terminal's Ctrl-C stops it, in its own order."""
