@@ -4,29 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
 from rlgate.core.errors import UserError
 from rlgate.service.process import start_grpc_server
-
-RLGATE = (sys.executable, "-m", "rlgate")
-
-
-async def rlgate(*args: str, timeout: float = 120) -> tuple[int, str]:
-    """Run `rlgate ARGS` to its end; (exit status, stderr)."""
-    process = await asyncio.create_subprocess_exec(
-        *RLGATE, *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        _, stderr = await asyncio.wait_for(process.communicate(), timeout)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return process.returncode, stderr.decode()
+from tests.support.cli import rlgate
 
 
 def one_user_error(code: int, stderr: str) -> str:
@@ -59,6 +43,9 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("serve", "--checkpoint", str(nowhere), *free): f"no checkpoint in {nowhere}",
         ("serve", "--port", str(held_port), "--http-port", "0"): f"127.0.0.1:{held_port} (--port): Address already",
         ("serve", "--port", "0", "--http-port", str(held_port)): f"{held_port} (--http-port): Address already in use",
+        ("serve", "--workers", "2", "--port", str(held_port), "--http-port", "0"): f"{held_port} (--port): Address",
+        ("serve", "--workers", "2", "--port", "0", "--http-port", str(held_port)): "(--http-port): Address already",
+        ("serve", "--workers", "2", "--http-port", "65535"): "--http-port 65535 + 2 workers: their ports pass 65535",
         ("learn", "--env", "CartPole-v1", "--port", str(held_port), "--http-port", "0"): "(--port): Address already",
         ("learn", *free, "--checkpoint-dir", str(nowhere)): f"no checkpoint in {nowhere} and no run spec",
         ("up", "--num-clients", "0"): "--num-clients: input should be greater than or equal to 1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlgate.client.env_client import EnvClient
+from tests.support.cli import rlgate
 from tests.support.learners import Learners, free_port
 
 CLIENTS = 12  # connections land on a worker by a hash of their ports: all 12 on one of 2 has odds 1/2048
@@ -64,18 +66,24 @@ async def test_workers_share_the_port_the_clients_and_the_learners_weights(tmp_p
         # Both workers report to the learner under their own ids, each with the learner's weights.
         status = await poll(
             learner_status,
-            lambda s: [(w["id"], w["model_version"] is not None) for w in s.get("servers", [])]
-            == [("s-w0", True), ("s-w1", True)],
+            lambda s: (
+                [(w["id"], w["model_version"] is not None) for w in s.get("servers", [])]
+                == [("s-w0", True), ("s-w1", True)]
+            ),
             60,
         )
         pages = [urlparse(w["page"]).port for w in status["servers"]]
         tasks = [asyncio.create_task(client.run()) for client in clients]
+        # The workers share their port with nobody else: a plain `rlgate serve` there fails at once.
+        intruder = asyncio.create_task(rlgate("serve", "--port", str(port), "--http-port", "0", "--env", "CartPole-v1"))
         # The clients' connections are spread over both workers; they sample until the learner has trained.
         for page in pages:
             await poll(lambda page=page: worker(page, "/status"), lambda body: json.loads(body)["sessions"] > 0, 30)
         await poll(learner_status, lambda s: s["model_version"] >= 1, 60)
-        versions = [(await poll(lambda p=p: worker(p, "/status"), lambda b: json.loads(b)["model_version"] >= 1, 30))
-                    for p in pages]
+        versions = [
+            (await poll(lambda p=p: worker(p, "/status"), lambda b: json.loads(b)["model_version"] >= 1, 30))
+            for p in pages
+        ]
         assert len(versions) == 2
         for client in clients:
             client.stop()
@@ -83,6 +91,8 @@ async def test_workers_share_the_port_the_clients_and_the_learners_weights(tmp_p
         assert sum(c.stats.env_steps for c in clients) >= 256
         for page in pages:  # every session closed: its episodes shipped
             await poll(lambda page=page: worker(page, "/status"), lambda body: json.loads(body)["sessions"] == 0, 30)
+        code, stderr = await asyncio.wait_for(intruder, 60)
+        assert code == 2 and f"cannot listen on 127.0.0.1:{port} (--port): Address already in use" in stderr, stderr
         shipped = [total(await worker(page, "/metrics"), "rlgate_episodes_total") for page in pages]
         assert all(count > 0 for count in shipped), shipped
         # A stop drains every worker's spool to the learner: nothing shipped is lost, nothing comes twice.
@@ -101,3 +111,28 @@ async def test_workers_share_the_port_the_clients_and_the_learners_weights(tmp_p
             server.kill()
         server.wait()
         learners.kill_all()
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_that_dies_ends_the_others_and_the_parent_fails(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "rlgate", "serve", "--workers", "2", "--env", "CartPole-v1"]
+    command += ["--port", "0", "--http-port", "0", "--spool-dir", str(tmp_path / "spool")]
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        serving = await poll(
+            lambda: asyncio.to_thread(log_path.read_text), lambda text: text.count("main serving grpc=") == 2, 60
+        )
+        assert " w0 " in serving and " w1 " in serving
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+        workers = [int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        assert await asyncio.to_thread(server.wait, 60) == 1
+        assert "worker w" in log_path.read_text() and "exited (status -9): stopping the others" in log_path.read_text()
+        assert not Path(f"/proc/{workers[1]}").exists()  # stopped, and reaped by the parent
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
