@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -59,7 +61,9 @@ def run_workers(settings: ServerSettings, serve: Callable[[ServerSettings], None
         for worker in workers:
             if not stopping:
                 worker.start()
-        log.info("%d workers serving grpc=%s:%d", s.workers, s.host, port)
+        if stopping:  # a signal during the starts: the last one started may have missed it
+            stop()
+        log.info("started %d workers on grpc=%s:%d", s.workers, s.host, port)
         return _watch([w for w in workers if w.pid is not None], stop, stopping, 2 * s.drain_timeout_s + STOP_GRACE_S)
 
 
@@ -98,8 +102,18 @@ def _watch(workers: list, stop: Callable[[], None], stopping: list[float], grace
 def _worker(serve: Callable[[ServerSettings], None], settings: ServerSettings) -> None:
     """A worker process's body: logging as `rlgate` sets it up, and a user error as its one line."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    threading.Thread(target=_stop_with_parent, name="rlgate-parent-watch", daemon=True).start()
     try:
         serve(settings)
     except UserError as exc:
         print(f"rlgate: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
         sys.exit(USAGE_ERROR)
+
+
+def _stop_with_parent() -> None:
+    """SIGTERM this worker when its parent is gone (even killed with SIGKILL): it stops as on a stop signal,
+    draining and flushing, instead of serving on without anyone to stop it."""
+    parent = mp.parent_process()
+    if parent is not None:
+        wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)

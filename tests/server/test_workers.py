@@ -113,13 +113,24 @@ async def test_workers_share_the_port_the_clients_and_the_learners_weights(tmp_p
         learners.kill_all()
 
 
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (reaped, or a zombie waiting for whoever adopted it)."""
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
 @pytest.mark.timeout(120)
-async def test_a_worker_that_dies_ends_the_others_and_the_parent_fails(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dies", ["worker", pytest.param("parent", marks=pytest.mark.slow)])
+async def test_when_a_worker_or_the_parent_dies_the_rest_stop(tmp_path: Path, dies: str) -> None:
+    """A worker killed: the parent stops the other and fails. The parent killed: its workers stop themselves."""
     command = [sys.executable, "-m", "rlgate", "serve", "--workers", "2", "--env", "CartPole-v1"]
     command += ["--port", "0", "--http-port", "0", "--spool-dir", str(tmp_path / "spool")]
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    workers: list[int] = []
     try:
         serving = await poll(
             lambda: asyncio.to_thread(log_path.read_text), lambda text: text.count("main serving grpc=") == 2, 60
@@ -128,11 +139,19 @@ async def test_a_worker_that_dies_ends_the_others_and_the_parent_fails(tmp_path:
         children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
         workers = [int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
         assert len(workers) == 2
-        os.kill(workers[0], signal.SIGKILL)
-        assert await asyncio.to_thread(server.wait, 60) == 1
-        assert "worker w" in log_path.read_text() and "exited (status -9): stopping the others" in log_path.read_text()
-        assert not Path(f"/proc/{workers[1]}").exists()  # stopped, and reaped by the parent
+        if dies == "worker":
+            os.kill(workers[0], signal.SIGKILL)
+            assert await asyncio.to_thread(server.wait, 60) == 1
+            assert "worker w0 exited (status -9): stopping the others" in log_path.read_text()
+            assert gone(workers[1])  # stopped, and reaped by the parent
+        else:
+            server.kill()
+            await poll(lambda: asyncio.sleep(0, all(gone(pid) for pid in workers)), bool, 60)
+            assert log_path.read_text().count("rlgate.server.main stopped") == 2  # each stopped gracefully
     finally:
         if server.poll() is None:
             server.kill()
         server.wait()
+        for pid in workers:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
