@@ -39,8 +39,8 @@ def run_workers(settings: ServerSettings, serve: Callable[[ServerSettings], None
         raise UserError(f"--http-port {s.http_port} + {s.workers} workers: their ports pass 65535")
     with reserve_shared_port(s.host, s.port, "--port") as held:
         port = held.getsockname()[1]
-        for i in range(s.workers):
-            ensure_free(s.host, s.http_port + i if s.http_port else 0, "--http-port")
+        for i in range(s.workers if s.http_port else 0):
+            ensure_free(s.host, s.http_port + i, "--http-port")
         context = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
         workers = [
             context.Process(target=_worker, args=(serve, worker_settings(s, i, port)), name=f"w{i}")
