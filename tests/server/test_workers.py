@@ -47,6 +47,7 @@ async def test_workers_share_the_port_the_clients_and_the_learners_weights(tmp_p
     port = free_port()
     command = [sys.executable, "-m", "rlgate", "serve", "--workers", "2", "--learner", learners.target]
     command += ["--port", str(port), "--http-port", "0", "--spool-dir", str(tmp_path / "spool"), "--server-id", "s"]
+    command += ["--drain-timeout-s", "30"]  # time for the learner to ack the last episodes, on a loaded machine
     with open(tmp_path / "serve.log", "w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     clients = [EnvClient(gym.make("CartPole-v1"), f"127.0.0.1:{port}", seed=i) for i in range(CLIENTS)]
