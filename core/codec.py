@@ -184,6 +184,9 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
             start = from_tensor(msg.multi_discrete.start, f"{path}.start")
             if nvec.dtype.kind not in "iu" or np.any(nvec <= 0) or start.shape != nvec.shape:
                 raise CodecError(f"{path}: MultiDiscrete needs positive integer nvec and a start of its shape")
+            first = start.astype(nvec.dtype) if start.dtype.kind in "iu" else None  # as gymnasium casts it: wrapping
+            if first is None or not np.array_equal(first, start) or np.any(first + (nvec - 1) < first):
+                raise CodecError(f"{path}: MultiDiscrete start must be integers, with start + nvec - 1 in {nvec.dtype}")
             return gym.spaces.MultiDiscrete(nvec, dtype=nvec.dtype, start=start)
         if kind == "multi_binary":
             shape = tuple(msg.multi_binary.shape)

@@ -208,6 +208,23 @@ MALFORMED_SPACES = [
         ),
         "positive integer",
     ),
+    # A start gymnasium would wrap or truncate into nvec's dtype (-1 -> 255, 0.5 -> 0, 255 + 2 -> 1).
+    *(
+        (
+            pb.Space(
+                multi_discrete=pb.MultiDiscreteSpace(
+                    nvec=codec.to_tensor(np.array([2, 3], np.uint8)), start=codec.to_tensor(np.array(start, dtype))
+                )
+            ),
+            r"^space: MultiDiscrete start must be integers, with start \+ nvec - 1 in uint8$",
+        )
+        for start, dtype in (
+            ([-1, 0], np.int64),
+            ([0.5, 0], np.float32),
+            ([np.nan, 0], np.float32),
+            ([0, 254], np.uint8),
+        )
+    ),
     (pb.Space(multi_binary=pb.MultiBinarySpace(shape=[])), "MultiBinary needs a positive shape"),
     (
         pb.Space(dict=pb.DictSpace(entries=[pb.DictSpaceEntry(key="a", space=pb.Space())])),
