@@ -31,8 +31,13 @@ DTYPE_CODES = (*range(0, 14), 99, -1, 2**31 - 1)
 class Messages:
     """Valid messages of one stream: its hello, and steps of random observations in the spaces."""
 
-    def __init__(self, rng: random.Random, observation_space: gym.Space, action_space: gym.Space, n: int) -> None:
+    def __init__(
+        self, rng: random.Random, observation_space: gym.Space, action_space: gym.Space, n: int, batched: dict
+    ) -> None:
+        """`batched`: n -> the observation space batched for n rows, filled as needed and shared between cases
+        (gymnasium's batch_space costs more than a whole step)."""
         self.rng, self.observation_space, self.action_space, self.n = rng, observation_space, action_space, n
+        self._batched = batched
 
     def hello(self) -> pb.ClientMessage:
         return hello(self.observation_space, self.action_space, num_envs=self.n)
@@ -40,12 +45,14 @@ class Messages:
     def step(self, *, first: bool = False, n: int | None = None) -> pb.ClientMessage:
         """A step of `n` rows (the stream's num_envs by default); the first after hello has zero rewards."""
         n = self.n if n is None else n
-        rows = gym.vector.utils.batch_space(self.observation_space, n) if n else None
-        if rows is None:
-            obs = np.zeros((0, 4), np.float32)
-        else:
+        if n:
+            rows = self._batched.get(n) or self._batched.setdefault(
+                n, gym.vector.utils.batch_space(self.observation_space, n)
+            )
             rows.seed(self.rng.randrange(1 << 31))
             obs = rows.sample()
+        else:
+            obs = np.zeros((0, 4), np.float32)
         terminated = np.array([self.rng.random() < 0.2 for _ in range(n)], bool)
         reward = np.array([0.0 if first else self.rng.uniform(-10, 10) for _ in range(n)])
         return step(obs, n, reward=reward, terminated=terminated)
@@ -57,6 +64,7 @@ class Mutator:
     def __init__(self, seed: int, observation_space: gym.Space, action_space: gym.Space) -> None:
         self.seed = seed
         self.observation_space, self.action_space = observation_space, action_space
+        self._batched: dict[int, gym.Space] = {}
 
     def case(self, index: int) -> tuple[str, list[bytes], int]:
         """(what was mutated, the stream's messages as bytes, the mutant's position among them)."""
@@ -64,7 +72,7 @@ class Mutator:
         name, base, mutate = rng.choice(MUTATIONS)
         if base == "any":
             base = rng.choice(("hello", "step", "step"))
-        valid = Messages(rng, self.observation_space, self.action_space, rng.choice((1, 1, 2, 3)))
+        valid = Messages(rng, self.observation_space, self.action_space, rng.choice((1, 1, 2, 3)), self._batched)
         if base == "hello":  # mostly the first message; sometimes a second hello
             opening = [] if rng.random() < 0.9 else [valid.hello()]
         else:  # mostly after a hello and some steps; sometimes a step before hello
