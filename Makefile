@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: run test lint proto lock clean
+.PHONY: run test test-long lint proto lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test:
 	@.ci/system-packages
 	@$(MAKE) --no-print-directory $(VENV)/.dev
 	$(BIN)/pytest
+
+# The full-size acceptance runs the suite leaves out (marked long): 256 streams x 60 s, 10,000 fuzzed messages.
+test-long: $(VENV)/.dev
+	$(BIN)/pytest -m long
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .

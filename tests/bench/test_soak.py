@@ -31,7 +31,7 @@ def test_a_short_soak_passes_with_no_errors():
     run_soak(32, 4, 1, timeout=110)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_256_streams_for_60_s_make_no_errors_and_grow_the_server_by_less_than_10_percent():
     run_soak(256, 60, 10, timeout=280)

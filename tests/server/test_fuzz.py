@@ -136,7 +136,7 @@ async def test_a_thousand_mutated_messages_get_client_errors_only(server_factory
     await check_fuzz(server_factory, spaces, 1_000)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(300)
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("spaces", SPACES)
