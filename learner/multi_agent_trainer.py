@@ -3,7 +3,8 @@ PPO on each trainable module with its own optimizer -> version + 1.
 
 Each module has its own version (the number of updates that changed it); servers record it with every agent
 step, so staleness is counted per module: steps chosen more than `max_staleness` versions of their module ago
-are masked out. Modules not in `trainable` (policies_to_train) keep their weights and version.
+are masked out. Modules not in `trainable` (policies_to_train) keep their weights and version. An update that
+leaves a non-finite value in any module is undone for every module and skipped, as in the single-agent trainer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.ppo import ppo_update
+from rlgate.learner.trainer import Snapshot, skipped_reason
 from rlgate.models import MultiRLModule
 from rlgate.spec.algorithm import PPOConfig, scheduled
 
@@ -73,6 +75,7 @@ class MultiAgentTrainer:
         batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data=shared)
         lr, clip = scheduled(self.config.lr, self.env_steps), scheduled(self.config.clip_param, self.env_steps)
         parts: dict[str, dict[str, float]] = {}
+        before: dict[str, Snapshot] = {}
         real, stale, staleness = 0, 0, []
         for module_id, module_batch in batch.items():
             valid = module_batch[Columns.LOSS_MASK].bool()
@@ -88,9 +91,17 @@ class MultiAgentTrainer:
                 continue
             for group in self.optimizer[module_id].param_groups:
                 group["lr"] = lr
+            before[module_id] = Snapshot(self.module[module_id], self.optimizer[module_id])
             parts[module_id] = ppo_update(
                 self.module[module_id], self.optimizer[module_id], module_batch, self.config, self._rng, clip
             )
+        counts = {"env_steps": trained, "agent_steps": real, "stale_steps": stale}
+        bad = [f"{module_id}.{name}" for module_id, snapshot in before.items() for name in snapshot.nonfinite_now()]
+        if bad:
+            for snapshot in before.values():
+                snapshot.restore()
+            return {**counts, "skipped": skipped_reason(bad)}
+        for module_id in parts:
             self.module_versions[module_id] += 1
         self.version += 1
         self.env_steps += trained
@@ -103,8 +114,6 @@ class MultiAgentTrainer:
             "lr": lr,
             "clip_param": clip,
             "modules": parts,
-            "env_steps": trained,
-            "agent_steps": real,
-            "stale_steps": stale,
+            **counts,
             "staleness": float(lags.mean()) if lags.numel() else 0.0,
         }

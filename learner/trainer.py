@@ -80,17 +80,39 @@ class Trainer:
             "stale_steps": real_steps - used,
             "staleness": float(staleness[mask].mean()) if used else 0.0,
         }
-        before = (copy.deepcopy(self.module.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
+        before = Snapshot(self.module, self.optimizer)
         stats = ppo_update(self.module, self.optimizer, batch, self.config, self._rng, clip) if used else {}
-        bad = nonfinite_tensors(self.module.state_dict()) + nonfinite_tensors(self.optimizer.state_dict()["state"])
+        bad = before.nonfinite_now()
         if bad:
-            self.module.load_state_dict(before[0])
-            self.optimizer.load_state_dict(before[1])
-            more = ", ..." if len(bad) > 3 else ""
-            return {**counts, "skipped": f"non-finite values in {len(bad)} tensors: {', '.join(bad[:3])}{more}"}
+            before.restore()
+            return {**counts, "skipped": skipped_reason(bad)}
         self.version += 1
         self.env_steps += real_steps
         return {**stats, "lr": lr, "clip_param": clip, **counts}
+
+
+class Snapshot:
+    """A module's weights and its optimizer's state before an update, to put back if the update left a
+    non-finite value in either (shared by the single- and multi-agent trainers)."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module, self.optimizer = module, optimizer
+        self._weights = copy.deepcopy(module.state_dict())
+        self._optimizer_state = copy.deepcopy(optimizer.state_dict())
+
+    def nonfinite_now(self) -> list[str]:
+        """Names of the tensors the module and optimizer hold now that are +-inf or NaN."""
+        return nonfinite_tensors(self.module.state_dict()) + nonfinite_tensors(self.optimizer.state_dict()["state"])
+
+    def restore(self) -> None:
+        self.module.load_state_dict(self._weights)
+        self.optimizer.load_state_dict(self._optimizer_state)
+
+
+def skipped_reason(bad: list[str]) -> str:
+    """The "skipped" stat of an undone update, naming the first few non-finite tensors."""
+    more = ", ..." if len(bad) > 3 else ""
+    return f"non-finite values in {len(bad)} tensors: {', '.join(bad[:3])}{more}"
 
 
 def nonfinite_tensors(state: dict[Any, Any], prefix: str = "") -> list[str]:

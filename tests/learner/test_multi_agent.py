@@ -148,3 +148,17 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     assert agent_steps > env_steps  # both agents acted in most env steps
     assert stats["env_steps"] == trainer.env_steps == (env_steps if count_steps_by == "env_steps" else agent_steps)
     assert stats["agent_steps"] == agent_steps
+    # An update that leaves a module non-finite is undone and skipped, as a single-agent one is (test_nonfinite).
+    import copy
+
+    import numpy as np
+    import torch
+
+    weights, versions = copy.deepcopy(policy.module.state_dict()), dict(trainer.module_versions)
+    rewards = chunks[0].rewards.data  # past the intake, which would refuse it: the trainer's own guard
+    rewards[:] = [np.inf] * len(rewards)
+    with np.errstate(invalid="ignore"):
+        stats = trainer.update(chunks)
+    assert "non-finite values in" in stats["skipped"]
+    assert trainer.module_versions == versions and trainer.version == 1
+    assert all(torch.equal(v, weights[k]) for k, v in policy.module.state_dict().items())
