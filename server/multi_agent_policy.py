@@ -135,10 +135,7 @@ class MultiAgentPolicy(Policy):
             for episode, actions in zip(episodes, to_env[Columns.ACTIONS], strict=True)
         ]
         t3 = time.thread_time()
-        stage_seconds = self._stage_seconds
-        stage_seconds["env_to_module"] += t1 - t0
-        stage_seconds["forward"] += t2 - t1
-        stage_seconds["module_to_env"] += t3 - t2
+        self._count_stages(t0, t1, t2, t3)
         return to_env
 
     def write_back(self, episodes: list[MultiAgentEpisode]) -> None:

@@ -117,11 +117,15 @@ class Policy:
             )
             outputs[Columns.MODEL_VERSION] = np.full(len(episodes), self.version, dtype=np.int64)
             t3 = time.thread_time()
+        self._count_stages(t0, t1, t2, t3)
+        return outputs
+
+    def _count_stages(self, t0: float, t1: float, t2: float, t3: float) -> None:
+        """Add one batch's stage times (thread CPU: env_to_module t0-t1, forward t1-t2, module_to_env t2-t3)."""
         stage_seconds = self._stage_seconds
         stage_seconds["env_to_module"] += t1 - t0
         stage_seconds["forward"] += t2 - t1
         stage_seconds["module_to_env"] += t3 - t2
-        return outputs
 
     def set_weights(self, version: int, weights: bytes, connector_state: dict[str, Any] | None = None) -> None:
         """Swap to a newer model version and the learner's merged connector state (between batches)."""
