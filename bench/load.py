@@ -5,7 +5,8 @@ numpy arrays (`bench.cartpole`), no retries, no progress. The bench drives it ov
 that every load process measures the same window. It prints `ready` once every client has had its
 first answer, then obeys one command per line:
 
-- `measure`: start a measuring window;
+- `measure`: start a measuring window, and print `measuring` once it has started (the bench starts its
+  server-side window only then, so a load process that is slow to read stdin cannot shrink its window);
 - `report`: end it and print one JSON line: env steps answered, seconds, the round trip of every message
   in microseconds, and this process's CPU seconds;
 - `stop` (or end of input): finish each client's step in flight, close every stream, print
@@ -140,6 +141,7 @@ async def run(target: str, clients: int, envs: int, real_envs: bool) -> None:
     while (command := (await asyncio.to_thread(sys.stdin.readline)).strip()) not in ("stop", ""):
         if command == "measure":
             load.begin_window()
+            print("measuring", flush=True)
         elif command == "report":
             print(json.dumps(load.end_window()), flush=True)
     load.stopping = True

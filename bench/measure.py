@@ -159,9 +159,12 @@ def under_load(
 
 
 def _window(server: ServerProcess, loaders: list[LoadProcess], window_s: float, watch: Watch) -> dict[str, Any]:
-    before, cpu_before = server.metrics(), server.cpu_seconds()
     for loader in loaders:
         loader.send("measure")
+    for loader in loaders:
+        if loader.read_line().strip() != "measuring":
+            raise loader.failure("load generator did not start its window")
+    before, cpu_before = server.metrics(), server.cpu_seconds()
     watched = watch(window_s)
     for loader in loaders:
         loader.send("report")
