@@ -48,7 +48,7 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
         start_new_session=True,  # its own process group: everything it starts can be ended at once
     )
     try:
-        stdout, stderr = bench.communicate(timeout=90)
+        stdout, stderr = bench.communicate(timeout=300)  # ~40 s alone; generous for a loaded 2-core machine
     finally:
         leftovers = _marked(marker)
         if bench.poll() is None or leftovers:
