@@ -2,7 +2,8 @@
 
     python -m examples.evaluate_vs_random runs/<run>/checkpoints --games 1000
 
-The game is the checkpoint's env (a PettingZoo classic AECEnv). The trained module plays greedily (its
+The game is the checkpoint's env (a PettingZoo classic AECEnv). One module of the checkpoint (`--module`; by
+default the first the run trains, "main" in the self-play examples) plays every seat it takes greedily (its
 inference action), half of the games as the first player and half as the second; the random player picks
 uniformly among the legal moves. An illegal move by the module loses the game (PettingZoo's rule). Prints
 the win, draw and loss rates per seat and overall.
@@ -20,34 +21,32 @@ import torch
 from rlgate.connectors.env_to_module.flatten_observations import flatten_batch
 from rlgate.core.columns import Columns
 from rlgate.core.tree import batch
-from rlgate.episodes import MultiAgentEpisode
 from rlgate.models import load_weights
 from rlgate.spec import checkpoint
 from rlgate.spec.env import env_factory
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.multi_agent import (
-    agent_to_module_mapping_fn,
-    build_multi_agent_env_to_module,
-    build_multi_rl_module,
-)
+from rlgate.spec.multi_agent import build_multi_agent_env_to_module, build_multi_rl_module, modules_to_train
 
 
-def load_policy(directory: Path) -> tuple:
-    """A function (agent id, observation) -> the checkpoint's greedy action, and a maker of its env."""
+def load_policy(directory: Path, module_id: str | None) -> tuple:
+    """A function (agent id, observation) -> the greedy action of the checkpoint's module `module_id` (None:
+    the first one it trains), and a maker of its env."""
     found = checkpoint.load(directory)
     spaces = {a: (found.observation_space[a], found.action_space[a]) for a in found.observation_space.spaces}
     imports = ImportPolicy(found.spec.modules())
     pipeline = build_multi_agent_env_to_module(found.spec, spaces, imports)
     modules = {m: (pipeline.observation_space[m], pipeline.action_space[m]) for m in pipeline.observation_space.spaces}
     module = build_multi_rl_module(found.spec, modules, imports)
-    for module_id, weights in found.module_weights.items():
-        load_weights(module[module_id], weights)
+    for name, weights in found.module_weights.items():
+        load_weights(module[name], weights)
     module.eval()
-    to_module = agent_to_module_mapping_fn(found.spec, imports)
+    module_id = module_id or modules_to_train(found.spec, list(modules))[0]
+    if module_id not in modules:
+        raise ValueError(f"--module: the checkpoint has modules {list(modules)}, not {module_id!r}")
+    sub = module[module_id]
 
     def act(agent: str, observation: dict) -> int:
         flat = flatten_batch(batch([observation]), spaces[agent][0])
-        sub = module[to_module(agent, MultiAgentEpisode())]
         with torch.inference_mode():
             logits = sub.forward_inference({Columns.OBS: torch.from_numpy(flat)})[Columns.ACTION_DIST_INPUTS]
         dist = sub.get_inference_action_dist_cls().from_logits(logits)
@@ -81,8 +80,13 @@ def main() -> None:
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--games", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--module", help="the module that plays (default: the first the run trains)")
     args = parser.parse_args()
-    (act, make_env), rng = load_policy(args.checkpoint), random.Random(args.seed)
+    try:
+        act, make_env = load_policy(args.checkpoint, args.module)
+    except ValueError as exc:
+        parser.error(str(exc))
+    rng = random.Random(args.seed)
     seats = make_env().possible_agents
     results = {}
     for seat in seats:

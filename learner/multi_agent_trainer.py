@@ -3,8 +3,11 @@ PPO on each trainable module with its own optimizer -> version + 1.
 
 Each module has its own version (the number of updates that changed it); servers record it with every agent
 step, so staleness is counted per module: steps chosen more than `max_staleness` versions of their module ago
-are masked out. Modules not in `trainable` (policies_to_train) keep their weights and version. An update that
-leaves a non-finite value in any module is undone for every module and skipped, as in the single-agent trainer.
+are masked out. Modules not in `trainable` (policies_to_train) keep their weights and version: their agents'
+chunks (a frozen opponent's, whose module may change from episode to episode) count towards the train batch,
+as RLlib counts them, and are then set aside before the learner pipeline (RLlib's Learner drops their batches
+after it), counted as `untrained_steps`. An update that leaves a non-finite value in any module is undone for
+every module and skipped, as in the single-agent trainer.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class MultiAgentTrainer:
         # GAE corrects steps sampled more than one version of their module back (V-trace).
         shared = {"learner_versions": dict(self.module_versions)}
         trained = self.steps(episodes)  # before the pipeline, which adds a step to every chunk (PPO's bootstrap)
+        untrained = sum(len(e) for e in episodes if e.module_id not in self.trainable)
+        episodes = [e for e in episodes if e.module_id in self.trainable]
         batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data=shared)
         lr, clip = scheduled(self.config.lr, self.env_steps), scheduled(self.config.clip_param, self.env_steps)
         parts: dict[str, dict[str, float]] = {}
@@ -87,7 +92,7 @@ class MultiAgentTrainer:
             module_batch[Columns.LOSS_MASK] = mask
             real += int(valid.sum())
             stale += int(valid.sum()) - int(mask.sum())
-            if module_id not in self.trainable or not mask.any():
+            if not mask.any():
                 continue
             for group in self.optimizer[module_id].param_groups:
                 group["lr"] = lr
@@ -95,7 +100,7 @@ class MultiAgentTrainer:
             parts[module_id] = ppo_update(
                 self.module[module_id], self.optimizer[module_id], module_batch, self.config, self._rng, clip
             )
-        counts = {"env_steps": trained, "agent_steps": real, "stale_steps": stale}
+        counts = {"env_steps": trained, "agent_steps": real, "stale_steps": stale, "untrained_steps": untrained}
         bad = [f"{module_id}.{name}" for module_id, snapshot in before.items() for name in snapshot.nonfinite_now()]
         if bad:
             for snapshot in before.values():

@@ -42,16 +42,36 @@ def agent_to_module_mapping_fn(spec: RunSpec, imports: ImportPolicy) -> MappingF
     fn = imports.load(path, "multi_agent.policy_mapping_fn")
     if not callable(fn):
         raise SpecError(f"multi_agent.policy_mapping_fn: {path!r} is not a function (agent_id, episode) -> module id")
-    return fn
+    declared = spec.multi_agent.policies or []
+
+    def checked(agent_id: str, episode: MultiAgentEpisode) -> str:
+        """The user's mapping, held to `policies` (it may depend on the episode: no start-up probe checks it)."""
+        module_id = fn(agent_id, episode)
+        if module_id not in declared:
+            raise SpecError(
+                f"multi_agent.policy_mapping_fn {path!r} mapped agent {agent_id!r} to module {module_id!r}, "
+                f"not in policies {declared}"
+            )
+        return module_id
+
+    return checked
 
 
 def module_spaces(spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolicy) -> dict[str, tuple]:
-    """module id -> (observation space, action space), from the spaces of the agents mapped to it.
+    """module id -> (observation space, action space), as RLlib 2.60's `get_multi_agent_setup` infers them.
 
-    Raises SpecError when agents of one module have different spaces, when an agent maps to a module not
-    in `policies`, or when a module in `policies` gets no agent.
+    When every agent has the same spaces, every module in `policies` gets them: a mapping function of the
+    user's is not probed, so it may depend on the episode (self-play against an opponent drawn per game).
+    Otherwise, and for the built-in mappings (which ignore the episode), each agent is mapped once, with an
+    empty episode, and its module gets its spaces. Raises SpecError when agents of one module have different
+    spaces, when an agent maps to a module not in `policies`, or when a module in `policies` gets no agent
+    (its spaces are unknown).
     """
     mapping, declared = agent_to_module_mapping_fn(spec, imports), spec.multi_agent.policies
+    every = list(agent_spaces.values())
+    builtin = spec.multi_agent.policy_mapping_fn in (SHARED, PER_AGENT)  # they ignore the episode: probed exactly
+    if declared and not builtin and all(spaces == every[0] for spaces in every):
+        return {module_id: every[0] for module_id in declared}
     found: dict[str, tuple] = {}
     owner: dict[str, str] = {}
     for agent_id, spaces in agent_spaces.items():
@@ -66,7 +86,10 @@ def module_spaces(spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolic
         found[module_id], owner[module_id] = spaces, agent_id
     missing = sorted(set(declared or ()) - set(found))
     if missing:
-        raise SpecError(f"multi_agent: no agent of the env maps to modules {missing} (agents: {list(agent_spaces)})")
+        raise SpecError(
+            f"multi_agent: no agent of the env maps to modules {missing} (agents: {list(agent_spaces)}), so their "
+            "spaces are unknown"
+        )
     order = declared or list(found)
     return {module_id: found[module_id] for module_id in order}
 

@@ -55,6 +55,53 @@ async def test_each_module_trains_on_its_agents_and_is_versioned_and_checkpointe
     assert (checkpoint.latest(tmp_path / "checkpoints") / "modules" / "agent_0" / "weights.safetensors").exists()
 
 
+SELF_PLAY = {
+    "env": {"id": "pettingzoo.classic.tictactoe_v3:env", "num_envs": 2},
+    "model": {"module_class": "examples.action_masking:ActionMaskingModule"},
+    "connectors": {"env_to_module": [{"type": "FlattenObservations", "multi_agent": True}]},
+    "multi_agent": {
+        "policies": ["main", "random"],
+        "policies_to_train": ["main"],
+        "policy_mapping_fn": "examples.self_play:main_vs_random",
+        "count_steps_by": "agent_steps",
+    },
+    "sampling": {"batch_mode": "complete_episodes"},
+}
+
+
+async def test_a_frozen_opponent_drawn_per_game_never_changes_while_main_trains(
+    learner_settings, server_factory, tmp_path
+):
+    """examples/self_play.py: each game maps its seats anew (main or random); the learner trains main only.
+    random's chunks are taken (none refused, none stale) and counted as untrained steps; its weights and
+    version stay as they started, on the learner, in the servers and in checkpoints, while main's move on."""
+    from pettingzoo.classic import tictactoe_v3
+
+    learner = LearnerServer(learner_settings(env=None, spec=SELF_PLAY))
+    await learner.start()
+    try:
+        first = learner.learner.weights
+        server = await server_factory(learner=f"127.0.0.1:{learner.port}", allow_import=["examples"])
+        envs = [tictactoe_v3.env() for _ in range(2)]
+        async with running_client(EnvClient(envs, target(server), seed=0)):
+            await until(lambda: learner.learner.weights.version >= 3, timeout=90)
+        weights, status = learner.learner.weights, learner.learner.status()
+        assert weights.module_versions["main"] >= 3 and weights.module_versions["random"] == 0
+        assert weights.module_weights["random"] == first.module_weights["random"]
+        assert weights.module_weights["main"] != first.module_weights["main"]
+        last = status["last_update"]
+        assert last["untrained_steps"] > 0 and set(last["modules"]) == {"main"}
+        assert last["agent_steps"] + last["untrained_steps"] == last["env_steps"]  # agent steps, all counted
+        assert status["rejected_chunks"] == {} and status["stale_steps"] == 0
+        await until(lambda: server.policy.version == weights.version, timeout=30)
+        assert server.policy.module_versions == dict(weights.module_versions)
+    finally:
+        await learner.stop()
+    saved = checkpoint.load(tmp_path / "checkpoints")
+    assert saved.module_versions["random"] == 0 and set(saved.module_optimizer_states) == {"main"}
+    assert saved.module_weights["random"] == first.module_weights["random"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mapping", ["shared", "per_agent"])
 async def test_up_learns_two_cartpoles_per_agent(tmp_path, mapping):

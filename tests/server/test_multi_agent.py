@@ -13,6 +13,7 @@ from support.servers import BOX4, DISCRETE2, RawStream, shipped, target
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
+from rlgate.episodes import MultiAgentEpisode
 from rlgate.episodes.codec import episode_from_proto
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import policy_pb2 as pb
@@ -83,6 +84,40 @@ async def test_turn_based_game_gets_one_action_per_turn(server_factory, tmp_path
             finals.setdefault(chunk.multi_agent_episode_id, []).append(float(chunk.get_rewards()[-1]))
     # A winner and a loser, a draw, or an illegal move (which loses; the other player gets 0).
     assert finals and all(sorted(r) in ([-1.0, 1.0], [0.0, 0.0], [-1.0, 0.0]) for r in finals.values())
+
+
+SELF_PLAY = {
+    "env": {"id": "pettingzoo.classic.tictactoe_v3:env"},
+    "model": {"module_class": "examples.action_masking:ActionMaskingModule"},
+    "connectors": {"env_to_module": [{"type": "FlattenObservations", "multi_agent": True}]},
+    "multi_agent": {
+        "policies": ["main", "random"],
+        "policies_to_train": ["main"],
+        "policy_mapping_fn": "examples.self_play:main_vs_random",
+        "count_steps_by": "agent_steps",
+    },
+    "sampling": {"batch_mode": "complete_episodes"},
+}
+
+
+async def test_a_per_episode_mapping_maps_each_game_anew(server_factory, tmp_path):
+    """examples/self_play.py maps each game's seats from its episode id: both to "main", or one to "main" and
+    the other to "random", on either seat; every chunk names the module its agent acted with in that game."""
+    from examples.self_play import main_vs_random
+
+    server = await server_factory(spec=RunSpec.parse(SELF_PLAY, "test"))
+    envs = [tictactoe_v3.env() for _ in range(4)]
+    stats = await asyncio.wait_for(EnvClient(envs, target(server), seed=0).run(max_steps=600), 60)
+    await server.stop()
+    assert stats.episodes > 40
+    games: dict[str, dict[str, str]] = {}
+    for message in shipped(tmp_path / "episodes"):
+        chunk = episode_from_proto(message)
+        games.setdefault(chunk.multi_agent_episode_id, {})[chunk.agent_id] = chunk.module_id
+        assert chunk.module_id == main_vs_random(chunk.agent_id, MultiAgentEpisode(chunk.multi_agent_episode_id))
+        assert chunk.module_id in ("main", "random")
+    seatings = {tuple(modules[p] for p in ("player_1", "player_2")) for modules in games.values() if len(modules) == 2}
+    assert seatings == {("main", "main"), ("main", "random"), ("random", "main")}
 
 
 def agents_hello(agents=("a", "b"), num_envs: int = 1) -> pb.ClientMessage:

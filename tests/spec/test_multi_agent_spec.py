@@ -6,8 +6,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from rlgate.episodes import MultiAgentEpisode
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.multi_agent import build_multi_agent_env_to_module, build_multi_rl_module, module_spaces
+from rlgate.spec.multi_agent import (
+    agent_to_module_mapping_fn,
+    build_multi_agent_env_to_module,
+    build_multi_rl_module,
+    module_spaces,
+)
 from rlgate.spec.run import RunSpec
 
 BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -46,6 +52,56 @@ def test_agents_of_one_module_need_the_same_spaces() -> None:
     agents = {"left": (BOX, ACT), "right": (gym.spaces.Box(0.0, 1.0, (2,), np.float32), ACT)}
     with pytest.raises(SpecError, match="'left' and 'right' map to module 'default_policy'"):
         module_spaces(spec(policy_mapping_fn="shared"), agents, ImportPolicy())
+
+
+MAPPINGS = """
+def by_game(agent_id, episode):
+    if not episode.agent_ids:
+        raise AssertionError("mapped outside a game")
+    return "main"
+
+
+def by_side(agent_id, episode):
+    return {"left": "l", "right": "r"}[agent_id]
+"""
+
+
+@pytest.fixture
+def mappings(tmp_path, monkeypatch) -> ImportPolicy:
+    """An importable module of mapping functions (`ttt_mappings`), and the permission to import it."""
+    (tmp_path / "ttt_mappings.py").write_text(MAPPINGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return ImportPolicy(["ttt_mappings"])
+
+
+def test_agents_alike_give_every_declared_module_their_spaces_without_mapping_them(mappings) -> None:
+    """RLlib's get_multi_agent_setup: when all agents have the same spaces, every policy gets them. The mapping
+    is not called outside an episode, so it may depend on the episode (a frozen opponent drawn per game)."""
+    run = spec(policy_mapping_fn="ttt_mappings:by_game", policies=["main", "random"], policies_to_train=["main"])
+    assert module_spaces(run, AGENTS, mappings) == {"main": (BOX, ACT), "random": (BOX, ACT)}
+
+
+def test_agents_unlike_are_mapped_to_find_their_modules_spaces(mappings) -> None:
+    small = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+    agents = {"left": (BOX, ACT), "right": (small, ACT)}
+    run = spec(policy_mapping_fn="ttt_mappings:by_side", policies=["r", "l"])
+    assert module_spaces(run, agents, mappings) == {"r": (small, ACT), "l": (BOX, ACT)}
+    run = spec(policy_mapping_fn="ttt_mappings:by_side", policies=["l", "r", "spare"])
+    with pytest.raises(SpecError, match=r"no agent of the env maps to modules \['spare'\]"):
+        module_spaces(run, agents, mappings)
+
+
+def test_a_mapping_is_held_to_its_policies(mappings) -> None:
+    """Built-in mappings are checked at start-up; a function of the user's on every call (it may depend on the
+    episode), with an error naming the agent and the module."""
+    with pytest.raises(SpecError, match="agent 'left' maps to module 'left', not in policies"):
+        module_spaces(spec(policy_mapping_fn="per_agent", policies=["a", "b"]), AGENTS, mappings)
+    run = spec(policy_mapping_fn="ttt_mappings:by_side", policies=["l", "x"])
+    assert list(module_spaces(run, AGENTS, mappings)) == ["l", "x"]  # agents alike: not mapped at start-up
+    mapping = agent_to_module_mapping_fn(run, mappings)
+    assert mapping("left", MultiAgentEpisode()) == "l"
+    with pytest.raises(SpecError, match="mapped agent 'right' to module 'r', not in policies"):
+        mapping("right", MultiAgentEpisode())
 
 
 def test_policies_to_train_must_be_modules() -> None:
