@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.servers import running_client, target, until
+from support.servers import SELF_PLAY, running_client, target, until
 
 from rlgate.client.env_client import EnvClient
 from rlgate.learner.main import LearnerServer
@@ -53,20 +53,6 @@ async def test_each_module_trains_on_its_agents_and_is_versioned_and_checkpointe
     assert set(saved.module_weights) == {"agent_0", "agent_1"}
     assert saved.module_versions["agent_0"] >= 3 and set(saved.module_optimizer_states) == {"agent_0"}
     assert (checkpoint.latest(tmp_path / "checkpoints") / "modules" / "agent_0" / "weights.safetensors").exists()
-
-
-SELF_PLAY = {
-    "env": {"id": "pettingzoo.classic.tictactoe_v3:env", "num_envs": 2},
-    "model": {"module_class": "examples.action_masking:ActionMaskingModule"},
-    "connectors": {"env_to_module": [{"type": "FlattenObservations", "multi_agent": True}]},
-    "multi_agent": {
-        "policies": ["main", "random"],
-        "policies_to_train": ["main"],
-        "policy_mapping_fn": "examples.self_play:main_vs_random",
-        "count_steps_by": "agent_steps",
-    },
-    "sampling": {"batch_mode": "complete_episodes"},
-}
 
 
 async def test_a_frozen_opponent_drawn_per_game_never_changes_while_main_trains(

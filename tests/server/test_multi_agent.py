@@ -9,7 +9,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from support.servers import BOX4, DISCRETE2, RawStream, shipped, target
+from support.servers import BOX4, DISCRETE2, SELF_PLAY, RawStream, shipped, target
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
@@ -84,20 +84,6 @@ async def test_turn_based_game_gets_one_action_per_turn(server_factory, tmp_path
             finals.setdefault(chunk.multi_agent_episode_id, []).append(float(chunk.get_rewards()[-1]))
     # A winner and a loser, a draw, or an illegal move (which loses; the other player gets 0).
     assert finals and all(sorted(r) in ([-1.0, 1.0], [0.0, 0.0], [-1.0, 0.0]) for r in finals.values())
-
-
-SELF_PLAY = {
-    "env": {"id": "pettingzoo.classic.tictactoe_v3:env"},
-    "model": {"module_class": "examples.action_masking:ActionMaskingModule"},
-    "connectors": {"env_to_module": [{"type": "FlattenObservations", "multi_agent": True}]},
-    "multi_agent": {
-        "policies": ["main", "random"],
-        "policies_to_train": ["main"],
-        "policy_mapping_fn": "examples.self_play:main_vs_random",
-        "count_steps_by": "agent_steps",
-    },
-    "sampling": {"batch_mode": "complete_episodes"},
-}
 
 
 async def test_a_per_episode_mapping_maps_each_game_anew(server_factory, tmp_path):

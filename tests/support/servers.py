@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -53,6 +54,12 @@ class SpaceEnv(gym.Env):
 
 BOX4 = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 DISCRETE2 = gym.spaces.Discrete(2)
+# examples/tictactoe.toml without its PPO settings: "main" against itself or a frozen "random", drawn per game.
+SELF_PLAY = {
+    part: fields
+    for part, fields in tomllib.loads((Path(__file__).parents[2] / "examples" / "tictactoe.toml").read_text()).items()
+    if part != "algorithm"
+}
 
 
 def target(server: InferenceServer) -> str:
