@@ -10,7 +10,7 @@ from rlgate.core.columns import Columns
 from rlgate.models.catalog import action_distribution, build_encoder
 from rlgate.models.config import ModelConfig
 from rlgate.models.distributions import DiagGaussian, Distribution
-from rlgate.models.networks import MLP, LSTMEncoder
+from rlgate.models.networks import MLP, LSTMEncoder, run_layers
 from rlgate.models.rl_module import RLModule
 
 
@@ -42,17 +42,18 @@ class ActorCriticModule(RLModule):
         head = (self.encoder.out_dim, model_config.head_fcnet_hiddens, model_config.head_fcnet_activation)
         self.pi = MLP(*head, out_dim=num_logits // 2 if free_log_std else num_logits, out_gain=0.01)
         self.vf = MLP(*head, out_dim=1, out_gain=1.0)
-        # Plain references for the sampling forward: reading a submodule as `self.encoder` is a failed
-        # attribute lookup then nn.Module.__getattr__ (an exception raised and caught) per call.
-        self._sampling = (self.encoder, self.pi)
+        # The stateless sampling forward as one run of linear layers, encoder then policy head, when the
+        # encoder is an MLP: no nn.Module call per submodule (as RLlib's forward_exploration, it runs no
+        # hooks; the train forward goes through the submodules' calls).
+        stateless_mlp = not self._stateful and isinstance(self.encoder, MLP)
+        self._sampling_layers = (*self.encoder.layers, *self.pi.layers) if stateless_mlp else None
         if not model_config.ortho_init:
             for layer in self.modules():
                 if isinstance(layer, nn.Linear | nn.Conv2d | nn.LSTM | nn.LSTMCell):
                     layer.reset_parameters()
 
-    def _action_dist_inputs(self, features: torch.Tensor) -> torch.Tensor:
-        _, pi = self._sampling
-        logits = pi(features)
+    def _action_dist_inputs(self, logits: torch.Tensor) -> torch.Tensor:
+        """ACTION_DIST_INPUTS from the policy head's output (Box actions: the log std appended, clamped)."""
         if not self._gaussian:
             return logits
         if self.log_std is None:
@@ -63,11 +64,16 @@ class ActorCriticModule(RLModule):
 
     def _forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Sampling: the policy head only (RLlib's DefaultPPOTorchRLModule._forward)."""
-        encoder, _ = self._sampling
+        if self._sampling_layers is not None:
+            logits = run_layers(self._sampling_layers, batch[Columns.OBS])
+            return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(logits)}
         if self._stateful:
-            features, state_out = encoder(batch[Columns.OBS], batch[Columns.STATE_IN])
-            return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features), Columns.STATE_OUT: state_out}
-        return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(encoder(batch[Columns.OBS]))}
+            features, state_out = self.encoder(batch[Columns.OBS], batch[Columns.STATE_IN])
+            return {
+                Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(self.pi(features)),
+                Columns.STATE_OUT: state_out,
+            }
+        return {Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(self.pi(self.encoder(batch[Columns.OBS])))}
 
     def _forward_train(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Training: the policy head and, from the same encoder pass when shared, the value head."""
@@ -75,14 +81,14 @@ class ActorCriticModule(RLModule):
         if self._stateful:
             features, state_out = self.encoder(obs, batch[Columns.STATE_IN])
             return {
-                Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features),
+                Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(self.pi(features)),
                 Columns.VF_PREDS: self.vf(features).squeeze(-1),
                 Columns.STATE_OUT: state_out,
             }
         features = self.encoder(obs)
         vf_features = features if self.vf_encoder is None else self.vf_encoder(obs)
         return {
-            Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(features),
+            Columns.ACTION_DIST_INPUTS: self._action_dist_inputs(self.pi(features)),
             Columns.VF_PREDS: self.vf(vf_features).squeeze(-1),
         }
 

@@ -53,23 +53,34 @@ class MLP(nn.Module):
         self.out = None if out_dim is None else _init(nn.Linear(dims[-1], out_dim), out_gain)
         self.out_dim = dims[-1] if out_dim is None else out_dim
         self._act = _ACTIVATIONS[activation]
-        # The layers as a plain list, read through their `_parameters` dicts: `layer.weight` is a failed
-        # attribute lookup then nn.Module.__getattr__ (an exception raised and caught), per parameter and
-        # call, which cost more than the matmuls at batch 1. Parameters replaced (load_state_dict with
-        # assign=True) are still read from the module.
-        self._linears = [*self.hidden, *([] if self.out is None else [self.out])]
-        self._activated = len(self.hidden)
+        # The forward as data, (parameters, activation or None) per layer, run by `run_layers`: reading
+        # `layer.weight` is a failed attribute lookup then nn.Module.__getattr__ (an exception raised and
+        # caught), per parameter and call, which cost more than the matmuls at batch 1. The `_parameters`
+        # dicts are read at each call, so parameters replaced (load_state_dict with assign=True) are used.
+        linears = [*self.hidden, *([] if self.out is None else [self.out])]
+        self.layers: tuple[Layer, ...] = tuple(
+            (layer._parameters, self._act if i < len(self.hidden) else None) for i, layer in enumerate(linears)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:
-            x = x.float()
-        act = self._act
-        for i, layer in enumerate(self._linears):
-            params = layer._parameters
-            x = F.linear(x, params["weight"], params["bias"])
-            if i < self._activated:
-                x = act(x)
-        return x
+        return run_layers(self.layers, x)
+
+
+#: One linear layer of `MLP.layers`: its parameters dict ("weight", "bias") and the activation after it, if any.
+Layer = tuple[dict[str, nn.Parameter | None], Callable[[torch.Tensor], torch.Tensor] | None]
+
+
+def run_layers(layers: Sequence[Layer], x: torch.Tensor) -> torch.Tensor:
+    """Linear layers one after the other, x cast to float32 first: MLP's forward, and the default module's
+    sampling forward through its encoder and policy head at once (no nn.Module call per submodule)."""
+    if x.dtype != torch.float32:
+        x = x.float()
+    linear = F.linear
+    for params, act in layers:
+        x = linear(x, params["weight"], params["bias"])
+        if act is not None:
+            x = act(x)
+    return x
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:

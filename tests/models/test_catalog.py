@@ -94,6 +94,28 @@ def test_head_fcnet_hiddens_and_activation(sample_obs: Callable) -> None:
     assert out[Columns.ACTION_DIST_INPUTS].shape == (2, 3)
 
 
+@pytest.mark.parametrize("config", [ModelConfig(head_fcnet_hiddens=(5,)), ModelConfig(free_log_std=True)])
+def test_the_sampling_forward_follows_loaded_and_replaced_weights(config: ModelConfig, sample_obs: Callable) -> None:
+    """The sampling forward runs the encoder's and policy head's layers itself: it must read the weights the
+    module holds now, loaded in place (a server's weight swap) or as new parameters (assign=True)."""
+    module, other = build_module(FLAT_OBS, BOX, config), build_module(FLAT_OBS, BOX, config)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.uniform_(-1.0, 1.0)
+    batch = {Columns.OBS: sample_obs(FLAT_OBS, 4)}
+    with torch.inference_mode():
+        expected = other.forward_train(batch)[Columns.ACTION_DIST_INPUTS]
+        torch.testing.assert_close(other.forward_exploration(batch)[Columns.ACTION_DIST_INPUTS], expected)
+        assert not torch.allclose(module.forward_exploration(batch)[Columns.ACTION_DIST_INPUTS], expected)
+    load_weights(module, weights_to_bytes(other))
+    with torch.inference_mode():
+        torch.testing.assert_close(module.forward_exploration(batch)[Columns.ACTION_DIST_INPUTS], expected)
+    replaced = build_module(FLAT_OBS, BOX, config)
+    replaced.load_state_dict({k: v.clone() for k, v in other.state_dict().items()}, assign=True)
+    with torch.inference_mode():
+        torch.testing.assert_close(replaced.forward_inference(batch)[Columns.ACTION_DIST_INPUTS], expected)
+
+
 def test_free_log_std_is_a_parameter(sample_obs: Callable) -> None:
     module = build_module(FLAT_OBS, BOX, ModelConfig(free_log_std=True))
     assert module.pi.out.out_features == 2 and module.log_std.shape == (2,)
