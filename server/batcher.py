@@ -192,6 +192,9 @@ class Batcher:
             outputs, rows = self._forward([requests[i] for i in group], explore)
             self.metrics.forward_seconds.observe(time.perf_counter() - started)
             self.metrics.batch_size.observe(rows)
+            if len(group) == 1:  # a lone request's rows are the whole batch (a lone client's every batch)
+                results[group[0]] = outputs
+                continue
             start = 0
             for i in group:
                 stop = start + len(requests[i].episodes)
@@ -203,5 +206,5 @@ class Batcher:
         """The policy's outputs for these requests' rows, concatenated in order, and the number of rows."""
         parts = [request.obs for request in requests]
         obs = parts[0] if len(parts) == 1 else map_structure(lambda *rows: np.concatenate(rows), *parts)
-        episodes = EpisodeRows.concat([request.episodes for request in requests])
+        episodes = requests[0].episodes if len(requests) == 1 else EpisodeRows.concat([r.episodes for r in requests])
         return self.policy.compute(obs, episodes, explore), len(episodes)
