@@ -7,7 +7,6 @@ person can act on; nothing it sends can harm another session or the server.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from rlgate.core.space_diff import space_differences
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.batcher import Batcher
+from rlgate.server.idle import IdleWatch
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
 from rlgate.server.policy import Policy
@@ -78,39 +78,45 @@ class PolicyService:
         batcher: Batcher | None = None
         decoder: StepDecoder | AgentsStepDecoder | None = None
         try:
-            while True:
-                async with asyncio.timeout(self.settings.idle_timeout_s):
+            async with IdleWatch(self.settings.idle_timeout_s) as idle:
+                while True:
+                    idle.reading_since = idle.now()
                     raw = await context.read()
-                if raw is grpc.aio.EOF:
-                    return
-                arrived, arrived_cpu = time.perf_counter(), time.thread_time()
-                message = _parse(raw)
-                kind = message.WhichOneof("kind")
-                if self.draining:
-                    raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one")
-                if kind == "hello":
-                    if session is not None:
-                        raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
-                    session, batcher, decoder = await self._open(message.hello)
-                    version = batcher.policy.version
-                    await context.write(
-                        pb.ServerMessage(welcome=pb.Welcome(session_id=session.id, model_version=version))
-                    )
-                elif kind == "step":
-                    if session is None or batcher is None or decoder is None:
-                        raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
-                    if isinstance(decoder, AgentsStepDecoder):
-                        reply = await self._multi_agent_step(session, batcher, decoder, message.step)
+                    idle.reading_since = None
+                    if raw is grpc.aio.EOF:
+                        return
+                    arrived, arrived_cpu = time.perf_counter(), time.thread_time()
+                    message = _parse(raw)
+                    kind = message.WhichOneof("kind")
+                    if self.draining:
+                        raise RequestError(
+                            grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one"
+                        )
+                    if kind == "hello":
+                        if session is not None:
+                            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
+                        session, batcher, decoder = await self._open(message.hello)
+                        version = batcher.policy.version
+                        await context.write(
+                            pb.ServerMessage(welcome=pb.Welcome(session_id=session.id, model_version=version))
+                        )
+                    elif kind == "step":
+                        if session is None or batcher is None or decoder is None:
+                            raise RequestError(
+                                grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first"
+                            )
+                        if isinstance(decoder, AgentsStepDecoder):
+                            reply = await self._multi_agent_step(session, batcher, decoder, message.step)
+                        else:
+                            reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
+                        await context.write(reply)
+                        self.metrics.step_latency.observe(time.perf_counter() - arrived)
+                    elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
+                        if session is None:
+                            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "close before hello")
+                        return
                     else:
-                        reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
-                    await context.write(reply)
-                    self.metrics.step_latency.observe(time.perf_counter() - arrived)
-                elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
-                    if session is None:
-                        raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "close before hello")
-                    return
-                else:
-                    raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close")
+                        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close")
         except RequestError as exc:
             await self._abort(context, exc.code, str(exc))
         except CodecError as exc:
