@@ -351,8 +351,11 @@ class InferenceServer:
             self._ship(session.flush())
 
     def _ship(self, episodes: list[SingleAgentEpisode]) -> None:
+        if not episodes:
+            return
+        ends = self.metrics.episode_ends
         for episode in episodes:
-            self.metrics.episodes.labels(episode_end(episode)).inc()
+            ends[episode_end(episode)].inc()
         for sink in (self.files, self.learner):
             if sink is not None:
                 sink.ship(episodes)
