@@ -143,7 +143,7 @@ def test_unencodable_dtypes_are_rejected():
 # --- spaces and values ------------------------------------------------------------------------------
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nested_spaces(), st.integers(1, 4), st.integers(0, 2**16))
 def test_space_and_value_round_trip_and_validate(space, n, seed):
     decoded_space = codec.space_from_proto(pb.Space.FromString(codec.space_to_proto(space).SerializeToString()))
@@ -249,7 +249,7 @@ def test_missing_value_is_rejected_with_its_path():
         codec.from_value(value, "obs")
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)  # a loaded 2-core machine took 363 ms for one example
 @given(st.binary(max_size=64))
 def test_arbitrary_bytes_never_escape_as_anything_but_codec_or_decode_errors(data):
     """Random bytes either fail to parse as a message or decode to a CodecError, never a crash."""
