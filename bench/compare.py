@@ -64,14 +64,17 @@ def main() -> None:
     timing = Timing(args.warmup_s, args.window_s, args.repeats)
     results = compare({"old": args.old.resolve(), "new": args.new.resolve()}, loads, args.rounds, timing)
     for load, by_name in results.items():
-        ratios = {
-            f: statistics.median(n / o for n, o in zip(by_name["new"][f], by_name["old"][f], strict=True))
-            for f in FIGURES
-        }
-        print(
-            f"{load.label:>7} new/old (median of {args.rounds} rounds): "
-            + ", ".join(f"{f} x{ratio:.2f}" for f, ratio in ratios.items())
-        )
+        ratios = {f: _ratio(by_name["new"][f], by_name["old"][f]) for f in FIGURES}
+        print(f"{load.label:>7} new/old (median of {args.rounds} rounds): " + ", ".join(
+            f"{f} x{ratio:.2f}" if ratio is not None else f"{f} n/a" for f, ratio in ratios.items()
+        ))  # fmt: skip
+
+
+def _ratio(new: list[float], old: list[float]) -> float | None:
+    """The median over rounds of new / old; rounds where old measured 0 (a window with no answer on a starved
+    machine) are left out, and None when every round is."""
+    ratios = [n / o for n, o in zip(new, old, strict=True) if o > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rlgate.bench.compare import _ratio
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -16,10 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_compare_measures_both_checkouts_and_prints_ratios() -> None:
     command = [sys.executable, "-m", "rlgate.bench.compare", str(ROOT), "--loads", "1x1", "2x4", "--rounds", "2"]
     command += ["--warmup-s", "0.2", "--window-s", "0.3", "--repeats", "1"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)  # ~25 s alone
     assert done.returncode == 0, done.stderr[-3000:]
     measured = re.findall(r"^round (\d) +(\S+) +(old|new): env_steps_per_s (\S+)", done.stdout, re.M)
     assert len(measured) == 2 * 2 * 2, done.stdout  # rounds x loads x checkouts
     assert all(float(steps.replace(",", "")) > 0 for *_, steps in measured)
     ratios = re.findall(r"^ *(1x1|2x4) new/old \(median of 2 rounds\): env_steps_per_s x(\S+),", done.stdout, re.M)
     assert [load for load, _ in ratios] == ["1x1", "2x4"] and all(float(r) > 0 for _, r in ratios), done.stdout
+
+
+def test_a_round_whose_old_figure_is_zero_is_left_out_of_the_ratio() -> None:
+    assert _ratio([2.0, 3.0, 4.0], [1.0, 0.0, 2.0]) == 2.0
+    assert _ratio([1.0], [0.0]) is None
