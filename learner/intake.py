@@ -74,6 +74,9 @@ class Intake:
     rejected: Counter[str] = field(default_factory=Counter)  # chunks refused, by reason
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     lengths: deque[int] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
+    # Multi-agent: each module's own window of its agents' returns (RLlib's module_episode_returns_mean), which
+    # tells a trained module from its opponent where the mean over every agent of a zero-sum game reads 0.
+    module_returns: dict[str, deque[float]] = field(default_factory=dict)
     finished: list[tuple[float, int]] = field(default_factory=list)  # (return, length) not yet take_finished()
     resume: bool = True  # reload the intake files found in `directory`; False: set them aside
     lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
@@ -243,6 +246,8 @@ class Intake:
             self.episodes_finished += 1
             self.returns.append(total)
             self.lengths.append(length)
+            if episode.module_id is not None:
+                self.module_returns.setdefault(episode.module_id, deque(maxlen=RETURN_WINDOW)).append(total)
             self.finished.append((total, length))
         else:
             self._running[episode.id_] = (total, length)

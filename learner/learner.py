@@ -272,12 +272,14 @@ class Learner:
         await self._publish()
         if self.trainer.version % self.settings.checkpoint_every == 0:
             await self.save_checkpoint()
+        by_module = " ".join(f"{m}={r:.3g}" for m, r in self.module_mean_returns().items())
         log.info(
-            "update version=%d env_steps=%d mean_return=%s kl=%.4f",
+            "update version=%d env_steps=%d mean_return=%s kl=%.4f%s",
             self.trainer.version,
             stats["env_steps"],
             self.mean_return(),
             stats.get("kl", 0.0),
+            f" module_mean_returns: {by_module}" if by_module else "",
         )
 
     async def save_checkpoint(self) -> Path:
@@ -367,6 +369,8 @@ class Learner:
         mean = self.mean_return()
         if mean is not None:
             m.mean_return.set(mean)
+        for module_id, module_mean in self.module_mean_returns().items():
+            m.module_mean_return.labels(module_id).set(module_mean)
         elapsed = time.time() - self.started
         m.episodes_per_s.set(self.intake.episodes_finished / max(elapsed, 1e-9))
         self.progress.update(
@@ -383,6 +387,10 @@ class Learner:
         returns = self.intake.returns
         return sum(returns) / len(returns) if returns else None
 
+    def module_mean_returns(self) -> dict[str, float]:
+        """Multi-agent: each module's mean return over its agents' last 20 episodes (empty for single-agent runs)."""
+        return {m: sum(r) / len(r) for m, r in sorted(self.intake.module_returns.items())}
+
     def env_steps_received(self) -> int:
         """Env steps trained on plus those waiting for the next update: the episodes' x axis."""
         return self.trainer.env_steps + self.intake.pending_steps
@@ -397,6 +405,7 @@ class Learner:
             "env_steps_received": self.env_steps_received(),
             "episodes": self.intake.episodes_finished,
             "mean_return": self.mean_return(),
+            "module_mean_returns": self.module_mean_returns(),
             "train_batch_size": self.spec.algorithm.train_batch_size,
             "pending_steps": self.intake.pending_steps,
             "max_pending_steps": self.max_pending_steps,

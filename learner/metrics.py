@@ -30,6 +30,12 @@ class LearnerMetrics:
             "rlgate_learner_staleness", "Mean versions between acting and training, last update.", registry=r
         )
         self.mean_return = Gauge("rlgate_learner_mean_return", "Mean return of the last 20 episodes.", registry=r)
+        self.module_mean_return = Gauge(
+            "rlgate_learner_module_mean_return",
+            "Multi-agent: mean return of a module's agents over their last 20 episodes.",
+            ["module"],
+            registry=r,
+        )
         self.episodes_per_s = Gauge("rlgate_learner_episodes_per_second", "Episodes finished per second.", registry=r)
         self.policy_loss = Gauge("rlgate_learner_policy_loss", "PPO clipped surrogate loss, last update.", registry=r)
         self.vf_loss = Gauge("rlgate_learner_vf_loss", "Value loss, last update.", registry=r)

@@ -79,6 +79,11 @@ async def test_a_frozen_opponent_drawn_per_game_never_changes_while_main_trains(
         assert last["untrained_steps"] > 0 and set(last["modules"]) == {"main"}
         assert last["agent_steps"] + last["untrained_steps"] == last["env_steps"]  # agent steps, all counted
         assert status["rejected_chunks"] == {} and status["stale_steps"] == 0
+        # Each module's own mean return: a win is 1 and a loss -1, and the two modules' agents are told apart.
+        returns = status["module_mean_returns"]
+        assert set(returns) == {"main", "random"} and all(-1 <= r <= 1 for r in returns.values()), returns
+        gauge = learner.learner.metrics.registry.get_sample_value
+        assert gauge("rlgate_learner_module_mean_return", {"module": "main"}) is not None
         await until(lambda: server.policy.version == weights.version, timeout=30)
         assert server.policy.module_versions == dict(weights.module_versions)
     finally:
