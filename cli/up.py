@@ -87,6 +87,8 @@ def run(settings: UpSettings) -> int:
             *("serve", "--learner", f"127.0.0.1:{learner_port}", "--port", server_port, "--http-port", server_http),
             *("--spool-dir", run_dir / "spool", "--seed", spec.seed if spec.seed is not None else 0),
             *("--allow-import", json.dumps(spec.policy_modules())),  # the operator of `up` chose this spec
+            # The learner's spec: seeded, its version 0 is served at once instead of after the learner's start-up.
+            *(("--config", spec_file) if spec.seed is not None else ()),
         ],
         "envs": [
             *("env", "--server", f"127.0.0.1:{server_port}", "--config", spec_file),

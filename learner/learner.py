@@ -343,14 +343,9 @@ class Learner:
             observation_space=codec.space_to_proto(self.observation_space),
             action_space=codec.space_to_proto(self.action_space),
             spec_json=self.spec.to_json(),
-            max_unacked_steps=self._sampling_window(),
+            max_unacked_steps=self.spec.algorithm.max_unacked_steps(servers=self.watchers),
             connector_state=codec.to_value(self.connectors.get_state()),
         )
-
-    def _sampling_window(self) -> int:
-        """Env steps each server may hold unacknowledged before it pauses sampling: half a train batch
-        shared among the servers watching, so that what waits on them while an update runs is fresh."""
-        return max(1, self.spec.algorithm.train_batch_size // (2 * max(self.watchers, 1)))
 
     def _record(self, stats: dict[str, Any], seconds: float) -> None:
         m = self.metrics

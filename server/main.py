@@ -43,17 +43,28 @@ class InferenceServer:
     """Owns the policy, batcher, sinks, gRPC server and HTTP server of one `rlgate serve` process."""
 
     def __init__(self, settings: ServerSettings, spec: RunSpec | None = None, *, shared_port: bool = False) -> None:
-        """`spec`: without a learner or checkpoint, the run spec of a fresh model (else settings.config's).
+        """`spec`: the run spec of a fresh model (else settings.config's); with a learner, the learner's run
+        spec known in advance, whose version 0 is served at once (see `_learners_spec`).
         `shared_port`: listen beside the other workers of `rlgate serve --workers N` (SO_REUSEPORT)."""
         self.settings = settings
         self.shared_port = shared_port
-        if (settings.learner or settings.checkpoint) and (spec or settings.config or settings.env):
+        if settings.checkpoint and (spec or settings.config or settings.env):
             raise SpecError(
-                "--config and --env describe a fresh model: a server with --learner or --checkpoint "
-                "serves the run spec that comes with the learner's weights or the checkpoint"
+                "--config and --env describe a fresh model: a server with --checkpoint serves the checkpoint's run spec"
             )
-        # A fresh model's spec is the operator's own: the code it names may be imported.
-        self.spec = None if settings.learner or settings.checkpoint else self._standalone_spec(spec)
+        if settings.learner and settings.env:
+            raise SpecError(
+                "--env describes a fresh model: a server with --learner serves the run spec that comes with the "
+                "learner's weights (--config may give that spec in advance, to serve its version 0 at once)"
+            )
+        # A spec given here is the operator's own: the code it names may be imported.
+        if settings.checkpoint:
+            self.spec: RunSpec | None = None
+        elif settings.learner:
+            self.spec = self._learners_spec(spec) if spec or settings.config else None
+        else:
+            self.spec = self._standalone_spec(spec)
+        self.from_learner = False  # the served weights came from the learner (not a version 0 built here)
         self.imports = ImportPolicy([*settings.allow_import, *(self.spec.modules() if self.spec else ())])
         self.refused: str | None = None  # why this server will not serve the learner's run spec
         self.metrics = ServerMetrics()
@@ -66,7 +77,7 @@ class InferenceServer:
                 settings.spool_dir / settings.server_id,
                 server_id=settings.server_id,
                 on_weights=self._apply_weights,
-                current_version=lambda: self.policy.version if self.policy else -1,
+                current_version=lambda: self.policy.version if self.policy and self.from_learner else -1,
                 connector_delta=self._connector_delta,
                 metrics=self.metrics,
                 max_spool_bytes=settings.max_spool,
@@ -112,6 +123,8 @@ class InferenceServer:
             else:
                 spaces = env_spaces(self.spec.env, self.imports)
             self._set_policy(await self._new_policy(self.spec, *spaces))
+            if self.learner is not None:  # until the learner's weights say otherwise, its pacing for one server
+                self.learner.window = self.spec.algorithm.max_unacked_steps(servers=1)
         app = build_app(
             "rlgate inference server",
             registry=self.metrics.registry,
@@ -220,6 +233,20 @@ class InferenceServer:
             spec = spec.model_copy(update={"env": spec.env.model_copy(update={"id": s.env})})
         if spec.seed is None and s.seed is not None:
             spec = spec.model_copy(update={"seed": s.seed})
+        return spec
+
+    def _learners_spec(self, given: RunSpec | None) -> RunSpec:
+        """The learner's run spec, given in advance (`rlgate up` does): its version 0 is a fresh model of it,
+        built alike here and in the learner from the spec's seed, so this server serves it at once instead of
+        waiting for the learner's first weights, which then must come with the same spec (else it refuses them).
+        A spec without a seed would give the two other weights: SpecError."""
+        s = self.settings
+        spec = given or RunSpec.load(s.config)
+        if spec.seed is None:
+            raise SpecError(
+                "--config with --learner: the run spec needs a seed, so that this server's version 0 is the "
+                "learner's (or leave --config out: the server then waits for the learner's weights)"
+            )
         return spec
 
     def readiness(self) -> tuple[bool, str | None]:
@@ -392,11 +419,16 @@ class InferenceServer:
             self._refuse(
                 "the learner now runs another run spec than the one this server was built for: restart this "
                 "server to serve it (it keeps serving the old version meanwhile)"
+                if self.from_learner
+                else "the learner runs another run spec than --config's: restart this server without --config, or "
+                "with the learner's run spec (it keeps serving --config's version 0 meanwhile)"
             )
+            return
         elif self.batcher is not None:
             await self.batcher.between_batches(
                 self.policy.set_weights, weights.version, *_weights(weights, spec).values(), _connector_state(weights)
             )
+        self.from_learner = True
 
     def _refuse(self, reason: str) -> None:
         if reason != self.refused:

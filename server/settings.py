@@ -29,7 +29,9 @@ class ServerSettings(ServiceSettings):
     config: FilePath | None = Field(
         None,
         description="Without a learner or checkpoint: a run spec file (.toml/.yaml/.json) whose env, model and "
-        "connector pieces the fresh model is built with (--env overrides its env.id).",
+        "connector pieces the fresh model is built with (--env overrides its env.id). With --learner: the "
+        "learner's run spec (with a seed), whose version 0 this server then serves at once instead of waiting "
+        "for the learner's first weights.",
     )
     checkpoint: Path | None = Field(
         None, description="Serve the policy in this checkpoint directory (its run spec says how to build it)."

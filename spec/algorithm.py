@@ -47,6 +47,11 @@ class PPOConfig(BaseModel):
     entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     grad_clip: float = Field(0.5, gt=0, description="Max global gradient norm.")
 
+    def max_unacked_steps(self, servers: int) -> int:
+        """Env steps each of `servers` servers may hold unacknowledged before it pauses sampling (the learner's
+        pacing): half a train batch shared among them, so that what waits on them while an update runs is fresh."""
+        return max(1, self.train_batch_size // (2 * max(servers, 1)))
+
     @field_validator("lr", "clip_param", mode="before")
     @classmethod
     def _one_number(cls, value: Any) -> Any:
