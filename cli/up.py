@@ -67,9 +67,6 @@ class UpSettings(SpecSettings):
 def run(settings: UpSettings) -> int:
     """Start everything, show progress, stop at the goal or the step budget; returns the exit code."""
     s, spec = settings, settings.spec
-    stop_return = s.stop_return if s.stop_return is not None else _reward_threshold(spec, ImportPolicy(spec.modules()))
-    if stop_return is None:
-        raise SpecError(f"{spec.env.id} has no reward_threshold: pass --stop-return")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.env.id)
     run_dir = s.run_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -110,6 +107,12 @@ def run(settings: UpSettings) -> int:
                 stdin=subprocess.DEVNULL,
             )
         signal.signal(signal.SIGINT, interrupt)
+        # Only now: gymnasium's import would delay every process (a mistake here stops them again).
+        stop_return = (
+            s.stop_return if s.stop_return is not None else _reward_threshold(spec, ImportPolicy(spec.modules()))
+        )
+        if stop_return is None:
+            raise SpecError(f"{spec.env.id} has no reward_threshold: pass --stop-return")
         print(f"rlgate up: {spec.env.id}, logs, run spec and checkpoints in {run_dir}", flush=True)
         progress = stack.enter_context(Progress(s.max_steps))
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 #: A value that changes over training: [[env_steps, value], ...], linear in between and constant after the last
@@ -16,6 +15,8 @@ def scheduled(value: float | list[tuple[int, float]], env_steps: int) -> float:
     """The value of a constant, or of a schedule after `env_steps` env steps trained."""
     if isinstance(value, int | float):
         return float(value)
+    import numpy as np  # here: `rlgate up` reads specs before it starts its processes, and needs no numpy
+
     steps, values = zip(*value, strict=True)
     return float(np.interp(env_steps, steps, values))
 
