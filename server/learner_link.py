@@ -16,8 +16,8 @@ slower than the servers therefore stalls the env clients instead of piling up st
 disk; what was already accepted still ships, so the limits are overshot by at most the chunks in flight.
 
 While the learner is away, both streams wait for the channel to connect again (gRPC's wait_for_ready),
-which tries about once a second (service/channel.py): the link picks up within about a second of the
-learner's return, and logs one line when the learner goes away and one when it is back. `status()` says
+which tries every quarter second (service/channel.py): the link picks up within about a quarter second of
+the learner's return, and logs one line when the learner goes away and one when it is back. `status()` says
 where the link stands (connected, last ack, last error, spool fill), as do the rlgate_learner_* metrics.
 
 Every REPORT_EVERY_S the link also tells the learner how this server is doing (`ReportServer`: sessions,

@@ -5,11 +5,12 @@ outlive its peer. gRPC's defaults reconnect with a backoff that grows to 120 s, 
 may go unnoticed for minutes; and a peer that vanishes without closing its TCP connection (a host switched
 off, a NAT that forgot the connection) is noticed only by keepalive pings, which are off by default.
 
-`CHANNEL_OPTIONS` (every rlgate channel): a connection attempt at most every second while the peer is
-away, so a stream waiting for it resumes within about a second of its return; a ping after 10 s without
-traffic, and the connection counts as dead when 5 s pass without an answer. `SERVER_OPTIONS` (every rlgate
-server) accepts those pings on idle streams (gRPC's default policy would end the connection with
-"too_many_pings").
+`CHANNEL_OPTIONS` (every rlgate channel): a connection attempt every quarter second while the peer is
+away, so a stream waiting for it resumes within about a quarter second of its return (at start-up, when
+processes begin together, a client finds its server that soon after it listens; an attempt at a port where
+nothing listens costs a refused SYN); a ping after 10 s without traffic, and the connection counts as dead
+when 5 s pass without an answer. `SERVER_OPTIONS` (every rlgate server) accepts those pings on idle streams
+(gRPC's default policy would end the connection with "too_many_pings").
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ KEEPALIVE_MS = 10_000
 
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.max_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 2_000),  # gRPC takes it as the deadline of one connection attempt
     ("grpc.keepalive_time_ms", KEEPALIVE_MS),
     ("grpc.keepalive_timeout_ms", 5_000),
