@@ -14,16 +14,16 @@ import queue
 import signal
 import time
 from collections import deque
+from statistics import fmean
+from typing import TYPE_CHECKING
 
-import numpy as np
 from tqdm import tqdm
 
-from rlgate.client.env_client import ClientStats, EnvClient
 from rlgate.client.settings import ClientSettings
 from rlgate.core.errors import UserError
-from rlgate.service.process import on_stop_signals
-from rlgate.spec.env import make_agent_envs, make_env
-from rlgate.spec.imports import ImportPolicy
+
+if TYPE_CHECKING:
+    from rlgate.client.env_client import ClientStats
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def run_clients(settings: ClientSettings) -> int:
             bar.update(env_steps - steps[index])
             steps[index] = env_steps
             returns.extend(new_returns)
-            bar.set_postfix(mean_return=f"{np.mean(returns):.1f}" if returns else "-", model_version=version)
+            bar.set_postfix(mean_return=f"{fmean(returns):.1f}" if returns else "-", model_version=version)
     except KeyboardInterrupt:
         log.info("Ctrl-C: stopping %d clients", len(processes))
         _terminate(processes)
@@ -91,8 +91,15 @@ def _interrupt(_signum: int, _frame: object) -> None:
 def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> None:
     """One client process: runs until max_steps, SIGTERM or Ctrl-C, then closes its stream cleanly.
 
-    `settings` arrive as the parent's object (the token in them too: a JSON dump would mask it).
+    `settings` arrive as the parent's object (the token in them too: a JSON dump would mask it). The client's
+    own modules (gRPC, numpy, gymnasium) are imported here: the parent, which only starts and watches the
+    clients, starts faster without them.
     """
+    from rlgate.client.env_client import EnvClient
+    from rlgate.service.process import on_stop_signals
+    from rlgate.spec.env import make_agent_envs, make_env
+    from rlgate.spec.imports import ImportPolicy
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     env = settings.spec.env
     n, seed = env.num_envs, settings.spec.seed
