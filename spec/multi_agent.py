@@ -7,7 +7,6 @@ runs), so both map agents to the same modules and build the same modules and pie
 from __future__ import annotations
 
 import gymnasium as gym
-import torch
 
 from rlgate.connectors import ConnectorPipelineV2, ConnectorV2
 from rlgate.connectors.builders import (
@@ -20,7 +19,7 @@ from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, de
 from rlgate.models import MultiRLModule
 from rlgate.models.catalog import encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_pieces, build_rl_module
+from rlgate.spec.policy import build_pieces, build_rl_module, seeded
 from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
 
 #: agent id -> (observation space, action space), as the env declares them.
@@ -162,7 +161,6 @@ def build_multi_agent_learner_connector(
 
 def build_multi_rl_module(spec: RunSpec, modules: dict[str, tuple], imports: ImportPolicy) -> MultiRLModule:
     """One module of the spec's model per module id, for its (env-to-module output) spaces; seeded once."""
-    if spec.seed is not None:
-        torch.manual_seed(spec.seed)
     unseeded = spec.model_copy(update={"seed": None})
-    return MultiRLModule({m: build_rl_module(unseeded, *spaces, imports) for m, spaces in modules.items()})
+    with seeded(spec.seed):
+        return MultiRLModule({m: build_rl_module(unseeded, *spaces, imports) for m, spaces in modules.items()})

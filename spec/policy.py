@@ -7,7 +7,8 @@ the same module. User code named in the spec is imported through the process's I
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,18 +131,33 @@ def build_learner_connector(
     )
 
 
+@contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Weights initialised inside are the same in every process for a seed: torch's RNG seeded, on one thread
+    (an orthogonal init's QR rounds differently on more), so a server's fresh version 0 is the learner's."""
+    if seed is None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def build_rl_module(
     spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, imports: ImportPolicy
 ) -> RLModule:
     """The spec's module for these (env-to-module output) spaces, seeded with spec.seed when set."""
-    if spec.seed is not None:
-        torch.manual_seed(spec.seed)
-    if spec.model.module_class is None:
-        return build_module(observation_space, action_space, ModelConfig.from_dict(spec.model.config))
-    cls = imports.load(spec.model.module_class, "model.module_class")
-    if not (isinstance(cls, type) and issubclass(cls, RLModule)):
-        raise SpecError(f"model.module_class: {spec.model.module_class!r} is not an rlgate RLModule subclass")
-    return cls(observation_space, action_space, dict(spec.model.config))
+    with seeded(spec.seed):
+        if spec.model.module_class is None:
+            return build_module(observation_space, action_space, ModelConfig.from_dict(spec.model.config))
+        cls = imports.load(spec.model.module_class, "model.module_class")
+        if not (isinstance(cls, type) and issubclass(cls, RLModule)):
+            raise SpecError(f"model.module_class: {spec.model.module_class!r} is not an rlgate RLModule subclass")
+        return cls(observation_space, action_space, dict(spec.model.config))
 
 
 @dataclass
