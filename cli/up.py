@@ -130,10 +130,10 @@ def run(settings: UpSettings) -> int:
                 episodes = int(learner["episodes"])
                 if learner["mean_return"] is not None:
                     mean_return = float(learner["mean_return"])
+                by_module = "".join(f", {m} {r:.2f}" for m, r in learner.get("module_mean_returns", {}).items())
+                version = learner["model_version"]
                 progress.show(
-                    steps,
-                    elapsed,
-                    f"mean return {mean_return:.1f} ({episodes} episodes), model v{learner['model_version']}",
+                    steps, elapsed, f"mean return {mean_return:.1f}{by_module} ({episodes} episodes), model v{version}"
                 )
                 if episodes >= WINDOW and mean_return >= stop_return:
                     code = 0
