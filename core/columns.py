@@ -48,3 +48,5 @@ class Columns:
 
     # rlgate's own: the model version that chose the action of each step (an extra model output).
     MODEL_VERSION = "model_version"
+    # rlgate's own: log pi(a|s) of the module as it was when the update began (PPO's proximal policy).
+    PROXIMAL_ACTION_LOGP = "proximal_action_logp"

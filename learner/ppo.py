@@ -1,9 +1,16 @@
 """PPO: the clipped-surrogate update of an RLModule on a train batch from the learner pipeline.
 
-The importance ratio is taken against the behaviour policy's `action_logp`, recorded by the
-inference server when it chose each action, so data from slightly older model versions is used
-correctly (as in RLlib's PPO/APPO). Rows whose `loss_mask` is False (the bootstrap step that
-AddOneTsToEpisodesAndTruncate adds, and steps staler than `max_staleness`) do not count.
+Sampling overlaps training, so a batch's actions were chosen by a model one or more versions older than
+the one the update starts from (the behaviour policy, whose `action_logp` the inference server recorded).
+By default the ratio is taken and clipped against that behaviour policy (RLlib's PPO). With
+`proximal_clip` it is decoupled PPO (Hilton et al. 2021, "Batch size-invariance for policy optimization";
+RLlib's APPO loss): the ratio is clipped around the proximal policy, the module as it was when the update
+began (`proximal_action_logp`, computed once per update), and each step's advantage is weighted by
+proximal / behaviour (at most 2, as APPO's). Clipping around a behaviour policy some versions back starts
+every update with the ratio already off 1, so much of the batch is clipped away before the first step;
+SB3's on-policy ratio starts at 1, and so does the proximal one. Without lag both are PPO exactly.
+Rows whose `loss_mask` is False (the bootstrap step that AddOneTsToEpisodesAndTruncate adds, and steps
+staler than `max_staleness`) do not count.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from rlgate.core.columns import Columns
 from rlgate.models import RLModule
 from rlgate.spec.algorithm import PPOConfig
 
+#: The most the proximal / behaviour importance weight of a step may be (RLlib APPO's clamp).
+MAX_IMPORTANCE_WEIGHT = 2.0
+
 
 def ppo_loss(
     module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig, clip: float
@@ -25,9 +35,11 @@ def ppo_loss(
     outputs = module.forward_train(batch)
     dist = module.get_train_action_dist_cls().from_logits(outputs[Columns.ACTION_DIST_INPUTS])
     logp = dist.logp(batch[Columns.ACTIONS])
-    log_ratio = logp - batch[Columns.ACTION_LOGP]
+    proximal = batch[Columns.PROXIMAL_ACTION_LOGP]
+    log_ratio = logp - proximal
     ratio = torch.exp(log_ratio)
-    advantages = batch[Columns.ADVANTAGES]
+    weight = torch.exp(proximal - batch[Columns.ACTION_LOGP]).clamp(max=MAX_IMPORTANCE_WEIGHT)
+    advantages = batch[Columns.ADVANTAGES] * weight
     surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip, 1 + clip) * advantages)
     vf_error = (outputs[Columns.VF_PREDS] - batch[Columns.VALUE_TARGETS]) ** 2
     vf_loss = vf_error if config.vf_clip_param is None else torch.clamp(vf_error, 0, config.vf_clip_param)
@@ -40,7 +52,7 @@ def ppo_loss(
     policy_loss = -mean(surrogate)
     total = policy_loss + config.vf_loss_coeff * mean(vf_loss) - config.entropy_coeff * mean(entropy)
     with torch.no_grad():
-        kl = mean((ratio - 1) - log_ratio)  # the low-variance estimator of KL(old || new)
+        kl = mean((ratio - 1) - log_ratio)  # the low-variance estimator of KL(proximal || new)
         clip_fraction = mean(((ratio - 1).abs() > clip).float())
         explained = explained_variance(batch[Columns.VALUE_TARGETS], outputs[Columns.VF_PREDS], mask)
     return total, {
@@ -66,6 +78,14 @@ def explained_variance(targets: torch.Tensor, predictions: torch.Tensor, mask: t
     return torch.clamp(1 - variance(targets - predictions) / (variance(targets) + 1e-8), min=-1.0)
 
 
+def action_logp(module: RLModule, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """log pi(a|s) of the batch's actions under the module as it is now (no gradient)."""
+    with torch.no_grad():
+        outputs = module.forward_train(batch)
+        dist = module.get_train_action_dist_cls().from_logits(outputs[Columns.ACTION_DIST_INPUTS])
+        return dist.logp(batch[Columns.ACTIONS])
+
+
 def ppo_update(
     module: RLModule,
     optimizer: torch.optim.Optimizer,
@@ -75,7 +95,10 @@ def ppo_update(
     clip: float,
 ) -> dict[str, Any]:
     """`num_epochs` passes of minibatch SGD over the batch (ratio clipped at 1 +- `clip`, the clip_param
-    schedule's value now); returns the mean of each loss part."""
+    schedule's value now); returns the mean of each loss part. Adds the batch's PROXIMAL_ACTION_LOGP: the
+    module's own before the first step with `proximal_clip`, else the behaviour policy's."""
+    proximal = action_logp(module, batch) if config.proximal_clip else batch[Columns.ACTION_LOGP]
+    batch[Columns.PROXIMAL_ACTION_LOGP] = proximal
     size = len(batch[Columns.ADVANTAGES])
     stats: dict[str, list[float]] = {}
     module.train()

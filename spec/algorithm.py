@@ -44,6 +44,13 @@ class PPOConfig(BaseModel):
         description="Clamp of the squared value error, as RLlib's PPO does (10 there); unset: no clamp, as in SB3 "
         "and cleanrl (a clamp in reward units gives large returns no value gradient).",
     )
+    proximal_clip: bool = Field(
+        False,
+        description="Clip the probability ratio around the module as it was when the update began and weight each "
+        "step by that module's probability over the behaviour policy's (decoupled PPO, RLlib's APPO loss), instead "
+        "of around the behaviour policy that chose the action (RLlib's PPO). Sampling overlaps training, so the "
+        "behaviour policy lags some versions, and clipping around it cuts off much of a batch before the first step.",
+    )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     grad_clip: float = Field(0.5, gt=0, description="Max global gradient norm.")
