@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rlgate.server.shipping import EPISODE_ENDS
+
 # Latency buckets from 50 us to 1 s: a forward pass on CPU is ~0.1-10 ms, a round trip ~0.2-50 ms.
 _LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
@@ -40,7 +42,7 @@ class ServerMetrics:
         )
         self.episodes = Counter("rlgate_episodes", "Episode chunks shipped, by how they ended.", ["end"], registry=r)
         # Its children by end, looked up once: labels() takes a lock and builds a key (3 us a chunk here).
-        self.episode_ends = {end: self.episodes.labels(end) for end in ("terminated", "truncated", "cut")}
+        self.episode_ends = {end: self.episodes.labels(end) for end in EPISODE_ENDS}
         self.model_version = Gauge("rlgate_model_version", "Version of the model answering requests.", registry=r)
         # Added to per message and per batch on the hot path: plain floats (a prometheus Counter's inc() is
         # four Python calls and a lock), exported as the counter rlgate_stage_seconds_total{stage}. Each stage

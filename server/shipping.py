@@ -25,6 +25,10 @@ from rlgate.spec.run import RunSpec
 log = logging.getLogger(__name__)
 
 
+#: How a shipped chunk can end (`episode_end`): the `end` label of the rlgate_episodes counter.
+EPISODE_ENDS = ("terminated", "truncated", "cut")
+
+
 def episode_end(episode: SingleAgentEpisode) -> str:
     """How a chunk ended, for metrics and logs: terminated, truncated or cut (the episode goes on)."""
     if episode.is_terminated:
