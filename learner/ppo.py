@@ -95,12 +95,22 @@ def ppo_update(
     clip: float,
 ) -> dict[str, Any]:
     """`num_epochs` passes of minibatch SGD over the batch (ratio clipped at 1 +- `clip`, the clip_param
-    schedule's value now); returns the mean of each loss part. Adds the batch's PROXIMAL_ACTION_LOGP: the
-    module's own before the first step with `proximal_clip`, else the behaviour policy's."""
+    schedule's value now); returns the mean of each loss part. Each row's PROXIMAL_ACTION_LOGP is the
+    module's own before the first step with `proximal_clip`, else the behaviour policy's.
+
+    A stateless module's masked rows (each chunk's bootstrap step, stale steps) are left out first: they
+    count for nothing, and with them a batch of `minibatch_size` steps took a second, tiny SGD step per
+    epoch (SB3's and cleanrl's minibatches hold only real steps). A stateful module's rows are sequences,
+    kept whole."""
+    if not module.is_stateful():
+        mask = batch[Columns.LOSS_MASK]
+        if not bool(mask.all()):
+            batch = {key: value[mask] for key, value in batch.items()}
     proximal = action_logp(module, batch) if config.proximal_clip else batch[Columns.ACTION_LOGP]
     batch[Columns.PROXIMAL_ACTION_LOGP] = proximal
     size = len(batch[Columns.ADVANTAGES])
     stats: dict[str, list[float]] = {}
+    parameters = list(module.parameters())  # once: walking the module for them costs as much as the clip
     module.train()
     for _ in range(config.num_epochs):
         order = torch.from_numpy(rng.permutation(size))
@@ -110,7 +120,7 @@ def ppo_update(
             loss, parts = ppo_loss(module, minibatch, config, clip)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), config.grad_clip)
+            torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
             optimizer.step()
             for key, value in parts.items():
                 stats.setdefault(key, []).append(value)
