@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
 from rlgate.core.columns import Columns
-from rlgate.learner.ppo import action_logp, ppo_loss
+from rlgate.learner.ppo import action_logp, ppo_loss, ppo_update
 from rlgate.models import build_module
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.policy import build_learner_connector
@@ -63,3 +64,26 @@ def test_proximal_and_behaviour_clipping_agree_without_lag(lagged):
     behaviour, _ = lagged(proximal_clip=False, lag=0.0)
     proximal, _ = lagged(proximal_clip=True, lag=0.0)
     assert torch.allclose(behaviour, proximal, rtol=1e-5, atol=1e-8)
+
+
+def test_masked_rows_take_no_part_in_the_minibatches(learner_settings, cartpole_chunks):
+    """An update on a batch with its masked rows (bootstrap steps) is the update on the real rows alone: the same
+    minibatches, so the same weights. With the masked rows among them, a 256-step batch at minibatch_size 256
+    took a second SGD step per epoch, and the permutation (so every minibatch) differed."""
+    spec = learner_settings().spec
+    config = spec.algorithm.model_copy(update={"minibatch_size": 64, "num_epochs": 2})
+    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+    torch.manual_seed(0)
+    template = build_module(OBSERVATION_SPACE, ACTION_SPACE)
+    batch = pipeline(rl_module=template, batch={}, episodes=cartpole_chunks(256), explore=False, shared_data={})
+    mask = batch[Columns.LOSS_MASK].bool()
+    assert not mask.all()  # every chunk's bootstrap row
+    weights = []
+    for rows in (batch, {key: value[mask] for key, value in batch.items()}):
+        module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
+        module.load_state_dict(template.state_dict())
+        optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
+        ppo_update(module, optimizer, dict(rows), config, np.random.default_rng(0), clip=0.2)
+        weights.append(torch.cat([p.detach().flatten() for p in module.parameters()]))
+    assert torch.equal(weights[0], weights[1])
+    assert not torch.equal(weights[0], torch.cat([p.flatten() for p in template.parameters()]))
