@@ -173,11 +173,14 @@ class Learner:
         While an update runs, the servers' next train batch comes in; then acks stop, the servers' unacked
         steps reach the window the weights tell them (`max_unacked_steps`), and they pause sampling until
         the next update takes its batch. So sampling overlaps training by one version, and no topology
-        piles up data the learner cannot use.
+        piles up data the learner cannot use. The ack says how many steps the next update still needs
+        (`room`): a server holding more than that in running episodes ships them and pauses at once, instead
+        of sampling on with weights that will be two versions old when those steps train.
         """
         async with self._intake_changed:
             await self._intake_changed.wait_for(self._has_room)
             ack = self.intake.accept(batch)
+            ack.room = max(0, self.spec.algorithm.train_batch_size - self.intake.pending_steps)
             self._intake_changed.notify_all()
         if batch.HasField("connector_state"):
             self._merge_connector_state(batch)

@@ -9,8 +9,11 @@ and `stop()` says how many.
 
 Pacing comes from the learner: its weights say how many shipped env steps a server may hold
 unacknowledged (`window`, from `Weights.max_unacked_steps`), and the learner acknowledges only while it
-has room for a train batch. Once `over_window()`, the server pauses sampling (and flushes its running
-episodes); acks bring it back under, and `on_room` is called. The spool is bounded as well: once it
+has room for a train batch. Each ack also says how many steps the learner's next update still needs
+(`room`); what the server holds beyond that (unacknowledged, or in running episodes: `unshipped()`) would
+wait a whole update and train two versions after the weights that sampled it. Once `over_window()` by either
+rule, the server pauses sampling (and flushes its running episodes, which fills the learner's batch with the
+newest steps); acks bring it back under, and `on_room` is called. The spool is bounded as well: once it
 holds `max_spool_bytes`, `full()` is true and sampling pauses the same way. A learner that is down or
 slower than the servers therefore stalls the env clients instead of piling up stale data or filling the
 disk; what was already accepted still ships, so the limits are overshot by at most the chunks in flight.
@@ -73,11 +76,13 @@ class LearnerLink:
         metrics: ServerMetrics,
         max_spool_bytes: int,
         on_room: Callable[[], None] = lambda: None,
+        unshipped: Callable[[], int] = lambda: 0,
         describe: Callable[[], learner_pb2.ServerReport] = learner_pb2.ServerReport,
         token: str | None = None,
         tls_ca: bytes | None = None,
     ) -> None:
-        """`describe()`: this server's report to the learner, less the spool (which the link fills in)."""
+        """`describe()`: this server's report to the learner, less the spool (which the link fills in);
+        `unshipped()`: the env steps sampled into running episodes and not shipped yet."""
         self.target = target
         self.learner_http_port = 0  # the learner's HTTP port, once a report was answered
         self.spool = Spool(spool_dir, max_bytes=max_spool_bytes, metrics=metrics)
@@ -88,6 +93,8 @@ class LearnerLink:
         self._metadata = bearer_metadata(token)
         self._on_room = on_room
         self.window = 0  # max unacked env steps, from the learner's weights; 0: no limit
+        self.room: int | None = None  # steps the learner's next update still needs, from its last ack
+        self._unshipped = unshipped
         self._queued_steps = 0  # env steps shipped and not yet in the spool
         self._describe = describe
         self._queue: list[SingleAgentEpisode] = []
@@ -148,8 +155,12 @@ class LearnerLink:
         return self._queued_steps + self.spool.steps
 
     def over_window(self) -> bool:
-        """The learner's pace: it has not acknowledged `window` env steps yet; sampling should wait."""
-        return 0 < self.window <= self.unacked_steps()
+        """The learner's pace, sampling should wait: it has not acknowledged `window` env steps yet, or this
+        server holds more steps than the learner's next update needs."""
+        unacked = self.unacked_steps()
+        if 0 < self.window <= unacked:
+            return True
+        return self.room is not None and unacked + self._unshipped() > self.room
 
     def away_for(self) -> float | None:
         """Seconds since the learner became unreachable, or None while it is connected."""
@@ -170,6 +181,9 @@ class LearnerLink:
             "spool_bytes": spool.bytes,
             "spool_max_bytes": spool.max_bytes,
             "spool_fill": round(spool.bytes / spool.max_bytes, 4),
+            "unacked_steps": self.unacked_steps(),
+            "window_steps": self.window,
+            "learner_room_steps": self.room,
         }
 
     async def stop(self, flush_timeout_s: float) -> None:
@@ -290,6 +304,8 @@ class LearnerLink:
                 if path is not None:
                     held = self.full() or self.over_window()
                     self.spool.ack(ack.seq, path)
+                    if ack.HasField("room"):
+                        self.room = ack.room
                     if held and not (self.full() or self.over_window()):
                         self._on_room()
                 room.set()
@@ -309,6 +325,7 @@ class LearnerLink:
                     await call.write(await asyncio.to_thread(path.read_bytes))
                 await self._first(self._spooled.wait(), reader)
         finally:
+            self.room = None  # unknown until the next stream's first ack: meanwhile only the window holds sampling
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             call.cancel()

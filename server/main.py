@@ -82,6 +82,7 @@ class InferenceServer:
                 metrics=self.metrics,
                 max_spool_bytes=settings.max_spool,
                 on_room=self._wake_batcher,
+                unshipped=self._unshipped_steps,
                 describe=self._report,
                 token=settings.bearer_token(),
                 tls_ca=settings.learner_tls_ca.read_bytes() if settings.learner_tls_ca else None,
@@ -372,6 +373,9 @@ class InferenceServer:
     def _wake_batcher(self) -> None:
         if self.batcher is not None:
             self.batcher.wake()
+
+    def _unshipped_steps(self) -> int:
+        return sum(session.unshipped_steps() for session in self.service.sessions.values())
 
     def _flush_sessions(self) -> None:
         for session in self.service.sessions.values():

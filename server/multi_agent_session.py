@@ -135,6 +135,11 @@ class MultiAgentSession:
             chunk for i in running for chunk in self._cut(i)
         ]
 
+    def unshipped_steps(self) -> int:
+        """Env or agent steps (as the learner counts them) in running episodes, not shipped yet."""
+        running = sum(self._steps(e) for e in self._episodes if e is not None and not e.is_done)
+        return running + sum(self._steps(e) for e in self._done)
+
     def close(self) -> list[SingleAgentEpisode]:
         """End the session: episodes that ended and were not shipped yet, and every running one truncated."""
         shipped = [chunk for episode in self._done for chunk in _agent_chunks(episode)]

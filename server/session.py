@@ -152,6 +152,10 @@ class Session:
         done = self._take_done() if end == self._row else []
         return done + self._cut(self._start < end, end)
 
+    def unshipped_steps(self) -> int:
+        """Env steps recorded in running episodes and not shipped yet (what `flush()` would ship)."""
+        return int((self._recorded_row() - self._start)[self._live].clip(min=0).sum())
+
     def close(self) -> list[SingleAgentEpisode]:
         """End the session: ended episodes not yet shipped, and every running one with at least one recorded
         step cut off as truncated. A step still waiting for its actions is dropped: it was never answered,

@@ -1,5 +1,6 @@
 """The learner paces sampling: learn + serve + env started by hand, no pacing flag anywhere; every update
-trains on exactly train_batch_size env steps and the intake never holds much more than one train batch."""
+trains on exactly train_batch_size env steps, the intake never holds much more than one train batch, and
+what an update trains on was sampled one version before it."""
 
 from __future__ import annotations
 
@@ -90,6 +91,12 @@ def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(proce
     # 4 clients x 8 envs sample far faster than the learner trains: without pacing the intake would grow
     # without bound. It holds at most a train batch plus one server batch that came in as room was made.
     assert found["max_pending_steps"] < 2 * BATCH + 32 * 16, found["max_pending_steps"]
+    # One version of lag: each batch was sampled while the update before it trained (plus the steps of one
+    # forward pass that overshoots the batch: ~1.2 here). The 32 envs' running episodes alone can hold more
+    # than a batch (up to 32 x 15 steps): without the acks' `room` the server sampled on until its window of
+    # unacknowledged steps was full, and the median lag was ~3 versions.
+    lags = sorted(update["staleness"] for update in updates[2:])
+    assert lags[len(lags) // 2] <= 1.5, lags
 
 
 async def test_dropping_stale_chunks_makes_room_for_the_batches_waiting_for_it(learner_settings, cartpole_chunks):

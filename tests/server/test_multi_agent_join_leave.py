@@ -113,7 +113,12 @@ def test_shipped_chunks_hold_what_the_env_emitted(
         message = pb.Step(agents=[_agents_step(s) for s in steps]).SerializeToString()  # as the client sends it
         episodes, _ = session.observe(decoder.decode(pb.Step.FromString(message)))
         if flush_every and t % flush_every == flush_every - 1:  # as a pausing server does, between the two
-            chunks += session.flush()
+            held = session.unshipped_steps()  # what the learner link counts as held, in the learner's units
+            flushed = session.flush()
+            counted = len if count_steps_by == "agent_steps" else lambda c: c.multi_agent_env_steps
+            # At most: an env step in which no agent took a step ships in no agent's chunk.
+            assert sum(map(counted, flushed)) <= held and session.unshipped_steps() == 0
+            chunks += flushed
         outputs = policy.compute(episodes, explore=True)
         chunks += session.record(outputs)
         if t == 39:  # the env's last step is the one the session saw last

@@ -3,7 +3,8 @@
 Random message sequences (sub-envs ending at random, flushes before and after the forward, chunk cuts
 with lookback, nested observations and states, infos, sessions closed mid-step) go through the server's
 `Session` and through `ReferenceSession` (one SingleAgentEpisode per sub-env, add_env_step and cut);
-every shipped chunk must match field by field. Then both drive real policies whose pipelines use the
+every shipped chunk must match field by field, and a flush ships exactly the steps `unshipped_steps()` said
+were held. Then both drive real policies whose pipelines use the
 per-episode path (an LSTM's states) and the batched write-back (Dict observations flattened and
 normalised), and must give the same actions and episodes.
 """
@@ -85,8 +86,10 @@ class Twins:
         self.compare(self.ref.record(outputs), self.new.record(outputs))
 
     def flush(self) -> list[SingleAgentEpisode]:
+        unshipped = self.new.unshipped_steps()  # what the learner link counts as held in running episodes
         shipped = self.new.flush()
         self.compare(self.ref.flush(), shipped)
+        assert sum(map(len, shipped)) == unshipped and self.new.unshipped_steps() == 0
         return shipped
 
     def close(self) -> None:

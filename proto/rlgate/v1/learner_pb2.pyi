@@ -72,6 +72,7 @@ class EpisodeAck(_message.Message):
     ACCEPTED_FIELD_NUMBER: _builtins.int
     DUPLICATES_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
+    ROOM_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     accepted: _builtins.int
     """Chunks taken into training."""
@@ -79,6 +80,12 @@ class EpisodeAck(_message.Message):
     """Chunks already seen (by episode id and chunk index), dropped."""
     rejected: _builtins.int
     """Chunks that could not be decoded (logged by the learner); acknowledged so they never block the stream."""
+    room: _builtins.int
+    """Env steps the learner still takes before its next update, after this batch: train_batch_size less what
+    it holds, at least 0 (unset from a learner that does not say). A server pauses sampling, and ships its
+    running episodes' steps, once it holds more than this (unacknowledged or not yet shipped), so that what the
+    learner trains next was sampled by the newest weights.
+    """
     def __init__(
         self,
         *,
@@ -86,12 +93,15 @@ class EpisodeAck(_message.Message):
         accepted: _builtins.int = ...,
         duplicates: _builtins.int = ...,
         rejected: _builtins.int = ...,
+        room: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_room", b"_room", "room", b"room"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "duplicates", b"duplicates", "rejected", b"rejected", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_room", b"_room", "accepted", b"accepted", "duplicates", b"duplicates", "rejected", b"rejected", "room", b"room", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__room: _TypeAlias = _typing.Literal["room"]  # noqa: Y015
+    _WhichOneofArgType__room: _TypeAlias = _typing.Literal["_room", b"_room"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__room) -> _WhichOneofReturnType__room | None: ...
 
 Global___EpisodeAck: _TypeAlias = EpisodeAck  # noqa: Y015
 
