@@ -77,12 +77,15 @@ class LearnerLink:
         max_spool_bytes: int,
         on_room: Callable[[], None] = lambda: None,
         unshipped: Callable[[], int] = lambda: 0,
+        hold_episodes: bool = False,
         describe: Callable[[], learner_pb2.ServerReport] = learner_pb2.ServerReport,
         token: str | None = None,
         tls_ca: bytes | None = None,
     ) -> None:
         """`describe()`: this server's report to the learner, less the spool (which the link fills in);
-        `unshipped()`: the env steps sampled into running episodes and not shipped yet."""
+        `unshipped()`: the env steps sampled into running episodes and not shipped yet. With `hold_episodes`,
+        nothing is sent until `release_episodes()` (a server sampling with a version 0 of its own, until the
+        learner's run spec proves to be the one it was built from)."""
         self.target = target
         self.learner_http_port = 0  # the learner's HTTP port, once a report was answered
         self.spool = Spool(spool_dir, max_bytes=max_spool_bytes, metrics=metrics)
@@ -95,6 +98,9 @@ class LearnerLink:
         self.window = 0  # max unacked env steps, from the learner's weights; 0: no limit
         self.room: int | None = None  # steps the learner's next update still needs, from its last ack
         self._unshipped = unshipped
+        self._may_send = asyncio.Event()
+        if not hold_episodes:
+            self._may_send.set()
         self._queued_steps = 0  # env steps shipped and not yet in the spool
         self._describe = describe
         self._queue: list[SingleAgentEpisode] = []
@@ -138,6 +144,10 @@ class LearnerLink:
             self._queue.extend(episodes)
             self._queued_steps += sum(len(episode) for episode in episodes)
             self._queued.set()
+
+    def release_episodes(self) -> None:
+        """Send the spooled episodes (held until now: see `hold_episodes`)."""
+        self._may_send.set()
 
     def learner_page(self) -> str | None:
         """The learner's live page (its host as this server reaches it), once the learner said its HTTP port."""
@@ -290,6 +300,7 @@ class LearnerLink:
 
     async def _send(self) -> None:
         """One SubmitEpisodes stream: send every spooled batch in order, delete each on its ack."""
+        await self._may_send.wait()
         call = self._channel.stream_stream(
             SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
         )(metadata=self._metadata, wait_for_ready=True)

@@ -83,6 +83,7 @@ class InferenceServer:
                 max_spool_bytes=settings.max_spool,
                 on_room=self._wake_batcher,
                 unshipped=self._unshipped_steps,
+                hold_episodes=self.spec is not None,  # its own version 0's, until the learner's spec matches
                 describe=self._report,
                 token=settings.bearer_token(),
                 tls_ca=settings.learner_tls_ca.read_bytes() if settings.learner_tls_ca else None,
@@ -387,7 +388,8 @@ class InferenceServer:
         ends = self.metrics.episode_ends
         for episode in episodes:
             ends[episode_end(episode)].inc()
-        for sink in (self.files, self.learner):
+        # A server refusing the learner's spec samples with another model: its steps must not train this one.
+        for sink in (self.files, None if self.refused else self.learner):
             if sink is not None:
                 sink.ship(episodes)
 
@@ -422,17 +424,20 @@ class InferenceServer:
         elif spec != self.policy.spec:
             self._refuse(
                 "the learner now runs another run spec than the one this server was built for: restart this "
-                "server to serve it (it keeps serving the old version meanwhile)"
+                "server to serve it (it keeps serving the old version meanwhile, and sends the learner no episodes)"
                 if self.from_learner
                 else "the learner runs another run spec than --config's: restart this server without --config, or "
-                "with the learner's run spec (it keeps serving --config's version 0 meanwhile)"
+                "with the learner's run spec (meanwhile it sends the learner no episodes, so sampling pauses once the "
+                "learner's window of steps is spooled)"
             )
             return
         elif self.batcher is not None:
             await self.batcher.between_batches(
                 self.policy.set_weights, weights.version, *_weights(weights, spec).values(), _connector_state(weights)
             )
-        self.from_learner = True
+        self.from_learner, self.refused = True, None  # (a learner that came back with the spec served)
+        if self.learner is not None:
+            self.learner.release_episodes()
 
     def _refuse(self, reason: str) -> None:
         if reason != self.refused:

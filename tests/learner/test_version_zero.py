@@ -1,7 +1,8 @@
 """A server given the learner's run spec in advance (`--config` beside `--learner`, as `rlgate up` does) serves
 its version 0 at once, built from the spec's seed exactly as the learner builds it, and samples no more than
 the learner's pacing allows until the learner is up; then it takes the learner's weights as usual. A spec
-that differs from the learner's is refused, and one without a seed is a user error."""
+that differs from the learner's is refused (and what the server samples with it never reaches the learner),
+and one without a seed is a user error."""
 
 from __future__ import annotations
 
@@ -68,13 +69,27 @@ async def test_a_learner_with_another_run_spec_is_refused_and_says_so(
     spec = learner_settings(spec=SPEC).spec
     server = await server_factory(learner=f"127.0.0.1:{port}", config=spec_file(tmp_path, spec))
     learner = LearnerServer(learner_settings(port=port, spec={**SPEC, "seed": 4}))
-    await learner.start()
     try:
-        await until(lambda: server.refused is not None, timeout=30)
-        assert "the learner runs another run spec than --config's" in server.refused
-        status, body = await http_get(server.http_port, "/readyz")
-        assert status == 503 and "--config's" in json.loads(body)["reason"]
-        assert server.policy.version == 0 and not server.from_learner
+        async with running_client(cartpole_client(server)) as client:
+            # Before the learner is up, the server samples with its own version 0 and spools the steps.
+            await until(lambda: server.learner.unacked_steps() > 0, timeout=30)
+            await learner.start()
+            await until(lambda: server.refused is not None, timeout=30)
+            assert "the learner runs another run spec than --config's" in server.refused
+            status, body = await http_get(server.http_port, "/readyz")
+            assert status == 503 and "--config's" in json.loads(body)["reason"]
+            assert server.policy.version == 0 and not server.from_learner
+
+            # Steps sampled by another model never reach the learner: neither those spooled before it came nor
+            # any since. Unacknowledged, they fill the window and pause sampling, which the server's report to
+            # the learner says (over the same channel: the link has been talking to the learner all along).
+            def reported_paused() -> bool:
+                return any(s["paused"] for s in learner.learner.servers.connected())
+
+            await until(reported_paused, timeout=30)
+            assert learner.learner.chunks_accepted == 0 and server.learner.unacked_steps() > 0
+            assert not client.done()
+            await server.stop()  # its paused client's last step is answered by the stop, not by the learner
     finally:
         await learner.stop()
 
