@@ -50,8 +50,8 @@ class UpSettings(SpecSettings):
         **SpecSettings.SHORTHANDS,
         "envs_per_client": ("env", "num_envs"),
     }
-    # Without --config: CartPole, 4 sub-envs per client, seed 0.
-    DEFAULT_SPEC: ClassVar[dict[str, Any]] = {"env": {"id": "CartPole-v1", "num_envs": 4}, "seed": 0}
+    # Without --config: CartPole, 8 sub-envs, seed 0.
+    DEFAULT_SPEC: ClassVar[dict[str, Any]] = {"env": {"id": "CartPole-v1", "num_envs": 8}, "seed": 0}
 
     envs_per_client: int | None = Field(None, ge=1, description="Shorthand for --spec.env.num-envs.")
     stop_return: float | None = Field(
@@ -60,7 +60,12 @@ class UpSettings(SpecSettings):
         "reward_threshold, 475 for CartPole-v1).",
     )
     max_steps: int = Field(100_000, ge=1, description="Stop (exit 1) after this many env steps.")
-    num_clients: int = Field(2, ge=1, description="Env client processes.")
+    num_clients: int = Field(
+        1,
+        ge=1,
+        description="Env client processes, each stepping the spec's env.num_envs sub-envs. One is fastest where "
+        "the learner, the server and the clients share a few cores: fewer, larger messages.",
+    )
     run_dir: Path = Field(Path("runs"), description="Logs, the run spec and checkpoints go to run_dir/<env>-<time>.")
 
 

@@ -39,7 +39,7 @@ def test_an_env_with_a_preset_starts_from_it_and_the_file_and_flags_go_on_top(tm
     filed = LearnerSettings(config=tmp_path / "run.toml").spec
     assert filed.algorithm.num_epochs == 2 and filed.connectors.learner[0].type == "NormalizeRewards"
     assert UpSettings().spec.algorithm.train_batch_size == 256  # `rlgate up`'s CartPole is rl-zoo's
-    assert UpSettings(env="Acrobot-v1").spec.env.num_envs == 8  # the preset over up's own default of 4
+    assert UpSettings(env="Acrobot-v1").spec.env.num_envs == 16  # the preset over up's own default of 8
     with pytest.raises(ValueError, match=r"no preset .Pong."):
         LearnerSettings(env="Acrobot-v1", preset="Pong")
 
