@@ -88,7 +88,13 @@ class InferenceServer:
                 token=settings.bearer_token(),
                 tls_ca=settings.learner_tls_ca.read_bytes() if settings.learner_tls_ca else None,
             )
-        self.service = PolicyService(settings, self.metrics, self._policy_for, self._ship)
+        self.service = PolicyService(
+            settings,
+            self.metrics,
+            self._policy_for,
+            self._ship,
+            ships=self.files is not None or self.learner is not None,
+        )
         self.policy: Policy | MultiAgentPolicy | None = None
         self.batcher: Batcher | None = None
         self.port = 0

@@ -54,7 +54,11 @@ class PolicyService:
         metrics: ServerMetrics,
         get_policy: Callable[[SessionSpec | MultiAgentSessionSpec], Awaitable[tuple[Policy, Batcher]]],
         ship: Callable[[list[SingleAgentEpisode]], None],
+        *,
+        ships: bool = True,
     ) -> None:
+        """`ship` takes the episode chunks sessions produce; `ships=False`: there is nowhere to ship them, so
+        single-agent sessions build none."""
         self.settings = settings
         self.metrics = metrics
         self.sessions: dict[str, Session | MultiAgentSession] = {}
@@ -63,6 +67,7 @@ class PolicyService:
         self.draining = False
         self._get_policy = get_policy
         self._ship = ship
+        self._ships = ships
         self._stage_seconds = metrics.stage_seconds
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -191,6 +196,7 @@ class PolicyService:
             if sampling.batch_mode == "truncate_episodes"
             else None,
             lookback=sampling.episode_lookback_horizon,
+            ships=self._ships,
         )
         self.sessions[session.id] = session
         self.metrics.sessions.set(len(self.sessions))

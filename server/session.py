@@ -58,13 +58,18 @@ class Session:
     so the table does not keep them.
     """
 
-    def __init__(self, spec: SessionSpec, *, rollout_fragment_length: int | None, lookback: int) -> None:
-        """`rollout_fragment_length`: cut running episodes every this many steps; None: never (whole episodes)."""
+    def __init__(
+        self, spec: SessionSpec, *, rollout_fragment_length: int | None, lookback: int, ships: bool = True
+    ) -> None:
+        """`rollout_fragment_length`: cut running episodes every this many steps; None: never (whole episodes).
+        `ships=False` (a server with nowhere to ship to: no learner, no episode files): the cuts are made but
+        no chunk is built, since building one costs more than the step that fills it."""
         self.id = uuid.uuid4().hex
         self.spec = spec
         self.observation_space = spec.observation_space  # what episodes hold: changed by write-backs
         self._fragment = rollout_fragment_length or np.iinfo(np.int64).max // 4
         self._lookback = lookback
+        self._ships = ships
         self._table = StepTable(spec.num_envs)
         n = spec.num_envs
         self._live = np.zeros(n, bool)
@@ -163,7 +168,7 @@ class Session:
         end = self._recorded_row()
         done = self._take_done() if end == self._row else []
         running = self._live & (end > self._start)
-        unfinished = [self._episode(int(i), end, truncated=True) for i in np.flatnonzero(running)]
+        unfinished = [self._episode(int(i), end, truncated=True) for i in np.flatnonzero(running) if self._ships]
         self._live[:] = False
         return done + unfinished
 
@@ -178,7 +183,7 @@ class Session:
         self._any_done = False
         done = np.flatnonzero(self._done & self._live)
         self._live[done] = False
-        return [self._episode(int(i), self._row) for i in done]
+        return [self._episode(int(i), self._row) for i in done] if self._ships else []
 
     def _cut(self, due: np.ndarray, end: int) -> list[SingleAgentEpisode]:
         """Ship the running episodes among `due` up to row `end`; each goes on as the next chunk from there.
@@ -188,7 +193,7 @@ class Session:
         rows = np.flatnonzero(due & self._live)
         if not rows.size:
             return []
-        chunks = [self._episode(int(i), end) for i in rows]
+        chunks = [self._episode(int(i), end) for i in rows] if self._ships else []
         self._t_started[rows] += end - self._start[rows]
         self._chunk[rows] += 1
         self._start[rows] = end

@@ -160,6 +160,24 @@ def test_session_table_stays_bounded_on_a_never_ending_env() -> None:
     assert session._table.capacity <= 128, session._table.capacity
 
 
+def test_a_session_with_nowhere_to_ship_builds_no_chunks_and_stays_bounded() -> None:
+    """A server without a learner or episode files: episodes are still cut (so the table stays bounded) and
+    the sub-envs' episodes as the pipeline sees them are the same, but no chunk is built."""
+    spec = SessionSpec("test", BOX, ACTIONS, 8, True)
+    shipping, silent = (Session(spec, rollout_fragment_length=20, lookback=2, ships=ships) for ships in (True, False))
+    rng = np.random.default_rng(0)
+    shipped = 0
+    for _ in range(1_000):
+        obs, ends = random_obs(rng, BOX, 8), rng.random((2, 8)) < 0.02
+        rows = [session.observe(obs, np.ones(8), ends[0], ends[1], None)[0] for session in (shipping, silent)]
+        assert [len(episode) for episode in rows[0]] == [len(episode) for episode in rows[1]]
+        outputs = random_outputs(rng, 8, False, True)
+        shipped += len(shipping.record(outputs))
+        assert silent.record(outputs) == [] and silent.unshipped_steps() == shipping.unshipped_steps()
+    assert shipped > 100 and silent.flush() == [] and silent.close() == []
+    assert silent._table.capacity == shipping._table.capacity <= 128
+
+
 class NegateObservations(ConnectorV2):
     """A per-episode piece in RLlib's style: writes each episode's new latest observation itself."""
 
