@@ -96,6 +96,9 @@ class Intake:
         self._taken = dict(self.partial)  # key -> steps of a split chunk taken so far
         self._files: list[_File] = []
         self._running: dict[str, tuple[float, int]] = {}  # episode id -> return and length of its chunks so far
+        # At most the newest version of every pending chunk: while it is not below the floor, no chunk is stale
+        # and drop_stale() scans nothing (it runs on every intake change, and a backlog can be long).
+        self._version_floor = np.iinfo(np.int64).max
         for path in sorted(self.directory.glob("*.pb"), key=lambda p: p.stat().st_mtime):
             accepted = self._add(learner_pb2.EpisodeBatch.FromString(path.read_bytes()))
             self._files.append(_File(path, accepted))
@@ -127,12 +130,15 @@ class Intake:
             floor = min_version if isinstance(min_version, int) else min_version[chunk.module_id]
             return _newest_version(chunk) < floor
 
-        stale = [chunk for chunk in self.pending if is_stale(chunk)]
-        if not stale:
+        highest = min_version if isinstance(min_version, int) else max(min_version.values(), default=0)
+        if self._version_floor >= highest:
             return 0
-        self.pending = deque(chunk for chunk in self.pending if not is_stale(chunk))
-        for chunk in stale:
-            self._finish(chunk_key(chunk.id_, chunk.chunk_index))
+        stale = [chunk for chunk in self.pending if is_stale(chunk)]
+        if stale:
+            self.pending = deque(chunk for chunk in self.pending if not is_stale(chunk))
+            for chunk in stale:
+                self._finish(chunk_key(chunk.id_, chunk.chunk_index))
+        self._version_floor = min(map(_newest_version, self.pending), default=np.iinfo(np.int64).max)
         steps = self.count(stale)
         self.pending_steps -= steps
         return steps
@@ -146,7 +152,9 @@ class Intake:
             key = chunk_key(chunk.id_, chunk.chunk_index)
             need = steps - taken
             if self.split_chunks and len(chunk) > need:
-                self.pending.appendleft(chunk.slice(slice(need, None), len_lookback_buffer=self.lookback))
+                rest = chunk.slice(slice(need, None), len_lookback_buffer=self.lookback)
+                self.pending.appendleft(rest)
+                self._version_floor = min(self._version_floor, _newest_version(rest))
                 self._taken[key] = self._taken.get(key, 0) + need
                 chunk = chunk.slice(slice(0, need))
             else:
@@ -215,6 +223,7 @@ class Intake:
             if key in self._taken:  # split before a restart: its first steps are trained already
                 episode = episode.slice(slice(self._taken[key], None), len_lookback_buffer=self.lookback)
             self.pending.append(episode)
+            self._version_floor = min(self._version_floor, _newest_version(episode))
             self.pending_steps += self.count([episode])
             accepted.append(key)
             self._track_return(episode)

@@ -177,6 +177,12 @@ def test_chunks_too_stale_to_train_are_dropped_counted_and_covered_by_the_next_c
     assert keys(intake.pending) == keys(new) and intake.pending_steps == sum(len(c) for c in new)
     covered, _, files = intake.checkpoint_state()
     assert covered == sorted(keys(old)) and len(files) == 1  # the stale batch's file may go
+    # drop_stale skips its scan while no pending chunk can be stale: a late chunk of an old version is not missed.
+    assert intake.drop_stale(min_version=3) == 0
+    late = cartpole_chunks(30, version=1, seed=2)
+    intake.accept(batch(late, seq=2))
+    assert intake.drop_stale(min_version=3) == sum(len(c) for c in late)
+    assert keys(intake.pending) == keys(new)
 
 
 def test_multi_agent_chunks_are_decoded_in_their_modules_spaces_and_dropped_by_their_modules_version(
