@@ -169,18 +169,18 @@ class Learner:
     async def accept(self, batch: learner_pb2.EpisodeBatch) -> learner_pb2.EpisodeAck:
         """Take a server's batch into the intake (durably), merge its connector statistics; the ack.
 
-        Pacing: a batch is taken (and acknowledged) only while the intake holds less than one train batch.
-        While an update runs, the servers' next train batch comes in; then acks stop, the servers' unacked
-        steps reach the window the weights tell them (`max_unacked_steps`), and they pause sampling until
-        the next update takes its batch. So sampling overlaps training by one version, and no topology
-        piles up data the learner cannot use. The ack says how many steps the next update still needs
-        (`room`): a server holding more than that in running episodes ships them and pauses at once, instead
-        of sampling on with weights that will be two versions old when those steps train.
+        Pacing: a batch is taken (and acknowledged) only while the intake holds less than one train batch,
+        and the ack says how many steps the next update still needs (`room`). While an update runs, the
+        servers' next train batch comes in; a server holding more than `room` (unacknowledged, or in running
+        episodes) ships its running episodes and pauses until the next update takes its batch and the held
+        ack comes. So sampling overlaps training by one version, and no topology piles up data the learner
+        cannot use. (The window of unacknowledged steps the weights tell servers, `max_unacked_steps`,
+        bounds them while no ack comes at all.)
         """
         async with self._intake_changed:
-            await self._intake_changed.wait_for(self._has_room)
+            await self._intake_changed.wait_for(lambda: self._room() > 0)
             ack = self.intake.accept(batch)
-            ack.room = max(0, self.spec.algorithm.train_batch_size - self.intake.pending_steps)
+            ack.room = self._room()
             self._intake_changed.notify_all()
         if batch.HasField("connector_state"):
             self._merge_connector_state(batch)
@@ -192,8 +192,9 @@ class Learner:
         self.max_pending_steps = max(self.max_pending_steps, self.intake.pending_steps)
         return ack
 
-    def _has_room(self) -> bool:
-        return self.intake.pending_steps < self.spec.algorithm.train_batch_size
+    def _room(self) -> int:
+        """Env steps the next update still needs."""
+        return max(0, self.spec.algorithm.train_batch_size - self.intake.pending_steps)
 
     async def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
         """Every version newer than `version`, as it is published (the newest first, if newer already)."""

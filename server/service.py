@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -45,6 +46,15 @@ class RequestError(Exception):
         self.code = code
 
 
+@dataclass
+class _Stream:
+    """What one Connect stream has opened: after its hello, the session and the batcher and decoder serving it."""
+
+    session: Session | MultiAgentSession | None = None
+    batcher: Batcher | None = None
+    decoder: StepDecoder | AgentsStepDecoder | None = None
+
+
 class PolicyService:
     """Runs client sessions against the policy; `handler()` registers it on a grpc.aio server."""
 
@@ -78,50 +88,10 @@ class PolicyService:
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Connect": connect})
 
     async def connect(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
-        """Serve one client stream until it closes, fails or idles out."""
-        session: Session | MultiAgentSession | None = None
-        batcher: Batcher | None = None
-        decoder: StepDecoder | AgentsStepDecoder | None = None
+        """Serve one client stream until it closes, fails or idles out; what went wrong becomes its status."""
+        stream = _Stream()
         try:
-            async with IdleWatch(self.settings.idle_timeout_s) as idle:
-                while True:
-                    idle.reading_since = idle.now()
-                    raw = await context.read()
-                    idle.reading_since = None
-                    if raw is grpc.aio.EOF:
-                        return
-                    arrived, arrived_cpu = time.perf_counter(), time.thread_time()
-                    message = _parse(raw)
-                    kind = message.WhichOneof("kind")
-                    if self.draining:
-                        raise RequestError(
-                            grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one"
-                        )
-                    if kind == "hello":
-                        if session is not None:
-                            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
-                        session, batcher, decoder = await self._open(message.hello)
-                        version = batcher.policy.version
-                        await context.write(
-                            pb.ServerMessage(welcome=pb.Welcome(session_id=session.id, model_version=version))
-                        )
-                    elif kind == "step":
-                        if session is None or batcher is None or decoder is None:
-                            raise RequestError(
-                                grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first"
-                            )
-                        if isinstance(decoder, AgentsStepDecoder):
-                            reply = await self._multi_agent_step(session, batcher, decoder, message.step)
-                        else:
-                            reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
-                        await context.write(reply)
-                        self.metrics.step_latency.observe(time.perf_counter() - arrived)
-                    elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
-                        if session is None:
-                            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "close before hello")
-                        return
-                    else:
-                        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close")
+            await self._serve(context, stream)
         except RequestError as exc:
             await self._abort(context, exc.code, str(exc))
         except CodecError as exc:
@@ -136,8 +106,50 @@ class PolicyService:
             log.exception("session failed")
             await self._abort(context, grpc.StatusCode.INTERNAL, f"server error: {exc}")
         finally:
-            if session is not None:
-                self._end(session)
+            if stream.session is not None:
+                self._end(stream.session)
+
+    async def _serve(self, context: grpc.aio.ServicerContext, stream: _Stream) -> None:
+        """Read and answer messages until the client ends the stream; a read waiting idle_timeout_s raises
+        TimeoutError."""
+        async with IdleWatch(self.settings.idle_timeout_s) as idle:
+            while True:
+                idle.reading_since = idle.now()
+                raw = await context.read()
+                idle.reading_since = None
+                if raw is grpc.aio.EOF or not await self._answer(context, stream, raw):
+                    return
+
+    async def _answer(self, context: grpc.aio.ServicerContext, stream: _Stream, raw: bytes) -> bool:
+        """Answer one message; False when it was the client's close."""
+        arrived, arrived_cpu = time.perf_counter(), time.thread_time()
+        message = _parse(raw)
+        kind = message.WhichOneof("kind")
+        if self.draining:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one")
+        if kind == "hello":
+            if stream.session is not None:
+                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
+            stream.session, stream.batcher, stream.decoder = await self._open(message.hello)
+            welcome = pb.Welcome(session_id=stream.session.id, model_version=stream.batcher.policy.version)
+            await context.write(pb.ServerMessage(welcome=welcome))
+        elif kind == "step":
+            session, batcher, decoder = stream.session, stream.batcher, stream.decoder
+            if session is None or batcher is None or decoder is None:
+                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
+            if isinstance(decoder, AgentsStepDecoder):
+                reply = await self._multi_agent_step(session, batcher, decoder, message.step)
+            else:
+                reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
+            await context.write(reply)
+            self.metrics.step_latency.observe(time.perf_counter() - arrived)
+        elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
+            if stream.session is None:
+                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "close before hello")
+            return False
+        else:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close")
+        return True
 
     async def _open(
         self, hello: pb.Hello
