@@ -3,7 +3,8 @@
 A grpc.aio server with the same `Connect` stream, so the same load clients drive it: raw bytes in,
 the observations decoded as arrays (no validation), one forward pass of the same default model over
 every request that has arrived (greedy batching across streams, up to `max_batch_size` rows, on the
-event loop itself: no thread hand-off), actions sampled, raw bytes out. No episodes, no connectors,
+event loop itself: no thread hand-off; a lone stream's at once, in its own task), actions sampled, raw
+bytes out. No episodes, no connectors,
 no metrics. It answers a hello with a welcome and ends a stream on close.
 
 With `--transport-only` it is the transport floor instead: each step message is parsed and answered at
@@ -49,23 +50,36 @@ class FloorServer:
         self._replies: dict[int, bytes] = {}
         self._queue: deque[tuple[np.ndarray, asyncio.Future]] = deque()
         self._wakeup = asyncio.Event()
+        self._streams = 0  # open streams
 
     async def connect(self, _requests: object, context: grpc.aio.ServicerContext) -> None:
-        while (raw := await context.read()) is not grpc.aio.EOF:
-            message = pb.ClientMessage.FromString(raw)
-            kind = message.WhichOneof("kind")
-            if kind == "hello":
-                await context.write(WELCOME)
-            elif kind == "step" and self.transport_only:
-                await context.write(self._fixed_reply(message.step.obs.tensor.shape[0]))
-            elif kind == "step":
-                future = asyncio.get_running_loop().create_future()
-                self._queue.append((codec.from_value(message.step.obs), future))
-                self._wakeup.set()
-                actions = pb.Actions(actions=codec.to_value(await future))
-                await context.write(pb.ServerMessage(actions=actions).SerializeToString())
-            else:
-                return
+        self._streams += 1
+        try:
+            while (raw := await context.read()) is not grpc.aio.EOF:
+                message = pb.ClientMessage.FromString(raw)
+                kind = message.WhichOneof("kind")
+                if kind == "hello":
+                    await context.write(WELCOME)
+                elif kind == "step" and self.transport_only:
+                    await context.write(self._fixed_reply(message.step.obs.tensor.shape[0]))
+                elif kind == "step":
+                    actions = await self._compute(codec.from_value(message.step.obs))
+                    reply = pb.ServerMessage(actions=pb.Actions(actions=codec.to_value(actions)))
+                    await context.write(reply.SerializeToString())
+                else:
+                    return
+        finally:
+            self._streams -= 1
+
+    async def _compute(self, obs: np.ndarray) -> np.ndarray:
+        """A lone stream's step at once (no other could join its batch, as rlgate's Batcher does), else
+        through the queue."""
+        if self._streams == 1 and not self._queue:
+            return self._actions(obs)
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((obs, future))
+        self._wakeup.set()
+        return await future
 
     async def batch_forever(self) -> None:
         while True:

@@ -7,15 +7,16 @@ forward per module over all their acting agents. Each request gets its slice of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from rlgate.server.batcher import Batcher, Request
+from rlgate.server.batcher import Batcher, Rows
 
 
 class MultiAgentBatcher(Batcher):
     """Batches multi-agent requests: per explore flag, one MultiAgentPolicy.compute over all their episodes."""
 
-    def _forward(self, requests: list[Request], explore: bool) -> tuple[dict[str, Any], int]:
+    def _forward(self, requests: Sequence[Rows], explore: bool) -> tuple[dict[str, Any], int]:
         """One MultiAgentPolicy.compute over all the requests' episodes: per column, one dict per episode."""
         episodes = [episode for request in requests for episode in request.episodes]
         return self.policy.compute(episodes, explore), len(episodes)

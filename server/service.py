@@ -72,13 +72,17 @@ class PolicyService:
         self.settings = settings
         self.metrics = metrics
         self.sessions: dict[str, Session | MultiAgentSession] = {}
-        self.env_steps = 0  # env steps received (transitions), as the rlgate_env_steps counter counts them
         self.non_finite_rejected = {"obs": 0, "reward": 0}  # as rlgate_non_finite_rejected_total counts them
         self.draining = False
         self._get_policy = get_policy
         self._ship = ship
         self._ships = ships
         self._stage_seconds = metrics.stage_seconds
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps received (transitions): the rlgate_env_steps counter."""
+        return int(self.metrics.env_steps.value)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """Requests arrive as raw bytes so that malformed ones get INVALID_ARGUMENT, not INTERNAL."""
@@ -231,7 +235,7 @@ class PolicyService:
         finally:
             batcher.arriving -= 1
         appended = time.thread_time()
-        outputs = await batcher.compute(obs, episodes, session.spec.explore)
+        outputs = await batcher.compute(obs, episodes, session.spec.explore, alone=len(self.sessions) == 1)
         computed = time.thread_time()
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(
@@ -245,7 +249,6 @@ class PolicyService:
         stage_seconds["append"] += appended - decoded
         stage_seconds["encode"] += time.thread_time() - computed
         self.metrics.env_steps.inc(steps)
-        self.env_steps += steps
         return reply
 
     async def _open_multi_agent(self, hello: pb.Hello) -> tuple[MultiAgentSession, Batcher, AgentsStepDecoder]:
@@ -321,7 +324,7 @@ class PolicyService:
             episodes, completed = session.observe(steps)
         finally:
             batcher.arriving -= 1
-        outputs = await batcher.compute(None, episodes, session.spec.explore)
+        outputs = await batcher.compute(None, episodes, session.spec.explore, alone=len(self.sessions) == 1)
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(
             actions=pb.Actions(
@@ -329,7 +332,6 @@ class PolicyService:
             )
         )
         self.metrics.env_steps.inc(completed)
-        self.env_steps += completed
         return reply
 
     def _end(self, session: Session | MultiAgentSession) -> None:
