@@ -105,8 +105,8 @@ class Batcher:
 
         `alone`: no other session is open, so no other request could join this one's batch. With nothing
         queued, no pause and batches on the event loop, the request is then run here at once, as the
-        batcher's task would run it next, without the two task switches of handing it over and back (a
-        third of a lone client's server time on a small model).
+        batcher's task would run it next, without the two task switches of handing it over and back
+        (with the metrics change beside it, 9% of a lone CartPole client's server CPU per step here).
         """
         if alone and self._executor is None and not self._queue and not self.paused():
             return self._compute([Rows(obs, episodes, explore)])[0]
