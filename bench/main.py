@@ -115,21 +115,19 @@ def run(
     lone = Load(1, 1, real_envs)  # B1, also B2's K=1
     b7_load = Load(*B7_LOAD, real_envs)
     transported = sum((load.clients, load.envs) in TRANSPORT_POINTS for load in loads)
-    progress = tqdm(total=2 * len(loads) + transported + 3, desc="rlgate bench", unit="run")
+    progress = tqdm(total=2 * len(loads) + transported + 2, desc="rlgate bench", unit="run")
     measured: dict[tuple[str, Load], dict[str, Any]] = {}
     servers = {}
     try:
         servers["rlgate"] = ServerProcess("rlgate", SERVE, server_cores, logs / "rlgate.log")
         servers["floor"] = ServerProcess("rlgate.bench.floor", FLOOR, server_cores, logs / "floor.log")
-        servers["no-wait"] = ServerProcess("rlgate", [*SERVE, "--max-wait-us", "0"], server_cores, logs / "no-wait.log")
         transport = [*FLOOR, "--transport-only"]
         servers["transport"] = ServerProcess("rlgate.bench.floor", transport, server_cores, logs / "transport.log")
         for server in servers.values():  # started together, waited for in turn
             server.wait_serving()
         for load in loads:
-            # Interleaved, so drift on a shared host hits both alike. The no-wait server (no batching
-            # delay at all) only serves the lone client: its round trip is what B1's is checked against.
-            names = ["rlgate", "floor"] + ["no-wait"] * (load == lone)
+            # Interleaved, so drift on a shared host hits both alike.
+            names = ["rlgate", "floor"]
             names += ["transport"] * ((load.clients, load.envs) in TRANSPORT_POINTS)
             for name in names:
                 progress.set_postfix_str(f"{name} {load.label}")
@@ -178,10 +176,7 @@ def _records(
         if ("transport", load) in measured:
             point.update({f"transport_{key}": measured["transport", load][key] for key in TRANSPORT})
         if load == lone:
-            no_wait = measured["no-wait", load]
-            records.append(
-                {"scenario": "B1", **point, "no_wait_p50_ms": no_wait["p50_ms"], "no_wait_p99_ms": no_wait["p99_ms"]}
-            )
+            records.append({"scenario": "B1", **point})
         records.append({"scenario": "B2" if load.envs == 1 else "B3", **point})
         records.append({"scenario": "B4", **point, **{key: rlgate[key] for key in ("stages_us", "queue_wait_us")}})
     b7 = measured["hand-off", b7_load]

@@ -113,13 +113,7 @@ def render(records: list[Record]) -> str:
             for r in by_scenario["B7"]
         ],
     )  # fmt: skip
-    lone = [
-        f"B1 lone client, default batching (max_wait_us 200): p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms; "
-        f"with --max-wait-us 0: p50 {r['no_wait_p50_ms']:.3f} ms, p99 {r['no_wait_p99_ms']:.3f} ms "
-        f"(x{r['p50_ms'] / r['no_wait_p50_ms']:.2f} at p50)"
-        for r in by_scenario["B1"]
-    ]
-    return "\n\n".join([throughput, floors, LIMITS, *lone, stages, hand_off, goals(records)])
+    return "\n\n".join([throughput, floors, LIMITS, stages, hand_off, goals(records)])
 
 
 def goals(records: list[Record]) -> str:

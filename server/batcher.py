@@ -1,10 +1,11 @@
 """Dynamic batching: many sessions' step requests, one forward pass.
 
 Greedy, with no fixed delay: whenever the previous batch is done, the batcher takes every request
-that has arrived (up to `max_batch_size` env steps) and runs it at once. It waits up to `max_wait_us`
-only while more requests are known to be on their way (messages received but still being decoded),
-so a lone client never pays for batching. Requests of sessions that explore and of sessions that act
-greedily go into separate forward passes.
+that has arrived (up to `max_batch_size` env steps) and runs it at once, so a lone client never pays
+for batching. Nothing waits for requests still to come: stream handlers decode and queue a message
+without yielding to the event loop, so by the time the batcher's task runs, every message read since
+the last batch is queued. Requests of sessions that explore and of sessions that act greedily go into
+separate forward passes.
 
 Sampling keeps the learner's pace: the batcher pauses while `waiting_for_acks()` says the learner has
 not taken enough of what this server shipped (the learner's window of unacknowledged steps), and while
@@ -64,7 +65,6 @@ class Batcher:
         policy: Policy,
         *,
         max_batch_size: int,
-        max_wait_us: int,
         metrics: ServerMetrics,
         waiting_for_acks: Callable[[], bool] = lambda: False,
         flush: Callable[[], None] = lambda: None,
@@ -76,10 +76,7 @@ class Batcher:
         self._flush = flush
         self._backlogged = backlogged
         self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_us / 1e6
         self.metrics = metrics
-        # Messages received and being decoded: requests known to be on their way.
-        self.arriving = 0
         self._queue: deque[Request] = deque()
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-inference") if thread else None
@@ -151,7 +148,6 @@ class Batcher:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._queue and not self.paused():
-                await self._gather_arriving()
                 taken = self._take()
                 try:
                     if self._executor is None:
@@ -168,22 +164,6 @@ class Batcher:
                         request.future.set_result(result)
                 await asyncio.sleep(0)  # let the streams answered, and those whose messages arrived, go on
             self._flush_if_waiting_for_acks()
-
-    async def _gather_arriving(self) -> None:
-        """While requests are known to be on their way and the batch is not full, wait up to max_wait."""
-        deadline = time.perf_counter() + self.max_wait_s
-        while self.arriving and self._rows_queued() < self.max_batch_size:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                return
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
-                return
-
-    def _rows_queued(self) -> int:
-        return sum(len(r.episodes) for r in self._queue)
 
     def _take(self) -> list[Request]:
         """Requests for one batch: whole requests, up to max_batch_size rows (at least one request)."""

@@ -364,7 +364,6 @@ class InferenceServer:
             flush=self._flush_sessions,
             backlogged=self.learner.full if self.learner else lambda: False,
             max_batch_size=s.max_batch_size,
-            max_wait_us=s.max_wait_us,
             metrics=self.metrics,
             thread=s.device == "cuda" if s.inference_thread is None else s.inference_thread,
         )

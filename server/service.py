@@ -227,13 +227,9 @@ class PolicyService:
     ) -> pb.ServerMessage:
         """Decode, append, wait for the batch, record, answer; the stage counters take this thread's CPU time
         (not wall time, which would count other threads' turns on the same core too)."""
-        batcher.arriving += 1
-        try:
-            obs, rewards, terminateds, truncateds, infos = decoder.decode(step, session.resets_only)
-            decoded = time.thread_time()
-            episodes, steps = session.observe(obs, rewards, terminateds, truncateds, infos)
-        finally:
-            batcher.arriving -= 1
+        obs, rewards, terminateds, truncateds, infos = decoder.decode(step, session.resets_only)
+        decoded = time.thread_time()
+        episodes, steps = session.observe(obs, rewards, terminateds, truncateds, infos)
         appended = time.thread_time()
         outputs = await batcher.compute(obs, episodes, session.spec.explore, alone=len(self.sessions) == 1)
         computed = time.thread_time()
@@ -318,12 +314,8 @@ class PolicyService:
         self, session: MultiAgentSession, batcher: Batcher, decoder: AgentsStepDecoder, step: pb.Step
     ) -> pb.ServerMessage:
         """Decode the sub-envs' agent steps, record them, wait for the batch, answer the acting agents."""
-        batcher.arriving += 1
-        try:
-            steps = decoder.decode(step)
-            episodes, completed = session.observe(steps)
-        finally:
-            batcher.arriving -= 1
+        steps = decoder.decode(step)
+        episodes, completed = session.observe(steps)
         outputs = await batcher.compute(None, episodes, session.spec.explore, alone=len(self.sessions) == 1)
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(

@@ -75,11 +75,6 @@ class ServerSettings(ServiceSettings):
         description="Seed of this server's action sampling (and of a fresh model's weights, unless its spec has one).",
     )
     max_batch_size: int = Field(256, ge=1, description="Most env steps in one forward pass.")
-    max_wait_us: int = Field(
-        200,
-        ge=0,
-        description="Longest a batch waits for requests known to be on their way (never a fixed delay).",
-    )
     max_sessions: int = Field(1024, ge=1, description="Open sessions allowed; more get RESOURCE_EXHAUSTED.")
     max_envs_per_session: int = Field(1024, ge=1, description="Most sub-envs one session may declare.")
     max_fresh_space_size: int = Field(

@@ -19,7 +19,7 @@ def batcher_and_rows(paused: list[bool]) -> tuple[Batcher, np.ndarray, object]:
     """A batcher (not started: its task never runs) over a fresh policy, and one session's first rows."""
     metrics = ServerMetrics()
     policy = Policy.create(RunSpec(), BOX4, DISCRETE2, metrics=metrics, seed=0)
-    batcher = Batcher(policy, max_batch_size=256, max_wait_us=0, metrics=metrics, waiting_for_acks=lambda: paused[0])
+    batcher = Batcher(policy, max_batch_size=256, metrics=metrics, waiting_for_acks=lambda: paused[0])
     session = Session(SessionSpec("t", BOX4, DISCRETE2, 3, explore=True), rollout_fragment_length=8, lookback=1)
     obs = np.zeros((3, 4), np.float32)
     episodes, _ = session.observe(obs, np.zeros(3, np.float32), np.zeros(3, bool), np.zeros(3, bool), None)
