@@ -175,7 +175,9 @@ class Learner:
         episodes) ships its running episodes and pauses until the next update takes its batch and the held
         ack comes. So sampling overlaps training by one version, and no topology piles up data the learner
         cannot use. (The window of unacknowledged steps the weights tell servers, `max_unacked_steps`,
-        bounds them while no ack comes at all.)
+        bounds them while no ack comes at all.) Without `algorithm.overlap_sampling` nothing is taken while
+        an update runs: the ack that filled the batch said room 0, so the servers wait, and each batch is
+        sampled by the version it trains.
         """
         async with self._intake_changed:
             await self._intake_changed.wait_for(lambda: self._room() > 0)
@@ -193,7 +195,9 @@ class Learner:
         return ack
 
     def _room(self) -> int:
-        """Env steps the next update still needs."""
+        """Env steps the next update still needs; none while an update runs without `overlap_sampling`."""
+        if self.updating_since is not None and not self.spec.algorithm.overlap_sampling:
+            return 0
         return max(0, self.spec.algorithm.train_batch_size - self.intake.pending_steps)
 
     async def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
@@ -260,6 +264,8 @@ class Learner:
             return
         finally:
             self.updating_since = None
+            async with self._intake_changed:  # room again, where overlap_sampling withheld it
+                self._intake_changed.notify_all()
         seconds = time.perf_counter() - started
         self.last_update = {**stats, "seconds": seconds, "version": self.trainer.version}
         if "skipped" in stats:

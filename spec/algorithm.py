@@ -51,6 +51,14 @@ class PPOConfig(BaseModel):
         "of around the behaviour policy that chose the action (RLlib's PPO). Sampling overlaps training, so the "
         "behaviour policy lags some versions, and clipping around it cuts off much of a batch before the first step.",
     )
+    overlap_sampling: bool = Field(
+        True,
+        description="Servers sample the next train batch while an update runs, so each batch was sampled by the "
+        "version before the one it trains (one version of lag; the wall time of sampling hides behind training's). "
+        "False: the learner acknowledges nothing during an update, so servers pause and each batch is sampled by "
+        "the version it trains (on-policy, as SB3's and RLlib's PPO), at the cost of sampling and training taking "
+        "turns.",
+    )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     grad_clip: float = Field(0.5, gt=0, description="Max global gradient norm.")
