@@ -4,8 +4,8 @@ A grpc.aio server with the same `Connect` stream, so the same load clients drive
 the observations decoded as arrays (no validation), one forward pass of the same default model over
 every request that has arrived (greedy batching across streams, up to `max_batch_size` rows, on the
 event loop itself: no thread hand-off; a lone stream's at once, in its own task), actions sampled, raw
-bytes out. No episodes, no connectors,
-no metrics. It answers a hello with a welcome and ends a stream on close.
+bytes out. No episodes, no connectors, no metrics. It answers a hello with a welcome and ends a stream
+on close.
 
 With `--transport-only` it is the transport floor instead: each step message is parsed and answered at
 once with zero actions serialized once per env count, with no model and no batching. What that costs is

@@ -88,9 +88,9 @@ class HotCounter(Collector):
     """A counter added to on the hot path: a plain float, exported as a prometheus counter when scraped.
 
     prometheus_client's Counter.inc() is four Python calls and a lock (and its Histogram.observe() a lock
-    and a walk over the buckets): ~10 us of a lone client's step on this project's machines. Here each
-    metric has one writer thread (the event loop, or the batches' thread) and the scrape only reads, so
-    plain numbers need no lock.
+    and a walk over the buckets): three observes and an inc per step cost ~6 us in a hot loop here, more
+    on a server's cold path. Here each metric has one writer thread (the event loop, or the batches'
+    thread) and the scrape only reads, so plain numbers need no lock.
     """
 
     def __init__(self, name: str, documentation: str, *, registry: CollectorRegistry) -> None:
