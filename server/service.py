@@ -84,6 +84,10 @@ class PolicyService:
         """Env steps received (transitions): the rlgate_env_steps counter."""
         return int(self.metrics.env_steps.value)
 
+    def _lone_session(self) -> bool:
+        """Whether one session alone is open: no other could share its batch."""
+        return len(self.sessions) == 1
+
     def handler(self) -> grpc.GenericRpcHandler:
         """Requests arrive as raw bytes so that malformed ones get INVALID_ARGUMENT, not INTERNAL."""
         connect = grpc.stream_stream_rpc_method_handler(
@@ -231,7 +235,7 @@ class PolicyService:
         decoded = time.thread_time()
         episodes, steps = session.observe(obs, rewards, terminateds, truncateds, infos)
         appended = time.thread_time()
-        outputs = await batcher.compute(obs, episodes, session.spec.explore, alone=len(self.sessions) == 1)
+        outputs = await batcher.compute(obs, episodes, session.spec.explore, alone=self._lone_session())
         computed = time.thread_time()
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(
@@ -316,7 +320,7 @@ class PolicyService:
         """Decode the sub-envs' agent steps, record them, wait for the batch, answer the acting agents."""
         steps = decoder.decode(step)
         episodes, completed = session.observe(steps)
-        outputs = await batcher.compute(None, episodes, session.spec.explore, alone=len(self.sessions) == 1)
+        outputs = await batcher.compute(None, episodes, session.spec.explore, alone=self._lone_session())
         self._ship(session.record(outputs))
         reply = pb.ServerMessage(
             actions=pb.Actions(

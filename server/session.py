@@ -168,7 +168,7 @@ class Session:
         end = self._recorded_row()
         done = self._take_done() if end == self._row else []
         running = self._live & (end > self._start)
-        unfinished = [self._episode(int(i), end, truncated=True) for i in np.flatnonzero(running) if self._ships]
+        unfinished = self._chunks(np.flatnonzero(running), end, truncated=True)
         self._live[:] = False
         return done + unfinished
 
@@ -183,7 +183,7 @@ class Session:
         self._any_done = False
         done = np.flatnonzero(self._done & self._live)
         self._live[done] = False
-        return [self._episode(int(i), self._row) for i in done] if self._ships else []
+        return self._chunks(done, self._row)
 
     def _cut(self, due: np.ndarray, end: int) -> list[SingleAgentEpisode]:
         """Ship the running episodes among `due` up to row `end`; each goes on as the next chunk from there.
@@ -193,13 +193,17 @@ class Session:
         rows = np.flatnonzero(due & self._live)
         if not rows.size:
             return []
-        chunks = [self._episode(int(i), end) for i in rows] if self._ships else []
+        chunks = self._chunks(rows, end)
         self._t_started[rows] += end - self._start[rows]
         self._chunk[rows] += 1
         self._start[rows] = end
         self._first_start = int(self._start.min())
         self._lookback_start[rows] = np.maximum(end - self._lookback, self._lookback_start[rows])
         return chunks
+
+    def _chunks(self, rows: np.ndarray, end: int, *, truncated: bool = False) -> list[SingleAgentEpisode]:
+        """These sub-envs' running episodes up to row `end`, as chunks to ship; none when nothing takes them."""
+        return [self._episode(int(i), end, truncated=truncated) for i in rows] if self._ships else []
 
     def _episode(self, i: int, end: int, *, truncated: bool = False) -> SingleAgentEpisode:
         """Sub-env i's running episode (chunk) up to row `end`, as a SingleAgentEpisode (with the pending
