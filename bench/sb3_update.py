@@ -134,7 +134,7 @@ def compare(seed: int, steps: int, epochs: int) -> dict[str, float]:
         entropy_coeff=ENTROPY,
     )
     optimizer = torch.optim.Adam(module.parameters(), lr=LR, eps=1e-5)  # SB3's and rlgate's Trainer's Adam
-    ppo_update(module, optimizer, batch, config, _Permutations(perms), clip=0.2)  # type: ignore[arg-type]
+    ppo_update(module, optimizer, batch, config, _Permutations(perms))  # type: ignore[arg-type]
     ours, theirs = module.state_dict(), sb3.policy.state_dict()
     for name, sb3_name in pairs:
         result[name] = float((ours[name] - theirs[sb3_name]).abs().max())

@@ -39,6 +39,7 @@ COLUMNS: dict[str, str | None] = {
     "explained_variance": "train/explained_variance",
     "lr": "train/lr",
     "clip_param": "train/clip_param",
+    "entropy_coeff": "train/entropy_coeff",
     "train_steps": "data/train_steps",
     "staleness": "data/staleness",
     "stale_steps": "data/stale_steps",

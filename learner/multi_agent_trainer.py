@@ -21,9 +21,9 @@ from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.ppo import ppo_update
-from rlgate.learner.trainer import Snapshot, skipped_reason
+from rlgate.learner.trainer import Snapshot, scheduled_values, skipped_reason
 from rlgate.models import MultiRLModule
-from rlgate.spec.algorithm import PPOConfig, scheduled
+from rlgate.spec.algorithm import PPOConfig
 
 
 class MultiAgentTrainer:
@@ -53,7 +53,7 @@ class MultiAgentTrainer:
         self.version = version
         self.module_versions = {m: (module_versions or {}).get(m, 0) for m in module}
         self.env_steps = env_steps  # trained on (counted by count_steps_by) by every update since version 0
-        lr = scheduled(config.lr, env_steps)
+        lr = config.at(env_steps).lr
         self.optimizer = {m: torch.optim.Adam(module[m].parameters(), lr=lr, eps=1e-5) for m in trainable}
         for module_id, state in (optimizer_states or {}).items():
             if module_id in self.optimizer:
@@ -78,7 +78,7 @@ class MultiAgentTrainer:
         untrained = sum(len(e) for e in episodes if e.module_id not in self.trainable)
         episodes = [e for e in episodes if e.module_id in self.trainable]
         batch = self.pipeline(rl_module=self.module, batch={}, episodes=episodes, explore=False, shared_data=shared)
-        lr, clip = scheduled(self.config.lr, self.env_steps), scheduled(self.config.clip_param, self.env_steps)
+        config = self.config.at(self.env_steps)
         parts: dict[str, dict[str, float]] = {}
         before: dict[str, Snapshot] = {}
         real, stale, staleness = 0, 0, []
@@ -95,10 +95,10 @@ class MultiAgentTrainer:
             if not mask.any():
                 continue
             for group in self.optimizer[module_id].param_groups:
-                group["lr"] = lr
+                group["lr"] = config.lr
             before[module_id] = Snapshot(self.module[module_id], self.optimizer[module_id])
             parts[module_id] = ppo_update(
-                self.module[module_id], self.optimizer[module_id], module_batch, self.config, self._rng, clip
+                self.module[module_id], self.optimizer[module_id], module_batch, config, self._rng
             )
         counts = {"env_steps": trained, "agent_steps": real, "stale_steps": stale, "untrained_steps": untrained}
         bad = [f"{module_id}.{name}" for module_id, snapshot in before.items() for name in snapshot.nonfinite_now()]
@@ -116,8 +116,7 @@ class MultiAgentTrainer:
         lags = torch.cat(staleness) if staleness else torch.zeros(0)
         return {
             **stats,
-            "lr": lr,
-            "clip_param": clip,
+            **scheduled_values(config),
             "modules": parts,
             **counts,
             "staleness": float(lags.mean()) if lags.numel() else 0.0,

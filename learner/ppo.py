@@ -28,10 +28,11 @@ from rlgate.spec.algorithm import PPOConfig
 MAX_IMPORTANCE_WEIGHT = 2.0
 
 
-def ppo_loss(
-    module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig, clip: float
-) -> tuple[torch.Tensor, dict]:
-    """Total loss of one minibatch, and its parts and diagnostics (clip fraction, explained variance) for logging."""
+def ppo_loss(module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig) -> tuple[torch.Tensor, dict]:
+    """Total loss of one minibatch, and its parts and diagnostics (clip fraction, explained variance) for logging.
+
+    `config` is one update's (`PPOConfig.at`): its clip_param and entropy_coeff are numbers, not schedules."""
+    clip, entropy_coeff = float(config.clip_param), float(config.entropy_coeff)  # type: ignore[arg-type]
     outputs = module.forward_train(batch)
     dist = module.get_train_action_dist_cls().from_logits(outputs[Columns.ACTION_DIST_INPUTS])
     logp = dist.logp(batch[Columns.ACTIONS])
@@ -50,7 +51,7 @@ def ppo_loss(
         return (x * mask).sum() / mask.sum().clamp(min=1)
 
     policy_loss = -mean(surrogate)
-    total = policy_loss + config.vf_loss_coeff * mean(vf_loss) - config.entropy_coeff * mean(entropy)
+    total = policy_loss + config.vf_loss_coeff * mean(vf_loss) - entropy_coeff * mean(entropy)
     with torch.no_grad():
         kl = mean((ratio - 1) - log_ratio)  # the low-variance estimator of KL(proximal || new)
         clip_fraction = mean(((ratio - 1).abs() > clip).float())
@@ -92,10 +93,9 @@ def ppo_update(
     batch: dict[str, torch.Tensor],
     config: PPOConfig,
     rng: np.random.Generator,
-    clip: float,
 ) -> dict[str, Any]:
-    """`num_epochs` passes of minibatch SGD over the batch (ratio clipped at 1 +- `clip`, the clip_param
-    schedule's value now); returns the mean of each loss part. Each row's PROXIMAL_ACTION_LOGP is the
+    """`num_epochs` passes of minibatch SGD over the batch, with one update's hyper-parameters (`config`, from
+    `PPOConfig.at`); returns the mean of each loss part. Each row's PROXIMAL_ACTION_LOGP is the
     module's own before the first step with `proximal_clip`, else the behaviour policy's.
 
     A stateless module's masked rows (each chunk's bootstrap step, stale steps) are left out first: they
@@ -117,7 +117,7 @@ def ppo_update(
         for start in range(0, size, config.minibatch_size):
             rows = order[start : start + config.minibatch_size]
             minibatch = {k: v[rows] for k, v in batch.items()}
-            loss, parts = ppo_loss(module, minibatch, config, clip)
+            loss, parts = ppo_loss(module, minibatch, config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)

@@ -18,7 +18,7 @@ from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.ppo import ppo_update
 from rlgate.models import RLModule
-from rlgate.spec.algorithm import PPOConfig, scheduled
+from rlgate.spec.algorithm import SCHEDULED, PPOConfig
 
 
 class Trainer:
@@ -43,11 +43,11 @@ class Trainer:
         self.version = version
         self.env_steps = env_steps  # trained on by every update since version 0 (kept in checkpoints)
         self.max_staleness = max_staleness
-        self.optimizer = torch.optim.Adam(module.parameters(), lr=scheduled(config.lr, env_steps), eps=1e-5)
+        self.optimizer = torch.optim.Adam(module.parameters(), lr=config.at(env_steps).lr, eps=1e-5)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
             for group in self.optimizer.param_groups:  # the spec's lr (schedule), not the checkpoint's
-                group["lr"] = scheduled(config.lr, env_steps)
+                group["lr"] = config.at(env_steps).lr
         self._rng = np.random.default_rng(seed)
 
     @property
@@ -72,23 +72,28 @@ class Trainer:
             mask = mask & (staleness <= self.max_staleness)
         batch[Columns.LOSS_MASK] = mask
         used = int(mask.sum())
-        lr, clip = scheduled(self.config.lr, self.env_steps), scheduled(self.config.clip_param, self.env_steps)
+        config = self.config.at(self.env_steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = config.lr
         counts = {
             "env_steps": real_steps,
             "stale_steps": real_steps - used,
             "staleness": float(staleness[mask].mean()) if used else 0.0,
         }
         before = Snapshot(self.module, self.optimizer)
-        stats = ppo_update(self.module, self.optimizer, batch, self.config, self._rng, clip) if used else {}
+        stats = ppo_update(self.module, self.optimizer, batch, config, self._rng) if used else {}
         bad = before.nonfinite_now()
         if bad:
             before.restore()
             return {**counts, "skipped": skipped_reason(bad)}
         self.version += 1
         self.env_steps += real_steps
-        return {**stats, "lr": lr, "clip_param": clip, **counts}
+        return {**stats, **scheduled_values(config), **counts}
+
+
+def scheduled_values(config: PPOConfig) -> dict[str, float]:
+    """One update's values of the scheduled hyper-parameters, for its stats (lr, clip_param, entropy_coeff)."""
+    return {name: getattr(config, name) for name in SCHEDULED}
 
 
 class Snapshot:

@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 Schedule = Annotated[list[tuple[Annotated[int, Field(ge=0)], float]], Field(min_length=1)]
 
 
+#: The fields that take a schedule.
+SCHEDULED = ("lr", "clip_param", "entropy_coeff")
+
+
 def scheduled(value: float | list[tuple[int, float]], env_steps: int) -> float:
     """The value of a constant, or of a schedule after `env_steps` env steps trained."""
     if isinstance(value, int | float):
@@ -25,8 +29,9 @@ class PPOConfig(BaseModel):
     """PPO's hyper-parameters, each declared (with its default) only here; the `[algorithm]` of a run spec.
 
     The defaults are rl-zoo's CartPole-v1 settings (gamma 0.98, lambda 0.8, 20 epochs, lr 1e-3), which
-    learn in tens of thousands of env steps. Every field is a flag (`--spec.algorithm.lr 3e-4`); `lr` and
-    `clip_param` also take a schedule over env steps trained (`lr = [[0, 1e-3], [100000, 0]]`).
+    learn in tens of thousands of env steps. Every field is a flag (`--spec.algorithm.lr 3e-4`); `lr`,
+    `clip_param` and `entropy_coeff` also take a schedule over env steps trained (`lr = [[0, 1e-3], [100000, 0]]`),
+    as RLlib's do; `at(env_steps)` gives their values for one update.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -60,7 +65,7 @@ class PPOConfig(BaseModel):
         "turns.",
     )
     vf_loss_coeff: float = Field(0.5, ge=0, description="Weight of the value loss.")
-    entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    entropy_coeff: float | Schedule = Field(0.0, description="Weight of the entropy bonus, or a schedule.")
     grad_clip: float = Field(0.5, gt=0, description="Max global gradient norm.")
 
     def max_unacked_steps(self, servers: int) -> int:
@@ -68,7 +73,11 @@ class PPOConfig(BaseModel):
         pacing): half a train batch shared among them, so that what waits on them while an update runs is fresh."""
         return max(1, self.train_batch_size // (2 * max(servers, 1)))
 
-    @field_validator("lr", "clip_param", mode="before")
+    def at(self, env_steps: int) -> PPOConfig:
+        """The hyper-parameters of the update after `env_steps` env steps trained: each schedule's value then."""
+        return self.model_copy(update={name: scheduled(getattr(self, name), env_steps) for name in SCHEDULED})
+
+    @field_validator(*SCHEDULED, mode="before")
     @classmethod
     def _one_number(cls, value: Any) -> Any:
         """A flag gives `--spec.algorithm.lr 3e-4` as [3e-4] (the field may be a list): one number is a number."""
@@ -79,9 +88,16 @@ class PPOConfig(BaseModel):
     @field_validator("lr", "clip_param")
     @classmethod
     def _positive(cls, value: float | list[tuple[int, float]]) -> float | list[tuple[int, float]]:
+        if isinstance(value, int | float) and value <= 0:
+            raise ValueError("must be greater than 0")
+        return value
+
+    @field_validator(*SCHEDULED)
+    @classmethod
+    def _schedule(cls, value: float | list[tuple[int, float]]) -> float | list[tuple[int, float]]:
         if isinstance(value, int | float):
-            if value <= 0:
-                raise ValueError("must be greater than 0")
+            if value < 0:
+                raise ValueError("must not be negative")
             return value
         if any(v < 0 for _, v in value):
             raise ValueError("a schedule's values must not be negative")

@@ -38,7 +38,7 @@ def lagged(learner_settings, cartpole_chunks):
         # What ppo_update sets before its first step.
         rows[Columns.PROXIMAL_ACTION_LOGP] = action_logp(module, rows) if proximal_clip else rows[Columns.ACTION_LOGP]
         module.zero_grad(set_to_none=True)
-        total, stats = ppo_loss(module, rows, config, clip=0.2)
+        total, stats = ppo_loss(module, rows, config.at(0))
         total.backward()
         return torch.cat([p.grad.flatten() for p in module.pi.parameters()]), stats
 
@@ -83,7 +83,7 @@ def test_masked_rows_take_no_part_in_the_minibatches(learner_settings, cartpole_
         module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
         module.load_state_dict(template.state_dict())
         optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
-        ppo_update(module, optimizer, dict(rows), config, np.random.default_rng(0), clip=0.2)
+        ppo_update(module, optimizer, dict(rows), config.at(0), np.random.default_rng(0))
         weights.append(torch.cat([p.detach().flatten() for p in module.parameters()]))
     assert torch.equal(weights[0], weights[1])
     assert not torch.equal(weights[0], torch.cat([p.flatten() for p in template.parameters()]))

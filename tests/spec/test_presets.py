@@ -55,3 +55,16 @@ def test_schedules_are_linear_between_their_points_and_constant_after() -> None:
     assert scheduled(config.lr, 5000) == 0.0 and scheduled(config.clip_param, 10**9) == 0.2
     with pytest.raises(ValueError, match="must increase"):
         PPOConfig(lr=[[10, 1e-3], [0, 0.0]])
+
+
+def test_one_updates_config_holds_each_schedules_value_then() -> None:
+    """`at(env_steps)`: what an update trains with; RLlib's entropy_coeff takes a schedule too, and may reach 0."""
+    config = PPOConfig(lr=[[0, 1e-3], [1000, 0.0]], entropy_coeff=[[0, 0.01], [1000, 0.0]], num_epochs=3)
+    now = config.at(250)
+    assert (now.lr, now.clip_param, now.num_epochs) == (pytest.approx(7.5e-4), 0.2, 3)
+    assert now.entropy_coeff == pytest.approx(0.0075) and config.at(2000).entropy_coeff == 0.0
+    assert isinstance(config.entropy_coeff, list)  # the spec's own schedule stays
+    assert UpSettings(_cli_parse_args=["--spec.algorithm.entropy-coeff", "0.02"]).spec.algorithm.entropy_coeff == 0.02
+    for bad in (-0.01, [[0, 0.01], [10, -0.01]]):
+        with pytest.raises(ValueError, match="negative"):
+            PPOConfig(entropy_coeff=bad)
