@@ -74,8 +74,9 @@ def _episodes(buffer, last_obs: np.ndarray, last_dones: np.ndarray) -> list[Sing
     return [episode.to_numpy() for episode in episodes]
 
 
-def compare(seed: int, steps: int, epochs: int) -> dict[str, float]:
-    """Run both updates; return the largest differences (name -> max |rlgate - SB3|) and moves."""
+def compare(seed: int, steps: int, epochs: int) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Run both updates. Returns max |rlgate - SB3| of the value targets and advantages, and per weight
+    (max |rlgate - SB3|, how far SB3's update moved it)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common import buffers
     from stable_baselines3.common.env_util import make_vec_env
@@ -115,7 +116,7 @@ def compare(seed: int, steps: int, epochs: int) -> dict[str, float]:
 
     advantages = flat(buffer.advantages)
     mean, std = advantages.mean(), max(1e-4, float(advantages.std()))
-    result = {
+    gae = {
         "value targets": float(np.abs(batch[Columns.VALUE_TARGETS][mask].numpy() - flat(buffer.returns)).max()),
         "advantages": float(np.abs(batch[Columns.ADVANTAGES][mask].numpy() - (advantages - mean) / std).max()),
     }
@@ -136,10 +137,14 @@ def compare(seed: int, steps: int, epochs: int) -> dict[str, float]:
     optimizer = torch.optim.Adam(module.parameters(), lr=LR, eps=1e-5)  # SB3's and rlgate's Trainer's Adam
     ppo_update(module, optimizer, batch, config, _Permutations(perms))  # type: ignore[arg-type]
     ours, theirs = module.state_dict(), sb3.policy.state_dict()
-    for name, sb3_name in pairs:
-        result[name] = float((ours[name] - theirs[sb3_name]).abs().max())
-        result[f"{name} moved"] = float((theirs[sb3_name] - start[sb3_name]).abs().max())
-    return result
+    weights = {
+        name: (
+            float((ours[name] - theirs[sb3_name]).abs().max()),
+            float((theirs[sb3_name] - start[sb3_name]).abs().max()),
+        )
+        for name, sb3_name in pairs
+    }
+    return gae, weights
 
 
 def main() -> None:
@@ -150,14 +155,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     try:
-        result = compare(args.seed, args.steps, args.epochs)
+        gae, weights = compare(args.seed, args.steps, args.epochs)
     except ValueError as exc:
         parser.error(str(exc))
-    for name in ("value targets", "advantages"):
-        print(f"{name:>28}: max |rlgate - SB3| {result[name]:.2e}")
-    for name, value in result.items():
-        if name not in ("value targets", "advantages") and not name.endswith(" moved"):
-            print(f"{name:>28}: max |rlgate - SB3| {value:.2e} (the update moved it {result[name + ' moved']:.2e})")
+    for name, difference in gae.items():
+        print(f"{name:>28}: max |rlgate - SB3| {difference:.2e}")
+    for name, (difference, moved) in weights.items():
+        print(f"{name:>28}: max |rlgate - SB3| {difference:.2e} (the update moved it {moved:.2e})")
 
 
 if __name__ == "__main__":

@@ -84,14 +84,14 @@ def screen(env_id: str, seed: int, max_steps: int, goal: float, overrides: list[
                     episodes[i] = SingleAgentEpisode()
                     episodes[i].add_env_reset(obs[i])
                     continue
-                outputs = {Columns.ACTION_LOGP: logps[i], Columns.MODEL_VERSION: trainer.version}
+                extra = {Columns.ACTION_LOGP: logps[i], Columns.MODEL_VERSION: trainer.version}
                 episodes[i].add_env_step(
                     obs[i],
                     actions[i],
                     float(rewards[i]),
                     terminated=bool(terminateds[i]),
                     truncated=bool(truncateds[i]),
-                    extra_model_outputs=outputs,
+                    extra_model_outputs=extra,
                 )
                 steps += 1
                 running[i] += rewards[i]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 #: A value that changes over training: [[env_steps, value], ...], linear in between and constant after the last
 #: point (RLlib's schedule format), e.g. [[0, 1e-3], [100000, 0.0]] for SB3's "lin_1e-3" over 100k steps.
@@ -85,19 +85,15 @@ class PPOConfig(BaseModel):
             return value[0]
         return value
 
-    @field_validator("lr", "clip_param")
-    @classmethod
-    def _positive(cls, value: float | list[tuple[int, float]]) -> float | list[tuple[int, float]]:
-        if isinstance(value, int | float) and value <= 0:
-            raise ValueError("must be greater than 0")
-        return value
-
     @field_validator(*SCHEDULED)
     @classmethod
-    def _schedule(cls, value: float | list[tuple[int, float]]) -> float | list[tuple[int, float]]:
+    def _valid(cls, value: float | list[tuple[int, float]], info: ValidationInfo) -> float | list[tuple[int, float]]:
+        """A number: positive (the entropy bonus may be 0). A schedule: values not negative, env steps increasing."""
         if isinstance(value, int | float):
-            if value < 0:
+            if info.field_name == "entropy_coeff" and value < 0:
                 raise ValueError("must not be negative")
+            if info.field_name != "entropy_coeff" and value <= 0:
+                raise ValueError("must be greater than 0")
             return value
         if any(v < 0 for _, v in value):
             raise ValueError("a schedule's values must not be negative")
