@@ -14,10 +14,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlgate.connectors import ConnectorPipelineV2
+from rlgate.connectors import ConnectorPipelineV2, ConnectorV2
+from rlgate.connectors.batching import is_batched
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.models import RLModule, load_weights
+from rlgate.server.default_pieces import acting_pieces
 from rlgate.server.metrics import ServerMetrics
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.policy import build_policy
@@ -48,6 +50,8 @@ class Policy:
         self.version = version
         self._metrics = metrics
         self._stage_seconds = metrics.stage_seconds
+        self._pipelines: tuple[list[ConnectorV2], list[ConnectorV2]] = ([env_to_module], [module_to_env])
+        self._acting = acting_pieces(module, env_to_module, module_to_env)
         metrics.model_version.set(version)
 
     @classmethod
@@ -98,23 +102,21 @@ class Policy:
         The stage counters take the CPU time, per stage, of the thread running the batch.
         """
         shared: dict[str, Any] = {}
+        # Batched observations and the default pieces alone: only the pieces that act (server.default_pieces).
+        env_to_module, module_to_env = self._acting if self._acting and is_batched(obs) else self._pipelines
+        module = self.module
         # One inference_mode for all three stages: torch ops in the pipelines (to tensors, sampling, logp)
         # then skip autograd's dispatch too, not only the forward's.
         with torch.inference_mode():
             t0 = time.thread_time()
-            batch = self.env_to_module(
-                rl_module=self.module,
-                batch={Columns.OBS: obs},
-                episodes=episodes,
-                explore=explore,
-                shared_data=shared,
-            )
+            batch = {Columns.OBS: obs}
+            for piece in env_to_module:
+                batch = piece(rl_module=module, batch=batch, episodes=episodes, explore=explore, shared_data=shared)
             t1 = time.thread_time()
-            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
+            outputs = module.forward_exploration(batch) if explore else module.forward_inference(batch)
             t2 = time.thread_time()
-            outputs = self.module_to_env(
-                rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
-            )
+            for piece in module_to_env:
+                outputs = piece(rl_module=module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared)
             outputs[Columns.MODEL_VERSION] = np.full(len(episodes), self.version, dtype=np.int64)
             t3 = time.thread_time()
         self._count_stages(t0, t1, t2, t3)

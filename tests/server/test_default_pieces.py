@@ -1,0 +1,73 @@
+"""The served policy's default pieces on the batched path: only the acting ones run, with the pipelines' outputs."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlgate.core.columns import Columns
+from rlgate.server.default_pieces import acting_pieces
+from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy import Policy
+from rlgate.server.session import Session, SessionSpec
+from rlgate.spec.run import RunSpec
+
+BOX3 = gym.spaces.Box(-2.0, 2.0, (3,), np.float32)
+LOW, HIGH = np.array([-1.0, 0.0], np.float32), np.array([1.0, 10.0], np.float32)
+SPACES = {
+    "discrete": (BOX3, gym.spaces.Discrete(3)),
+    "bounded-box": (BOX3, gym.spaces.Box(LOW, HIGH, (2,), np.float32)),
+    "unbounded-box": (BOX3, gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)),
+    "multi-discrete": (BOX3, gym.spaces.MultiDiscrete([3, 4])),
+}
+
+
+def policy_and_rows(spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, num_envs: int):
+    policy = Policy.create(spec, observation_space, action_space, metrics=ServerMetrics(), seed=0)
+    session = Session(
+        SessionSpec("t", observation_space, action_space, num_envs, True), rollout_fragment_length=None, lookback=1
+    )
+    obs = np.stack([observation_space.sample() for _ in range(num_envs)])
+    zeros = np.zeros(num_envs, bool)
+    episodes, _ = session.observe(obs, np.zeros(num_envs, np.float32), zeros, zeros, None)
+    return policy, obs, episodes
+
+
+@pytest.mark.parametrize("explore", [True, False], ids=["explore", "greedy"])
+@pytest.mark.parametrize("spaces", SPACES.values(), ids=SPACES.keys())
+def test_the_acting_pieces_give_the_pipelines_outputs_bit_for_bit(spaces, explore):
+    """Same seed, same rows: every output column of the acting pieces alone equals the full pipelines' (values,
+    dtype and shape), including the sampled actions, their log-probabilities and the actions for the env."""
+    policy, obs, episodes = policy_and_rows(RunSpec(), *spaces, num_envs=5)
+    assert policy._acting is not None, "the default pieces must take the acting-pieces path"
+    torch.manual_seed(1)
+    outputs = policy.compute(obs, episodes, explore)
+    torch.manual_seed(1)
+    with torch.inference_mode():
+        common = {"rl_module": policy.module, "episodes": episodes, "explore": explore}
+        batch = policy.env_to_module(batch={Columns.OBS: obs}, shared_data=(shared := {}), **common)
+        forward = policy.module.forward_exploration if explore else policy.module.forward_inference
+        expected = policy.module_to_env(batch=forward(batch), shared_data=shared, **common)
+    assert set(outputs) == {*expected, Columns.MODEL_VERSION}
+    for column, array in expected.items():
+        assert outputs[column].dtype == array.dtype, column
+        np.testing.assert_array_equal(outputs[column], array, err_msg=column)
+    if spaces[1] is SPACES["bounded-box"][1]:  # unsquashed into the bounds: the env's actions are not the module's
+        assert not np.array_equal(outputs[Columns.ACTIONS_FOR_ENV], outputs[Columns.ACTIONS])
+
+
+def test_a_user_piece_or_a_stateful_module_runs_the_pipelines():
+    """Anything but the default pieces with a stateless module: no shortcut, every piece runs."""
+    user_piece = RunSpec.model_validate({"connectors": {"env_to_module": [{"type": "MeanStdFilter"}]}})
+    lstm = RunSpec.model_validate({"model": {"config": {"use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 4}}})
+    for spec in (user_piece, lstm):
+        policy, _, _ = policy_and_rows(spec, *SPACES["discrete"], num_envs=2)
+        assert acting_pieces(policy.module, policy.env_to_module, policy.module_to_env) is None
+    default, _, _ = policy_and_rows(RunSpec(), *SPACES["discrete"], num_envs=2)
+    acting = acting_pieces(default.module, default.env_to_module, default.module_to_env)
+    assert acting is not None
+    assert [type(piece).__name__ for pieces in acting for piece in pieces] == [
+        "NumpyToTensor", "GetActions", "TensorToNumpy", "NormalizeAndClipActions"
+    ]  # fmt: skip
