@@ -30,7 +30,7 @@ import grpc
 import numpy as np
 
 from rlgate.bench.cartpole import make_env, spaces
-from rlgate.client.env_client import hello_message
+from rlgate.client.env_client import hello_message, step_message
 from rlgate.core import codec
 from rlgate.v1 import policy_pb2 as pb
 
@@ -87,14 +87,7 @@ class LoadGenerator:
             ended = np.zeros(self.envs, bool)  # sub-envs whose episode ended in the last env step
             first = True
             while not self.stopping:
-                message = pb.ClientMessage(
-                    step=pb.Step(
-                        obs=codec.to_value(obs),
-                        reward=codec.to_tensor(reward),
-                        terminated=codec.to_tensor(terminated),
-                        truncated=codec.to_tensor(truncated),
-                    )
-                ).SerializeToString()
+                message = step_message(obs, reward, terminated, truncated).SerializeToString()
                 sent = time.perf_counter()
                 await call.write(message)
                 reply = pb.ServerMessage.FromString(await _read(call))

@@ -178,16 +178,7 @@ class EnvClient:
             returns = np.zeros(n)
             resetting = np.zeros(n, bool)  # sub-envs whose next env.step() only resets them
             while True:
-                await call.write(
-                    pb.ClientMessage(
-                        step=pb.Step(
-                            obs=codec.to_value(obs),
-                            reward=codec.to_tensor(rewards),
-                            terminated=codec.to_tensor(terminateds),
-                            truncated=codec.to_tensor(truncateds),
-                        )
-                    )
-                )
+                await call.write(step_message(obs, rewards, terminateds, truncateds))
                 reply = await self._read(call)
                 self.stats.model_version = reply.actions.model_version
                 if self._done(max_steps):  # the last step's outcome is sent: the server records it
@@ -285,6 +276,17 @@ class EnvClient:
         return hello_message(
             env.single_observation_space, env.single_action_space, env.num_envs, self.explore, self.client_id
         )
+
+
+def step_message(obs: Any, rewards: np.ndarray, terminateds: np.ndarray, truncateds: np.ndarray) -> pb.ClientMessage:
+    """One step of every sub-env: observations, and the rewards and done flags of the step that led to them."""
+    message = pb.ClientMessage()
+    step = message.step  # filled in place: building each field's message and copying it in costs twice as much
+    codec.fill_value(step.obs, obs)
+    codec.fill_tensor(step.reward, rewards)
+    codec.fill_tensor(step.terminated, terminateds)
+    codec.fill_tensor(step.truncated, truncateds)
+    return message
 
 
 def hello_message(

@@ -60,11 +60,21 @@ def wire_code(dtype: np.dtype) -> int:
 
 def to_tensor(array: Any) -> pb.Tensor:
     """Encode an array (or anything np.asarray takes) as a Tensor message."""
+    tensor = pb.Tensor()
+    fill_tensor(tensor, array)
+    return tensor
+
+
+def fill_tensor(tensor: pb.Tensor, array: Any) -> None:
+    """Encode an array into `tensor`, a field of the message being built: setting a field's message in place
+    costs half what building the Tensor and copying it in (the field's assignment) does."""
     array = np.asarray(array)
     code = wire_code(array.dtype)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return pb.Tensor(dtype=code, shape=array.shape, data=array.tobytes(order="C"))
+    tensor.dtype = code
+    tensor.shape[:] = array.shape
+    tensor.data = array.tobytes(order="C")
 
 
 def from_tensor(tensor: pb.Tensor, path: str = "tensor") -> np.ndarray:
@@ -94,13 +104,29 @@ def from_tensor(tensor: pb.Tensor, path: str = "tensor") -> np.ndarray:
 
 def to_value(data: Any) -> pb.Value:
     """Encode an array, or a dict / tuple / list nesting of arrays, as a Value message."""
+    value = pb.Value()
+    fill_value(value, data)
+    return value
+
+
+def fill_value(value: pb.Value, data: Any) -> None:
+    """Encode `data` (as `to_value`) into `value`, a field of the message being built (see `fill_tensor`)."""
     if isinstance(data, np.ndarray):  # the common case first: cheaper than the abstract Mapping check
-        return pb.Value(tensor=to_tensor(data))
-    if isinstance(data, Mapping):
-        return pb.Value(dict=pb.ValueDict(items={str(k): to_value(v) for k, v in data.items()}))
-    if isinstance(data, tuple | list):
-        return pb.Value(tuple=pb.ValueTuple(items=[to_value(v) for v in data]))
-    return pb.Value(tensor=to_tensor(data))
+        fill_tensor(value.tensor, data)
+    elif isinstance(data, Mapping):
+        items = value.dict.items
+        for key, item in data.items():
+            fill_value(items[str(key)], item)
+        if not data:
+            value.dict.SetInParent()
+    elif isinstance(data, tuple | list):
+        items = value.tuple.items
+        for item in data:
+            fill_value(items.add(), item)
+        if not data:
+            value.tuple.SetInParent()
+    else:
+        fill_tensor(value.tensor, data)
 
 
 def from_value(value: pb.Value, path: str = "value") -> Any:

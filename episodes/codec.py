@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlgate.core.codec import CodecError, from_struct, from_tensor, from_value, to_struct, to_tensor, to_value
+from rlgate.core.codec import CodecError, fill_tensor, fill_value, from_struct, from_tensor, from_value, to_struct
 from rlgate.core.columns import Columns
 from rlgate.core.tree import flatten
 from rlgate.episodes.infinite_lookback_buffer import InfiniteLookbackBuffer
@@ -46,24 +46,28 @@ def episode_to_proto(episode: SingleAgentEpisode) -> episode_pb2.Episode:
     extra = dict(episode.extra_model_outputs)
     versions = extra.pop(Columns.MODEL_VERSION, None)
     infos = episode.infos.data
-    return episode_pb2.Episode(
+    msg = episode_pb2.Episode(
         id=episode.id_,
         chunk_index=episode.chunk_index,
-        observations=to_value(_batched(episode.observations)),
-        actions=to_value(_batched(episode.actions)),
-        rewards=to_tensor(_batched(episode.rewards)),
-        extra_model_outputs={key: to_value(_batched(buffer)) for key, buffer in extra.items()},
         terminated=episode.is_terminated,
         truncated=episode.is_truncated,
         t_started=episode.t_started,
         len_lookback_buffer=lookback,
-        model_versions=None if versions is None else to_tensor(_batched(versions).astype(np.int64)),
         infos=[to_struct(info) for info in infos] if any(infos) else None,
         agent_id=_text(episode.agent_id),
         module_id=_text(episode.module_id),
         multi_agent_episode_id=_text(episode.multi_agent_episode_id),
         multi_agent_env_steps=episode.multi_agent_env_steps,
     )
+    # The columns are filled in place: half the cost of building each message and copying it in.
+    fill_value(msg.observations, _batched(episode.observations))
+    fill_value(msg.actions, _batched(episode.actions))
+    fill_tensor(msg.rewards, _batched(episode.rewards))
+    for key, buffer in extra.items():
+        fill_value(msg.extra_model_outputs[key], _batched(buffer))
+    if versions is not None:
+        fill_tensor(msg.model_versions, _batched(versions).astype(np.int64))
+    return msg
 
 
 def episode_from_proto(
