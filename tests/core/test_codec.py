@@ -157,6 +157,13 @@ def test_space_and_value_round_trip_and_validate(space, n, seed):
     assert_nested_equal(SpaceCheck(decoded_space).decode(wire, n), value)
 
 
+def test_empty_containers_stay_containers():
+    """An empty dict or tuple is still a dict or tuple on the wire (an unset Value would be "missing")."""
+    for empty in ({}, (), {"a": {}, "b": ()}):
+        wire = pb.Value.FromString(codec.to_value(empty).SerializeToString())
+        assert codec.from_value(wire) == empty
+
+
 @pytest.mark.parametrize(
     "space",
     [
