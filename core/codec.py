@@ -52,7 +52,9 @@ class CodecError(ValueError):
 
 def wire_code(dtype: np.dtype) -> int:
     """The wire code of a numpy dtype (either byte order); CodecError when it has none."""
-    code = _CODES.get(dtype.newbyteorder("="))
+    code = _CODES.get(dtype)  # a native-order dtype (nearly always): spares building the "=" one per call
+    if code is None:
+        code = _CODES.get(dtype.newbyteorder("="))
     if code is None:
         raise CodecError(f"dtype {dtype} has no wire encoding")
     return code
