@@ -86,6 +86,7 @@ class Session:
         self._any_done = False  # some sub-env's episode ended at the newest row
         self._first_start = 0  # the smallest start: no cut is due before row first_start + fragment
         self._pending: _Step | None = None  # the newest row while its actions are being computed
+        self._unshipped: int | None = None  # unshipped_steps(), until a step, a cut or the end changes it
 
     def resets_only(self) -> bool:
         """True when no sub-env has a running episode: the next step's rows all carry reset observations."""
@@ -127,6 +128,7 @@ class Session:
             live[fresh] = True
         self._any_done = bool(self._done.any())
         self._pending = _Step(self, t, obs)
+        self._unshipped = None
         steps = len(live) - fresh.size
         return EpisodeRows([self._pending]), steps
 
@@ -135,6 +137,7 @@ class Session:
         step, self._pending = self._pending, None
         if step is None:
             raise RuntimeError("record() without observe()")
+        self._unshipped = None
         t = step.row
         self._table.put(Columns.OBS, t, step.latest_observations())
         self._table.put(Columns.ACTIONS, t, outputs[Columns.ACTIONS])
@@ -155,11 +158,16 @@ class Session:
         """
         end = self._recorded_row()
         done = self._take_done() if end == self._row else []
+        self._unshipped = None
         return done + self._cut(self._start < end, end)
 
     def unshipped_steps(self) -> int:
-        """Env steps recorded in running episodes and not shipped yet (what `flush()` would ship)."""
-        return int((self._recorded_row() - self._start)[self._live].clip(min=0).sum())
+        """Env steps recorded in running episodes and not shipped yet (what `flush()` would ship).
+
+        Kept until the session changes: a server with a learner asks every session before every batch."""
+        if self._unshipped is None:
+            self._unshipped = int((self._recorded_row() - self._start)[self._live].clip(min=0).sum())
+        return self._unshipped
 
     def close(self) -> list[SingleAgentEpisode]:
         """End the session: ended episodes not yet shipped, and every running one with at least one recorded
@@ -170,6 +178,7 @@ class Session:
         running = self._live & (end > self._start)
         unfinished = self._chunks(np.flatnonzero(running), end, truncated=True)
         self._live[:] = False
+        self._unshipped = None
         return done + unfinished
 
     def _recorded_row(self) -> int:

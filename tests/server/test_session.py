@@ -80,10 +80,12 @@ class Twins:
         ref_episodes, ref_steps = self.ref.observe(*message)
         rows, steps = self.new.observe(*message)
         assert steps == ref_steps
+        self.new.unshipped_steps()  # kept until the session changes: flush() below checks it was let go
         return ref_episodes, rows, steps
 
     def record(self, outputs: dict[str, Any]) -> None:
         self.compare(self.ref.record(outputs), self.new.record(outputs))
+        self.new.unshipped_steps()
 
     def flush(self) -> list[SingleAgentEpisode]:
         unshipped = self.new.unshipped_steps()  # what the learner link counts as held in running episodes
