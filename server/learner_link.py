@@ -55,6 +55,9 @@ SUBMIT = "/rlgate.v1.LearnerService/SubmitEpisodes"
 MAX_IN_FLIGHT = 32
 MAX_BACKOFF_S = 1.0
 REPORT_EVERY_S = 1.0
+# Each batch costs a spool file's writes, a send and an ack whatever it holds: at most one batch per this many
+# seconds, holding every chunk shipped meanwhile (at 16 clients x 32 CartPole envs, ~50 chunks, not ~15).
+MIN_WRITE_INTERVAL_S = 0.02
 
 
 class LearnerLink:
@@ -217,8 +220,12 @@ class LearnerLink:
         await self._channel.close()
 
     async def _write_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        written = -MIN_WRITE_INTERVAL_S
         while True:
             await self._queued.wait()
+            await asyncio.sleep(written + MIN_WRITE_INTERVAL_S - loop.time())  # returns at once when negative
+            written = loop.time()
             self._queued.clear()
             async with self._write_lock:
                 delta = await self._connector_delta()

@@ -31,7 +31,7 @@ class Spool:
         for torn in self.directory.glob("*.tmp"):
             log.warning("deleting %s: a batch write that a crash interrupted", torn)
             torn.unlink()
-        existing = self.files()
+        existing = sorted(self.directory.glob("*.pb"))
         self._next_seq = int(existing[-1].stem) + 1 if existing else 0
         self._sizes = {int(path.stem): path.stat().st_size for path in existing}  # seq -> bytes, unacked
         self.bytes = sum(self._sizes.values())
@@ -42,8 +42,11 @@ class Spool:
         metrics.spool_max_bytes.set(max_bytes)
 
     def files(self) -> list[Path]:
-        """Batch files not yet acknowledged, oldest first."""
-        return sorted(self.directory.glob("*.pb"))
+        """Batch files not yet acknowledged, oldest first (kept in memory: the sender asks after every write)."""
+        return [self._path(seq) for seq in self._sizes]
+
+    def _path(self, seq: int) -> Path:
+        return self.directory / f"{seq:012d}.pb"
 
     @property
     def batches(self) -> int:
@@ -68,7 +71,7 @@ class Spool:
 
     def add(self, seq: int, tmp: Path, size: int, steps: int) -> None:
         """Rename a written batch of `steps` env steps into the spool and count it (on the event loop, like `ack`)."""
-        tmp.replace(tmp.with_suffix(".pb"))
+        tmp.replace(self._path(seq))
         self._sizes[seq] = size
         self.bytes += size
         self._steps[seq] = steps
