@@ -104,10 +104,11 @@ def render(records: list[Record]) -> str:
         ],
     )  # fmt: skip
     hand_off = table(
-        ["", "clients", "envs/msg", "steps/s", "chunks shipped/s", "accepted/s", "MB/s", "max spool MB",
-         "spool limit MB", "unacked", "chunks", "steps lost"],
+        ["", "clients", "envs/msg", "steps/s", "cpu us/step", "server cpu", "chunks shipped/s", "accepted/s",
+         "MB/s", "max spool MB", "spool limit MB", "unacked", "chunks", "steps lost"],
         [
-            [r["scenario"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["shipped_per_s"],
+            [r["scenario"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["server_cpu_us_per_step"],
+             r["server_cpu"], r["shipped_per_s"],
              r["episodes_per_s"], r["bytes_per_s"] / 1e6, r["max_spool_bytes"] / 1e6, r["spool_limit_bytes"] / 1e6,
              r["unacked_batches"], r["chunks"], r["steps_lost"]]
             for r in by_scenario["B7"]
