@@ -51,7 +51,8 @@ class Policy:
         self._metrics = metrics
         self._stage_seconds = metrics.stage_seconds
         self._pipelines: tuple[list[ConnectorV2], list[ConnectorV2]] = ([env_to_module], [module_to_env])
-        self._acting = acting_pieces(module, env_to_module, module_to_env)
+        self._acting: tuple[list[ConnectorV2], list[ConnectorV2]] | None = None
+        self._acting_for: tuple[tuple[ConnectorV2, ...], tuple[ConnectorV2, ...]] | None = None  # the pieces then
         metrics.model_version.set(version)
 
     @classmethod
@@ -102,8 +103,8 @@ class Policy:
         The stage counters take the CPU time, per stage, of the thread running the batch.
         """
         shared: dict[str, Any] = {}
-        # Batched observations and the default pieces alone: only the pieces that act (server.default_pieces).
-        env_to_module, module_to_env = self._acting if self._acting and is_batched(obs) else self._pipelines
+        acting = self._acting_pieces()
+        env_to_module, module_to_env = acting if acting and is_batched(obs) else self._pipelines
         module = self.module
         # One inference_mode for all three stages: torch ops in the pipelines (to tensors, sampling, logp)
         # then skip autograd's dispatch too, not only the forward's.
@@ -121,6 +122,15 @@ class Policy:
             t3 = time.thread_time()
         self._count_stages(t0, t1, t2, t3)
         return outputs
+
+    def _acting_pieces(self) -> tuple[list[ConnectorV2], list[ConnectorV2]] | None:
+        """With the default pieces alone, those that act on batched observations (server.default_pieces); looked
+        up again whenever the pipelines' pieces have changed since (an edit after this policy was built)."""
+        pieces = (tuple(self.env_to_module.connectors), tuple(self.module_to_env.connectors))
+        if pieces != self._acting_for:
+            self._acting_for = pieces
+            self._acting = acting_pieces(self.module, self.env_to_module, self.module_to_env)
+        return self._acting
 
     def _count_stages(self, t0: float, t1: float, t2: float, t3: float) -> None:
         """Add one batch's stage times (thread CPU: env_to_module t0-t1, forward t1-t2, module_to_env t2-t3)."""

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlgate.connectors import ConnectorV2
 from rlgate.core.columns import Columns
 from rlgate.server.default_pieces import acting_pieces
 from rlgate.server.metrics import ServerMetrics
@@ -41,7 +42,7 @@ def test_the_acting_pieces_give_the_pipelines_outputs_bit_for_bit(spaces, explor
     """Same seed, same rows: every output column of the acting pieces alone equals the full pipelines' (values,
     dtype and shape), including the sampled actions, their log-probabilities and the actions for the env."""
     policy, obs, episodes = policy_and_rows(RunSpec(), *spaces, num_envs=5)
-    assert policy._acting is not None, "the default pieces must take the acting-pieces path"
+    assert acting_pieces(policy.module, policy.env_to_module, policy.module_to_env) is not None
     torch.manual_seed(1)
     outputs = policy.compute(obs, episodes, explore)
     torch.manual_seed(1)
@@ -71,3 +72,23 @@ def test_a_user_piece_or_a_stateful_module_runs_the_pipelines():
     assert [type(piece).__name__ for pieces in acting for piece in pieces] == [
         "NumpyToTensor", "GetActions", "TensorToNumpy", "NormalizeAndClipActions"
     ]  # fmt: skip
+
+
+class Negate(ConnectorV2):
+    """A user piece that changes what the module sees."""
+
+    def __call__(self, *, rl_module, batch, episodes, explore=None, shared_data=None, metrics=None, **kwargs):
+        batch[Columns.OBS] = -batch[Columns.OBS]
+        return batch
+
+
+def test_a_piece_added_after_the_policy_was_built_runs():
+    """Editing a pipeline of a built policy (as a user's code may) takes the pipelines' path from the next batch on."""
+    policy, obs, episodes = policy_and_rows(RunSpec(), *SPACES["discrete"], num_envs=3)
+    before = policy.compute(obs, episodes, explore=False)[Columns.ACTION_DIST_INPUTS]
+    policy.env_to_module.prepend(Negate())
+    negated = policy.compute(obs, episodes, explore=False)[Columns.ACTION_DIST_INPUTS]
+    assert not np.array_equal(negated, before)
+    policy.env_to_module.remove(Negate)  # and back to the acting pieces alone
+    np.testing.assert_array_equal(policy.compute(-obs, episodes, explore=False)[Columns.ACTION_DIST_INPUTS], negated)
+    assert policy.compute(obs, episodes, explore=False)[Columns.ACTION_DIST_INPUTS].tolist() == before.tolist()
