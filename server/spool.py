@@ -31,7 +31,7 @@ class Spool:
         for torn in self.directory.glob("*.tmp"):
             log.warning("deleting %s: a batch write that a crash interrupted", torn)
             torn.unlink()
-        existing = sorted(self.directory.glob("*.pb"))
+        existing = self.files()
         self._next_seq = int(existing[-1].stem) + 1 if existing else 0
         self._sizes = {int(path.stem): path.stat().st_size for path in existing}  # seq -> bytes, unacked
         self.bytes = sum(self._sizes.values())
@@ -42,8 +42,8 @@ class Spool:
         metrics.spool_max_bytes.set(max_bytes)
 
     def files(self) -> list[Path]:
-        """Batch files not yet acknowledged, oldest first (kept in memory: the sender asks after every write)."""
-        return [self._path(seq) for seq in self._sizes]
+        """Batch files not yet acknowledged, oldest first (what is on disk: a batch deleted by hand is not sent)."""
+        return sorted(self.directory.glob("*.pb"))
 
     def _path(self, seq: int) -> Path:
         return self.directory / f"{seq:012d}.pb"
