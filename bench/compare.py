@@ -5,6 +5,10 @@ Run: `python -m rlgate.bench.compare OLD_CHECKOUT [NEW_CHECKOUT] --loads 1x1 64x
 start together, pinned to the same core; each round measures every load against each server in turn,
 in alternating order, so that drift on a shared host hits both alike. The load generators are this
 checkout's. Prints one line per measurement and, per load, the median over rounds of NEW / OLD.
+
+`--handoff` adds B7, the hand-off to a real learner (`bench.handoff`), in the same alternating rounds: each
+checkout's own learner and server, started afresh per round, at B7's load. `--loads` with no load measures
+the hand-off alone.
 """
 
 from __future__ import annotations
@@ -14,13 +18,17 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from rlgate.bench.main import SERVE
+from rlgate.bench.handoff import hand_off
+from rlgate.bench.main import B7_LOAD, SERVE, SERVE_FED
 from rlgate.bench.measure import Load, Timing, under_load
 from rlgate.bench.procs import ServerProcess, split_cores
 
 FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step", "policy_us_per_step")
 # The batch stages together (the server's own counters): env_to_module + forward + module_to_env.
 POLICY_STAGES = ("env_to_module", "forward", "module_to_env")
+HANDOFF = Load(*B7_LOAD)
+HANDOFF_FIGURES = ("env_steps_per_s", "server_cpu_us_per_step", "shipped_per_s", "steps_lost")
+Figures = dict[str, dict[str, list[float]]]  # checkout -> figure -> one value per round
 
 
 def compare(checkouts: dict[str, Path], loads: list[Load], rounds: int, timing: Timing) -> dict[Load, dict]:
@@ -50,11 +58,29 @@ def compare(checkouts: dict[str, Path], loads: list[Load], rounds: int, timing: 
     return results
 
 
+def compare_handoff(checkouts: dict[str, Path], rounds: int, timing: Timing) -> Figures:
+    """Per checkout and figure, B7's value in every round (each checkout's learner and server, fresh per round)."""
+    cores = split_cores()
+    logs = Path(tempfile.mkdtemp(prefix="rlgate-compare-handoff-"))
+    results: Figures = {name: {f: [] for f in HANDOFF_FIGURES} for name in checkouts}
+    for r in range(rounds):
+        for name in list(checkouts) if r % 2 == 0 else list(checkouts)[::-1]:
+            run_logs = logs / f"{name}-{r + 1}"
+            run_logs.mkdir()
+            measured = hand_off(HANDOFF, timing, SERVE_FED, cores, run_logs, checkout=checkouts[name])
+            for figure in HANDOFF_FIGURES:
+                results[name][figure].append(measured[figure])
+            figures = ", ".join(f"{f} {measured[f]:,.1f}" for f in HANDOFF_FIGURES)
+            print(f"round {r + 1} hand-off {HANDOFF.label} {name}: {figures}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m rlgate.bench.compare", description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path, help="the checkout to compare against (before)")
     parser.add_argument("new", type=Path, nargs="?", default=Path(__file__).resolve().parent.parent)
-    parser.add_argument("--loads", nargs="+", default=["1x1", "64x1", "16x32", "16x128"], help="CLIENTSxENVS")
+    parser.add_argument("--loads", nargs="*", default=["1x1", "64x1", "16x32", "16x128"], help="CLIENTSxENVS")
+    parser.add_argument("--handoff", action="store_true", help="also B7, the hand-off to a real learner")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup-s", type=float, default=1.0)
     parser.add_argument("--window-s", type=float, default=3.0)
@@ -62,12 +88,21 @@ def main() -> None:
     args = parser.parse_args()
     loads = [Load(*(int(n) for n in label.split("x"))) for label in args.loads]
     timing = Timing(args.warmup_s, args.window_s, args.repeats)
-    results = compare({"old": args.old.resolve(), "new": args.new.resolve()}, loads, args.rounds, timing)
+    checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
+    results = compare(checkouts, loads, args.rounds, timing) if loads else {}
+    handoff = compare_handoff(checkouts, args.rounds, timing) if args.handoff else None
     for load, by_name in results.items():
-        ratios = {f: _ratio(by_name["new"][f], by_name["old"][f]) for f in FIGURES}
-        print(f"{load.label:>7} new/old (median of {args.rounds} rounds): " + ", ".join(
-            f"{f} x{ratio:.2f}" if ratio is not None else f"{f} n/a" for f, ratio in ratios.items()
-        ))  # fmt: skip
+        _print_ratios(load.label, by_name, FIGURES, args.rounds)
+    if handoff is not None:
+        _print_ratios(f"hand-off {HANDOFF.label}", handoff, HANDOFF_FIGURES[:-1], args.rounds)
+        print(f"hand-off env steps lost: old {handoff['old']['steps_lost']}, new {handoff['new']['steps_lost']}")
+
+
+def _print_ratios(label: str, by_name: Figures, figures: tuple[str, ...], rounds: int) -> None:
+    ratios = {f: _ratio(by_name["new"][f], by_name["old"][f]) for f in figures}
+    print(f"{label:>7} new/old (median of {rounds} rounds): " + ", ".join(
+        f"{f} x{ratio:.2f}" if ratio is not None else f"{f} n/a" for f, ratio in ratios.items()
+    ))  # fmt: skip
 
 
 def _ratio(new: list[float], old: list[float]) -> float | None:

@@ -33,9 +33,17 @@ NEVER = "1000000000"
 SPOOL_LIMIT = 4 << 20
 
 
-def hand_off(load: Load, timing: Timing, serve: list[str], cores: tuple[set[int], set[int]], logs: Path) -> dict:
+def hand_off(
+    load: Load,
+    timing: Timing,
+    serve: list[str],
+    cores: tuple[set[int], set[int]],
+    logs: Path,
+    checkout: Path | None = None,
+) -> dict:
     """B7 under `load`: the medians of each window's figures (with chunks/s shipped and accepted, bytes/s
-    and the largest spool), and over the whole run the chunks the learner kept and the env steps missing."""
+    and the largest spool), and over the whole run the chunks the learner kept and the env steps missing.
+    With `checkout`, the learner and the server are that checkout's (`bench.compare --handoff`)."""
     server_cores, client_cores = cores
     intake, spool = logs / "learner" / "intake", logs / "spool"
     for leftover in (logs / "learner", spool):  # a reused --logs directory: an earlier run's chunks would count
@@ -43,13 +51,14 @@ def hand_off(load: Load, timing: Timing, serve: list[str], cores: tuple[set[int]
     learn = ["learn", "--env", "CartPole-v1", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
     learn += ["--checkpoint-dir", str(logs / "learner"), "--no-resume"]
     learn += ["--spec.algorithm.train-batch-size", NEVER, "--checkpoint-every", NEVER]
-    learner = ServerProcess("rlgate", learn, client_cores, logs / "learner.log")
+    learner = ServerProcess("rlgate", learn, client_cores, logs / "learner.log", checkout=checkout)
     server = None
     try:
         learner.wait_serving()
         serve = [*serve, "--learner", learner.target, "--spool-dir", str(spool), "--server-id", "bench"]
         serve += ["--max-spool", str(SPOOL_LIMIT)]
-        server = ServerProcess("rlgate", [*serve, "--drain-timeout-s", "60"], server_cores, logs / "rlgate-handoff.log")
+        serve += ["--drain-timeout-s", "60"]
+        server = ServerProcess("rlgate", serve, server_cores, logs / "rlgate-handoff.log", checkout=checkout)
         server.wait_serving().wait_ready()  # ready: the learner's first weights have arrived
         watch = partial(_watch, server, learner, intake)
         result = under_load(server, load, timing, client_cores, logs, watch=watch)

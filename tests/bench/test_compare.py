@@ -30,3 +30,17 @@ def test_compare_measures_both_checkouts_and_prints_ratios() -> None:
 def test_a_round_whose_old_figure_is_zero_is_left_out_of_the_ratio() -> None:
     assert _ratio([2.0, 3.0, 4.0], [1.0, 0.0, 2.0]) == 2.0
     assert _ratio([1.0], [0.0]) is None
+
+
+@pytest.mark.slow
+def test_compare_handoff_runs_each_checkouts_learner_and_server() -> None:
+    """`--handoff` alone (no loads): B7 once per checkout, nothing lost, and the ratios printed."""
+    command = [sys.executable, "-m", "rlgate.bench.compare", str(ROOT), "--loads", "--handoff", "--rounds", "1"]
+    command += ["--warmup-s", "0.5", "--window-s", "0.5", "--repeats", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)  # ~40 s alone
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = r"^round 1 hand-off 16x32 (old|new): env_steps_per_s (\S+),.* steps_lost (\S+)$"
+    measured = re.findall(line, done.stdout, re.M)
+    assert sorted(name for name, *_ in measured) == ["new", "old"], done.stdout
+    assert all(float(steps.replace(",", "")) > 0 and float(lost) == 0 for _, steps, lost in measured), done.stdout
+    assert re.search(r"^hand-off 16x32 new/old \(median of 1 rounds\): env_steps_per_s x\S+,", done.stdout, re.M)
