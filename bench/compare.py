@@ -27,7 +27,7 @@ FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step", "pol
 # The batch stages together (the server's own counters): env_to_module + forward + module_to_env.
 POLICY_STAGES = ("env_to_module", "forward", "module_to_env")
 HANDOFF = Load(*B7_LOAD)
-HANDOFF_FIGURES = ("env_steps_per_s", "server_cpu_us_per_step", "shipped_per_s", "steps_lost")
+HANDOFF_FIGURES = ("env_steps_per_s", "p99_ms", "server_cpu_us_per_step", "shipped_per_s", "steps_lost")
 Figures = dict[str, dict[str, list[float]]]  # checkout -> figure -> one value per round
 
 
