@@ -4,8 +4,9 @@ Shipping is at least once: `ship()` only queues; a writer task encodes the chunk
 `EpisodeBatch` file in the spool (`server/spool.py`); a sender task streams spool files to
 `SubmitEpisodes` and deletes each only when its ack arrives. A broken stream is re-opened with backoff and every unacked
 file is sent again (the learner drops duplicates by episode id and chunk index). A server that is
-killed keeps its spool on disk and sends it after restart; only chunks still in memory are lost,
-and `stop()` says how many.
+killed keeps its spool on disk and sends it after restart; only chunks still in memory are lost (running
+episodes, and the chunks of the last `MIN_WRITE_INTERVAL_S` waiting for the next batch), and `stop()` says
+how many.
 
 Pacing comes from the learner: its weights say how many shipped env steps a server may hold
 unacknowledged (`window`, from `Weights.max_unacked_steps`), and the learner acknowledges only while it
