@@ -14,40 +14,15 @@ stateful module runs as configured.
 from __future__ import annotations
 
 from rlgate.connectors import ConnectorPipelineV2, ConnectorV2
-from rlgate.connectors.common import (
-    AddObservationsFromEpisodesToBatch,
-    AddStatesFromEpisodesToBatch,
-    AddTimeDimToBatchAndZeroPad,
-    BatchIndividualItems,
-    NumpyToTensor,
-    TensorToNumpy,
-)
-from rlgate.connectors.module_to_env import (
-    GetActions,
-    ListifyDataForVectorEnv,
-    NormalizeAndClipActions,
-    RemoveSingleTsTimeRankFromBatch,
-    UnBatchToIndividualItems,
-)
+from rlgate.connectors.builders import build_env_to_module_pipeline, build_module_to_env_pipeline
+from rlgate.connectors.common import NumpyToTensor, TensorToNumpy
+from rlgate.connectors.module_to_env import GetActions, NormalizeAndClipActions
 from rlgate.models import RLModule
 
-# The single-agent default pipelines, piece by piece (connectors.builders), and the pieces that act on the
-# batched path with a stateless module.
-ENV_TO_MODULE = (
-    AddObservationsFromEpisodesToBatch,
-    AddTimeDimToBatchAndZeroPad,
-    AddStatesFromEpisodesToBatch,
-    BatchIndividualItems,
-    NumpyToTensor,
-)
-MODULE_TO_ENV = (
-    GetActions,
-    TensorToNumpy,
-    UnBatchToIndividualItems,
-    RemoveSingleTsTimeRankFromBatch,
-    NormalizeAndClipActions,
-    ListifyDataForVectorEnv,
-)
+# The single-agent default pipelines' pieces, in order, as connectors.builders makes them (a multi-agent
+# pipeline has AgentToModuleMapping besides), and those that act on the batched path with a stateless module.
+ENV_TO_MODULE = tuple(type(piece) for piece in build_env_to_module_pipeline(None, None).connectors)
+MODULE_TO_ENV = tuple(type(piece) for piece in build_module_to_env_pipeline(None, None).connectors)
 ACTING = (NumpyToTensor, GetActions, TensorToNumpy, NormalizeAndClipActions)
 
 
@@ -57,8 +32,6 @@ def acting_pieces(
     """Each pipeline's pieces that act on the batched path, when both hold the default pieces alone and the
     module is stateless; otherwise None (run the pipelines)."""
     if module.is_stateful() or not (_only(env_to_module, ENV_TO_MODULE) and _only(module_to_env, MODULE_TO_ENV)):
-        return None
-    if env_to_module[BatchIndividualItems].multi_agent:  # type: ignore[attr-defined]
         return None
     return _acting(env_to_module), _acting(module_to_env)
 
