@@ -43,11 +43,12 @@ class Trainer:
         self.version = version
         self.env_steps = env_steps  # trained on by every update since version 0 (kept in checkpoints)
         self.max_staleness = max_staleness
-        self.optimizer = torch.optim.Adam(module.parameters(), lr=config.at(env_steps).lr, eps=1e-5)
+        lr = config.at(env_steps).lr
+        self.optimizer = torch.optim.Adam(module.parameters(), lr=lr, eps=1e-5)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
             for group in self.optimizer.param_groups:  # the spec's lr (schedule), not the checkpoint's
-                group["lr"] = config.at(env_steps).lr
+                group["lr"] = lr
         self._rng = np.random.default_rng(seed)
 
     @property

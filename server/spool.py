@@ -45,9 +45,6 @@ class Spool:
         """Batch files not yet acknowledged, oldest first (what is on disk: a batch deleted by hand is not sent)."""
         return sorted(self.directory.glob("*.pb"))
 
-    def _path(self, seq: int) -> Path:
-        return self.directory / f"{seq:012d}.pb"
-
     @property
     def batches(self) -> int:
         """Batches in the spool, not yet acknowledged."""
@@ -71,7 +68,7 @@ class Spool:
 
     def add(self, seq: int, tmp: Path, size: int, steps: int) -> None:
         """Rename a written batch of `steps` env steps into the spool and count it (on the event loop, like `ack`)."""
-        tmp.replace(self._path(seq))
+        tmp.replace(tmp.with_suffix(".pb"))
         self._sizes[seq] = size
         self.bytes += size
         self._steps[seq] = steps
