@@ -96,6 +96,7 @@ class Batcher:
                 request.future.set_exception(RuntimeError("server is shutting down"))
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+            self._executor = None  # no batch runs any more: `between_batches` is any time now
 
     async def compute(self, obs: Any, episodes: EpisodeRows, explore: bool, *, alone: bool = False) -> dict[str, Any]:
         """Actions and extra outputs for these rows (same row order), from the next batch.

@@ -202,8 +202,7 @@ class LearnerLink:
 
     async def stop(self, flush_timeout_s: float) -> None:
         """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
-        async with self._write_lock:  # a write in flight lands in the spool first; then the rest
-            self._add_to_spool(self._write_batch())
+        await self._write_queued()  # after a write in flight; with the statistics gathered since it
         self._spooled.set()  # the sender sends the final batch too
         try:
             async with asyncio.timeout(flush_timeout_s):
@@ -228,10 +227,18 @@ class LearnerLink:
             await asyncio.sleep(written + MIN_WRITE_INTERVAL_S - loop.time())  # returns at once when negative
             written = loop.time()
             self._queued.clear()
-            async with self._write_lock:
+            await self._write_queued()
+            self._spooled.set()
+
+    async def _write_queued(self) -> None:
+        """Everything queued, with the connector statistics gathered since the last batch, as one spool batch.
+
+        The statistics are taken only with chunks to carry them: taken and not sent, they would be lost to the
+        learner while this server's own view keeps them."""
+        async with self._write_lock:
+            if self._queue:
                 delta = await self._connector_delta()
                 self._add_to_spool(await asyncio.to_thread(self._write_batch, delta))
-            self._spooled.set()
 
     def _write_batch(self, connector_delta: dict | None = None) -> tuple[int, Path, int, int] | None:
         """Everything queued becomes one batch, written to a temporary file: its (seq, file, size, steps), or None
