@@ -42,31 +42,71 @@ def episode_to_proto(episode: SingleAgentEpisode) -> episode_pb2.Episode:
     uneven = {name: buffer.lookback for name, buffer in columns.items() if buffer.lookback != lookback}
     if uneven:
         raise ValueError(f"episode {episode.id_}: lookbacks {uneven} differ from the rewards' {lookback}")
-
-    extra = dict(episode.extra_model_outputs)
-    versions = extra.pop(Columns.MODEL_VERSION, None)
-    infos = episode.infos.data
-    msg = episode_pb2.Episode(
-        id=episode.id_,
-        chunk_index=episode.chunk_index,
+    return chunk_message(
+        episode.id_,
+        observations=_batched(episode.observations),
+        actions=_batched(episode.actions),
+        rewards=_batched(episode.rewards),
+        extra_model_outputs={key: _batched(buffer) for key, buffer in episode.extra_model_outputs.items()},
+        infos=episode.infos.data,
+        len_lookback_buffer=lookback,
         terminated=episode.is_terminated,
         truncated=episode.is_truncated,
         t_started=episode.t_started,
-        len_lookback_buffer=lookback,
-        infos=[to_struct(info) for info in infos] if any(infos) else None,
-        agent_id=_text(episode.agent_id),
-        module_id=_text(episode.module_id),
-        multi_agent_episode_id=_text(episode.multi_agent_episode_id),
+        chunk_index=episode.chunk_index,
+        agent_id=episode.agent_id,
+        module_id=episode.module_id,
+        multi_agent_episode_id=episode.multi_agent_episode_id,
         multi_agent_env_steps=episode.multi_agent_env_steps,
     )
+
+
+def chunk_message(
+    episode_id: str,
+    *,
+    observations: Any,
+    actions: Any,
+    rewards: np.ndarray,
+    extra_model_outputs: dict[str, Any],
+    infos: list[dict],
+    len_lookback_buffer: int,
+    terminated: bool,
+    truncated: bool,
+    t_started: int,
+    chunk_index: int,
+    agent_id: Any = None,
+    module_id: Any = None,
+    multi_agent_episode_id: Any = None,
+    multi_agent_env_steps: int = 0,
+) -> episode_pb2.Episode:
+    """An Episode message from an episode's columns as arrays (lookback included), unchecked.
+
+    `episode_to_proto` checks an episode's columns first; the server's step table holds a chunk's columns
+    consistent by construction and encodes them with this directly, without building the episode.
+    """
+    extra = dict(extra_model_outputs)
+    versions = extra.pop(Columns.MODEL_VERSION, None)
+    msg = episode_pb2.Episode(
+        id=episode_id,
+        chunk_index=chunk_index,
+        terminated=terminated,
+        truncated=truncated,
+        t_started=t_started,
+        len_lookback_buffer=len_lookback_buffer,
+        infos=[to_struct(info) for info in infos] if any(infos) else None,
+        agent_id=_text(agent_id),
+        module_id=_text(module_id),
+        multi_agent_episode_id=_text(multi_agent_episode_id),
+        multi_agent_env_steps=multi_agent_env_steps,
+    )
     # The columns are filled in place: half the cost of building each message and copying it in.
-    fill_value(msg.observations, _batched(episode.observations))
-    fill_value(msg.actions, _batched(episode.actions))
-    fill_tensor(msg.rewards, _batched(episode.rewards))
-    for key, buffer in extra.items():
-        fill_value(msg.extra_model_outputs[key], _batched(buffer))
+    fill_value(msg.observations, observations)
+    fill_value(msg.actions, actions)
+    fill_tensor(msg.rewards, rewards)
+    for key, value in extra.items():
+        fill_value(msg.extra_model_outputs[key], value)
     if versions is not None:
-        fill_tensor(msg.model_versions, _batched(versions).astype(np.int64))
+        fill_tensor(msg.model_versions, np.asarray(versions, np.int64))
     return msg
 
 

@@ -1,6 +1,6 @@
 """The server's link to the learner: episode chunks out (spooled until acknowledged), weights in.
 
-Shipping is at least once: `ship()` only queues; a writer task encodes the chunks into an
+Shipping is at least once: `ship()` only queues; a writer task gathers the (encoded) chunks into an
 `EpisodeBatch` file in the spool (`server/spool.py`); a sender task streams spool files to
 `SubmitEpisodes` and deletes each only when its ack arrives. A broken stream is re-opened with backoff and every unacked
 file is sent again (the learner drops duplicates by episode id and chunk index). A server that is
@@ -41,9 +41,8 @@ from typing import Any
 import grpc
 
 from rlgate.core import codec
-from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_to_proto
 from rlgate.server.metrics import ServerMetrics
+from rlgate.server.shipping import Chunk
 from rlgate.server.spool import Spool
 from rlgate.service.auth import bearer_metadata
 from rlgate.service.channel import CHANNEL_OPTIONS
@@ -107,7 +106,7 @@ class LearnerLink:
             self._may_send.set()
         self._queued_steps = 0  # env steps shipped and not yet in the spool
         self._describe = describe
-        self._queue: list[SingleAgentEpisode] = []
+        self._queue: list[Chunk] = []
         self._queued = asyncio.Event()
         self._spooled = asyncio.Event()
         self._write_lock = asyncio.Lock()  # one spool writer at a time (seq numbers, stop() vs the writer)
@@ -143,10 +142,10 @@ class LearnerLink:
             loop.create_task(self._report_forever(), name="server-report"),
         ]
 
-    def ship(self, episodes: list[SingleAgentEpisode]) -> None:
-        if episodes:
-            self._queue.extend(episodes)
-            self._queued_steps += sum(len(episode) for episode in episodes)
+    def ship(self, chunks: list[Chunk]) -> None:
+        if chunks:
+            self._queue.extend(chunks)
+            self._queued_steps += sum(chunk.steps for chunk in chunks)
             self._queued.set()
 
     def release_episodes(self) -> None:
@@ -247,20 +246,20 @@ class LearnerLink:
         The batch carries the connector statistics gathered since the previous one (MeanStdFilter), which
         the learner merges across servers.
         """
-        episodes, self._queue = self._queue, []
-        if not episodes:
+        chunks, self._queue = self._queue, []
+        if not chunks:
             return None
         seq = self.spool.next_seq()
-        space = episodes[0].observation_space  # what the pipeline's write-backs left (the same for all)
+        space = chunks[0].observation_space  # what the pipeline's write-backs left (the same for all)
         batch = learner_pb2.EpisodeBatch(
             seq=seq,
             server_id=self.server_id,
-            episodes=[episode_to_proto(e) for e in episodes],
+            episodes=[chunk.message for chunk in chunks],
             connector_state=codec.to_value(connector_delta) if connector_delta else None,
             observation_space=codec.space_to_proto(space) if space is not None else None,
         )
         data = batch.SerializeToString()
-        return seq, self.spool.write_tmp(seq, data), len(data), sum(len(episode) for episode in episodes)
+        return seq, self.spool.write_tmp(seq, data), len(data), sum(chunk.steps for chunk in chunks)
 
     def _add_to_spool(self, written: tuple[int, Path, int, int] | None) -> None:
         """On the event loop, like the acks: the sender cannot see the file before it is counted."""

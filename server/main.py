@@ -13,7 +13,6 @@ from grpc_health.v1 import health
 
 from rlgate.core import codec
 from rlgate.core.spaces import flat_size
-from rlgate.episodes import SingleAgentEpisode
 from rlgate.server.batcher import Batcher
 from rlgate.server.learner_link import LearnerLink
 from rlgate.server.metrics import ServerMetrics
@@ -24,7 +23,7 @@ from rlgate.server.policy import Policy
 from rlgate.server.service import SERVICE_NAME, PolicyService, RequestError
 from rlgate.server.session import SessionSpec
 from rlgate.server.settings import ServerSettings
-from rlgate.server.shipping import DirectorySink, episode_end
+from rlgate.server.shipping import Chunk, DirectorySink, episode_end
 from rlgate.server.workers import run_workers
 from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import run_until_signal, start_grpc_server
@@ -387,16 +386,16 @@ class InferenceServer:
         for session in self.service.sessions.values():
             self._ship(session.flush())
 
-    def _ship(self, episodes: list[SingleAgentEpisode]) -> None:
-        if not episodes:
+    def _ship(self, chunks: list[Chunk]) -> None:
+        if not chunks:
             return
         ends = self.metrics.episode_ends
-        for episode in episodes:
-            ends[episode_end(episode)].inc()
+        for chunk in chunks:
+            ends[episode_end(chunk)].inc()
         # A server refusing the learner's spec samples with another model: its steps must not train this one.
         for sink in (self.files, None if self.refused else self.learner):
             if sink is not None:
-                sink.ship(episodes)
+                sink.ship(chunks)
 
     async def _apply_weights(self, weights: learner_pb2.Weights) -> None:
         """A new version from the learner: the first builds the policy from the learner's run spec, later

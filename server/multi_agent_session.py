@@ -6,7 +6,8 @@ with the actions (and extra model outputs) the server answered last time, exactl
 MultiAgentEnvRunner calls `add_env_step`; the batcher then computes actions for the agents that are to act,
 and `record` keeps them until the next message. Episodes that ended, and long ones cut every
 `rollout_fragment_length` env or agent steps (`count_steps_by`), ship as their agents' SingleAgentEpisode
-chunks (agents with at least one step in the chunk), the first carrying the chunk's env steps.
+chunks (agents with at least one step in the chunk; encoded, as `server.shipping.Chunk`s), the first
+carrying the chunk's env steps.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import gymnasium as gym
 from rlgate.core.agents_step import AgentsStep
 from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
-from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
+from rlgate.episodes import MultiAgentEpisode
 from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEnvError
 from rlgate.server.session import RECORDED_OUTPUTS
+from rlgate.server.shipping import Chunk, encoded
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class MultiAgentSession:
         # The list itself, not a copy: a flush() before the batch runs swaps in the successor chunks.
         return self._episodes, completed
 
-    def record(self, outputs: dict[str, list[dict[str, Any]]]) -> list[SingleAgentEpisode]:
+    def record(self, outputs: dict[str, list[dict[str, Any]]]) -> list[Chunk]:
         """Keep this step's actions and outputs (one {agent: value} dict per sub-env); the chunks now due."""
         if not self._pending:
             raise RuntimeError("record() without observe()")
@@ -123,7 +125,7 @@ class MultiAgentSession:
                     shipped += self._cut(i)
         return shipped
 
-    def flush(self) -> list[SingleAgentEpisode]:
+    def flush(self) -> list[Chunk]:
         """Ship every step taken so far: running episodes are cut (their successors go on). While a message
         waits for its actions, its latest step ships too (episodes that ended with it included), after the
         env-to-module pipeline wrote back into it (FlattenObservations); the successors take the pending actions."""
@@ -140,7 +142,7 @@ class MultiAgentSession:
         running = sum(self._steps(e) for e in self._episodes if e is not None and not e.is_done)
         return running + sum(self._steps(e) for e in self._done)
 
-    def close(self) -> list[SingleAgentEpisode]:
+    def close(self) -> list[Chunk]:
         """End the session: episodes that ended and were not shipped yet, and every running one truncated."""
         shipped = [chunk for episode in self._done for chunk in _agent_chunks(episode)]
         for episode in self._episodes:
@@ -154,7 +156,7 @@ class MultiAgentSession:
         self._episodes = [None] * self.spec.num_envs
         return shipped
 
-    def _cut(self, i: int) -> list[SingleAgentEpisode]:
+    def _cut(self, i: int) -> list[Chunk]:
         episode = self._episodes[i]
         self._episodes[i] = episode.cut(len_lookback_buffer=self._lookback)
         return _agent_chunks(episode)
@@ -171,9 +173,9 @@ class MultiAgentSession:
         )
 
 
-def _agent_chunks(episode: MultiAgentEpisode) -> list[SingleAgentEpisode]:
-    """The agents' episodes with at least one step in this chunk; the first carries its env steps."""
+def _agent_chunks(episode: MultiAgentEpisode) -> list[Chunk]:
+    """The agents' episodes with at least one step in this chunk, to ship; the first carries its env steps."""
     chunks = [agent_episode for agent_episode in episode.agent_episodes.values() if len(agent_episode)]
     if chunks:
         chunks[0].multi_agent_env_steps = len(episode)
-    return chunks
+    return encoded(chunks)

@@ -21,7 +21,6 @@ from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.core.space_diff import space_differences
-from rlgate.episodes import SingleAgentEpisode
 from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.batcher import Batcher
 from rlgate.server.idle import IdleWatch
@@ -30,6 +29,7 @@ from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessi
 from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
 from rlgate.server.settings import ServerSettings
+from rlgate.server.shipping import Chunk
 from rlgate.server.step_decoder import StepDecoder
 from rlgate.v1 import policy_pb2 as pb
 
@@ -63,7 +63,7 @@ class PolicyService:
         settings: ServerSettings,
         metrics: ServerMetrics,
         get_policy: Callable[[SessionSpec | MultiAgentSessionSpec], Awaitable[tuple[Policy, Batcher]]],
-        ship: Callable[[list[SingleAgentEpisode]], None],
+        ship: Callable[[list[Chunk]], None],
         *,
         ships: bool = True,
     ) -> None:

@@ -6,9 +6,10 @@ reset observation for a sub-env whose episode had ended, as gymnasium's NEXT_STE
 the number of sub-envs), the batcher computes actions for all rows, and `record` writes those actions
 and extra model outputs into the same row. Per sub-env the session keeps only where its episode starts
 in the table. Episodes that ended, and long ones cut every `rollout_fragment_length` steps, come out of
-`record` (after the forward, so connector write-backs such as MeanStdFilter's are in them) as
-`SingleAgentEpisode`s built from the table, exactly as RLlib's `add_env_step` and `cut` would have
-built them; per-row Python work happens only then, once per shipped chunk, not once per env step.
+`record` (after the forward, so connector write-backs such as MeanStdFilter's are in them) as chunks
+encoded straight from the table (`rlgate.v1.Episode`), holding exactly the `SingleAgentEpisode`s RLlib's
+`add_env_step` and `cut` would have built; per-row Python work happens only then, once per shipped chunk,
+not once per env step.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import numpy as np
 from rlgate.core.columns import Columns
 from rlgate.core.tree import flatten, map_structure, unbatch
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.codec import chunk_message
 from rlgate.episodes.rows import EpisodeRows
+from rlgate.server.shipping import Chunk
 from rlgate.server.step_table import StepTable
 
 # Outputs of the module-to-env pipeline that are stored in the episode as extra model outputs.
@@ -132,7 +135,7 @@ class Session:
         steps = len(live) - fresh.size
         return EpisodeRows([self._pending]), steps
 
-    def record(self, outputs: dict[str, Any]) -> list[SingleAgentEpisode]:
+    def record(self, outputs: dict[str, Any]) -> list[Chunk]:
         """Keep this step's actions and outputs (rows = sub-envs); return the chunks now due for shipping."""
         step, self._pending = self._pending, None
         if step is None:
@@ -149,7 +152,7 @@ class Session:
             shipped += self._cut(self._start <= t - self._fragment, t)
         return shipped
 
-    def flush(self) -> list[SingleAgentEpisode]:
+    def flush(self) -> list[Chunk]:
         """Ship every step recorded so far: ended episodes, and running ones cut now (their successors go on).
 
         A step still waiting for its actions (observed, not recorded) is left for `record()`: the
@@ -169,7 +172,7 @@ class Session:
             self._unshipped = int((self._recorded_row() - self._start)[self._live].clip(min=0).sum())
         return self._unshipped
 
-    def close(self) -> list[SingleAgentEpisode]:
+    def close(self) -> list[Chunk]:
         """End the session: ended episodes not yet shipped, and every running one with at least one recorded
         step cut off as truncated. A step still waiting for its actions is dropped: it was never answered,
         and its observations never went through the env-to-module pipeline."""
@@ -185,7 +188,7 @@ class Session:
         """The newest row whose actions are recorded (the one before the newest while a step is pending)."""
         return self._row if self._pending is None else self._row - 1
 
-    def _take_done(self) -> list[SingleAgentEpisode]:
+    def _take_done(self) -> list[Chunk]:
         """Ended episodes leave their slot (the sub-env's next observation starts a new one)."""
         if not self._any_done:
             return []
@@ -194,7 +197,7 @@ class Session:
         self._live[done] = False
         return self._chunks(done, self._row)
 
-    def _cut(self, due: np.ndarray, end: int) -> list[SingleAgentEpisode]:
+    def _cut(self, due: np.ndarray, end: int) -> list[Chunk]:
         """Ship the running episodes among `due` up to row `end`; each goes on as the next chunk from there.
 
         Episodes that ended at the newest row are no longer running once `_take_done()` took them; while
@@ -210,28 +213,49 @@ class Session:
         self._lookback_start[rows] = np.maximum(end - self._lookback, self._lookback_start[rows])
         return chunks
 
-    def _chunks(self, rows: np.ndarray, end: int, *, truncated: bool = False) -> list[SingleAgentEpisode]:
+    def _chunks(self, rows: np.ndarray, end: int, *, truncated: bool = False) -> list[Chunk]:
         """These sub-envs' running episodes up to row `end`, as chunks to ship; none when nothing takes them."""
-        return [self._episode(int(i), end, truncated=truncated) for i in rows] if self._ships else []
+        return [self._encode(int(i), end, truncated=truncated) for i in rows] if self._ships else []
 
-    def _episode(self, i: int, end: int, *, truncated: bool = False) -> SingleAgentEpisode:
-        """Sub-env i's running episode (chunk) up to row `end`, as a SingleAgentEpisode (with the pending
-        step's observation, as it is now, when `end` is the newest row)."""
-        t, table = end, self._table
+    def _encode(self, i: int, end: int, *, truncated: bool = False) -> Chunk:
+        """Sub-env i's running episode up to recorded row `end`, encoded straight from the table's rows.
+
+        What `episode_to_proto` would make of the episode `_episode` builds, for a third of the cost: the table
+        holds the columns' rows consistent, so there is nothing to check. A shipped chunk always has a step
+        (`first < end`), and every row up to `end` is recorded (no step of it pending)."""
+        table = self._table
         first, start = int(self._lookback_start[i]), int(self._start[i])
-        pending = self._pending if end == self._row else None
-        if pending is None:
-            observations = table.get(Columns.OBS, first, t + 1, i)
-        else:  # the newest observation is not in the table until record()
-            latest = pending.latest_observation(i)
-            stored = table.get(Columns.OBS, first, t, i) if first < t else _empty_like(latest)
-            if _same_layout(stored, latest):
-                observations = map_structure(
-                    lambda rows, last: np.concatenate([rows, np.asarray(last)[None]]), stored, latest
-                )
-            else:  # earlier steps hold what a piece wrote back (e.g. one-hot), the newest is still as sent
-                observations = [*unbatch(stored), latest]
-        done = end == self._row and bool(self._done[i])
+        terminated, truncated = self._ends(i, end, truncated)
+        extra = {key: table.view(key, first, end, i) for key in RECORDED_OUTPUTS if key in table}
+        message = chunk_message(
+            self._ids[i],
+            observations=table.view(Columns.OBS, first, end + 1, i),
+            actions=table.view(Columns.ACTIONS, first, end, i),
+            rewards=table.view(Columns.REWARDS, first + 1, end + 1, i),
+            extra_model_outputs=extra,
+            infos=table.get_infos(first, end + 1, i),
+            len_lookback_buffer=start - first,
+            terminated=terminated,
+            truncated=truncated,
+            t_started=int(self._t_started[i]),
+            chunk_index=int(self._chunk[i]),
+        )
+        return Chunk(message, end - start, self.observation_space, self.spec.action_space)
+
+    def _episode(self, i: int) -> SingleAgentEpisode:
+        """Sub-env i's running episode up to the pending step, as a SingleAgentEpisode, for per-episode
+        connector pieces: with the pending step's observation as it is now (not in the table until record())."""
+        t, table, pending = self._row, self._table, self._pending
+        first, start = int(self._lookback_start[i]), int(self._start[i])
+        latest = pending.latest_observation(i)
+        stored = table.get(Columns.OBS, first, t, i) if first < t else _empty_like(latest)
+        if _same_layout(stored, latest):
+            observations = map_structure(
+                lambda rows, last: np.concatenate([rows, np.asarray(last)[None]]), stored, latest
+            )
+        else:  # earlier steps hold what a piece wrote back (e.g. one-hot), the newest is still as sent
+            observations = [*unbatch(stored), latest]
+        terminated, truncated = self._ends(i, t, False)
         episode = SingleAgentEpisode(
             self._ids[i],
             observations=observations,
@@ -240,14 +264,19 @@ class Session:
             actions=table.get(Columns.ACTIONS, first, t, i) if first < t else None,
             action_space=self.spec.action_space,
             rewards=table.get(Columns.REWARDS, first + 1, t + 1, i),
-            terminated=done and bool(self._terminateds[i]),
-            truncated=truncated or (done and bool(self._truncateds[i])),
+            terminated=terminated,
+            truncated=truncated,
             extra_model_outputs={k: table.get(k, first, t, i) for k in RECORDED_OUTPUTS if k in table and first < t},
             t_started=int(self._t_started[i]),
             len_lookback_buffer=start - first,
         )
         episode.chunk_index = int(self._chunk[i])
         return episode
+
+    def _ends(self, i: int, end: int, truncated: bool) -> tuple[bool, bool]:
+        """(terminated, truncated) of sub-env i's chunk up to row `end`: its flags if it ended at the newest row."""
+        done = end == self._row and bool(self._done[i])
+        return done and bool(self._terminateds[i]), truncated or (done and bool(self._truncateds[i]))
 
 
 class _Step:
@@ -266,7 +295,7 @@ class _Step:
         """Row i's episode, built once per step (only per-episode connector pieces ask for it)."""
         episode = self._episodes.get(i)
         if episode is None:
-            episode = self._episodes[i] = self.session._episode(i, self.row)
+            episode = self._episodes[i] = self.session._episode(i)
         return episode
 
     def set_latest_observations(self, observations: Any, observation_space: gym.Space | None) -> None:

@@ -1,8 +1,9 @@
 """Where finished episodes (and chunks of running ones) go: sinks fed by the sessions.
 
-`ship()` never blocks the event loop's hot path: it queues the episodes, and a worker task encodes
-and delivers them. `DirectorySink` writes one `rlgate.v1.Episode` file per chunk (offline data), with
-the spaces and run spec beside them (rlgate.spec.episode_files, which reads them back); the learner
+Sessions hand over `Chunk`s, encoded once as the `rlgate.v1.Episode` messages every sink sends or writes.
+`ship()` never blocks the event loop's hot path: it queues the chunks, and a worker task delivers them.
+`DirectorySink` writes one `rlgate.v1.Episode` file per chunk (offline data), with the spaces and run spec
+beside them (rlgate.spec.episode_files, which reads them back); the learner
 sink (server/learner_link.py) streams them to the learner with acks and a spool.
 """
 
@@ -14,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import gymnasium as gym
 
@@ -21,6 +23,7 @@ from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_to_proto
 from rlgate.spec.episode_files import Recording, read_metadata, write_metadata
 from rlgate.spec.run import RunSpec
+from rlgate.v1 import episode_pb2
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +32,28 @@ log = logging.getLogger(__name__)
 EPISODE_ENDS = ("terminated", "truncated", "cut")
 
 
-def episode_end(episode: SingleAgentEpisode) -> str:
+class Chunk(NamedTuple):
+    """An episode chunk to ship: its message, its env steps (lookback excluded) and the spaces of its data."""
+
+    message: episode_pb2.Episode
+    steps: int
+    observation_space: gym.Space | None
+    action_space: gym.Space | None
+
+
+def encoded(episodes: list[SingleAgentEpisode]) -> list[Chunk]:
+    """Episodes built as objects (a multi-agent session's agents' chunks) as chunks to ship."""
+    return [
+        Chunk(episode_to_proto(episode), len(episode), episode.observation_space, episode.action_space)
+        for episode in episodes
+    ]
+
+
+def episode_end(chunk: Chunk) -> str:
     """How a chunk ended, for metrics and logs: terminated, truncated or cut (the episode goes on)."""
-    if episode.is_terminated:
+    if chunk.message.terminated:
         return "terminated"
-    return "truncated" if episode.is_truncated else "cut"
+    return "truncated" if chunk.message.truncated else "cut"
 
 
 class DirectorySink:
@@ -50,15 +70,15 @@ class DirectorySink:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._context = context
         self._recording: Recording | None = None
-        self._queue: asyncio.Queue[list[SingleAgentEpisode]] = asyncio.Queue()
+        self._queue: asyncio.Queue[list[Chunk]] = asyncio.Queue()
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="rlgate-episode-files")
 
-    def ship(self, episodes: list[SingleAgentEpisode]) -> None:
-        if episodes:
-            self._queue.put_nowait(episodes)
+    def ship(self, chunks: list[Chunk]) -> None:
+        if chunks:
+            self._queue.put_nowait(chunks)
 
     async def stop(self) -> None:
         """Write everything queued, then stop."""
@@ -69,11 +89,11 @@ class DirectorySink:
 
     async def _run(self) -> None:
         while True:
-            episodes = await self._queue.get()
+            chunks = await self._queue.get()
             try:
-                await asyncio.to_thread(self._describe, episodes[0])
-                for episode in episodes:
-                    message = episode_to_proto(episode)
+                await asyncio.to_thread(self._describe, chunks[0])
+                for chunk in chunks:
+                    message = chunk.message
                     path = self.directory / f"{message.id}-{message.chunk_index}.pb"
                     await asyncio.to_thread(path.write_bytes, message.SerializeToString())
             except Exception:
@@ -81,10 +101,10 @@ class DirectorySink:
             finally:
                 self._queue.task_done()
 
-    def _describe(self, episode: SingleAgentEpisode) -> None:
+    def _describe(self, chunk: Chunk) -> None:
         """Make sure the directory's metadata.json describes this chunk's data (the first chunk writes it)."""
         spec, env_space = self._context()
-        recording = Recording(episode.observation_space, episode.action_space, env_space, spec)
+        recording = Recording(chunk.observation_space, chunk.action_space, env_space, spec)
         if self._recording is not None and self._recording.same_data(recording):
             return
         found = read_metadata(self.directory) if self._recording is None else self._recording

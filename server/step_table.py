@@ -70,11 +70,12 @@ class StepTable:
 
     def get(self, column: str, start: int, stop: int, env: int) -> Any:
         """A copy of global rows start .. stop - 1 of sub-env `env` in `column`: [stop - start, ...]."""
+        return map_structure(np.copy, self.view(column, start, stop, env))
+
+    def view(self, column: str, start: int, stop: int, env: int) -> Any:
+        """Like `get`, but views into the table: valid only until the next write (for encoding at once)."""
         a, b = start - self.first, stop - self.first
-        store = self._columns[column]
-        if isinstance(store, np.ndarray):
-            return store[a:b, env].copy()
-        return map_structure(lambda leaf: leaf[a:b, env].copy(), store)
+        return map_structure(lambda leaf: leaf[a:b, env], self._columns[column])
 
     def get_infos(self, start: int, stop: int, env: int) -> list[dict]:
         """Sub-env `env`'s infos of global rows start .. stop - 1 (empty dicts where none were sent)."""

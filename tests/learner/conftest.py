@@ -13,6 +13,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+from support.chunks import decoded
 from support.learners import Learners
 
 from rlgate.core.columns import Columns
@@ -94,7 +95,7 @@ def cartpole_chunks() -> Callable[..., list[SingleAgentEpisode]]:
         for _ in range(steps + 20):  # each round adds 4 env steps; at most 4 * 16 wait in running episodes
             episodes, _ = session.observe(obs, rewards, terminateds, truncateds, None)
             outputs = policy.compute(obs, episodes, explore=True)
-            done = session.record(outputs)
+            done = decoded(session.record(outputs))
             chunks += done
             shipped += sum(len(c) for c in done)
             if shipped >= steps:

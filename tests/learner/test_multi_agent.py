@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.chunks import decoded
 from support.servers import SELF_PLAY, running_client, target, until
 
 from rlgate.client.env_client import EnvClient
@@ -156,7 +157,7 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     for _ in range(60):
         episodes, _ = session.observe(steps)
         outputs = policy.compute(episodes, explore=True)
-        chunks += session.record(outputs)
+        chunks += decoded(session.record(outputs))
         steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
     groups: dict[tuple, list] = {}  # the agents' chunks of each multi-agent chunk
     for chunk in chunks:

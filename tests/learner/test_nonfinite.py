@@ -32,7 +32,8 @@ ACTION_SPACE = gym.spaces.Discrete(2)
 def poison(chunk: SingleAgentEpisode, column: str, value: float = np.inf) -> SingleAgentEpisode:
     """Set every value of one column of `chunk` (rewards, observations or a model output) to `value`."""
     buffer = {"rewards": chunk.rewards, "observations": chunk.observations}.get(column)
-    (buffer or chunk.extra_model_outputs[column]).data[...] = value
+    buffer = buffer or chunk.extra_model_outputs[column]
+    buffer.data = np.full_like(buffer.data, value)  # decoded chunks are read-only views of their message
     return chunk
 
 

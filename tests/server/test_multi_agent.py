@@ -9,6 +9,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+from support.chunks import decoded
 from support.servers import BOX4, DISCRETE2, SELF_PLAY, RawStream, shipped, target
 
 from rlgate.client.env_client import EnvClient
@@ -251,10 +252,10 @@ def test_flush_while_a_step_waits_ships_every_env_step_once(examples_importable)
         episodes, completed = session.observe(steps)
         taken += completed
         if t % 7 == 3:
-            shipped += session.flush()
+            shipped += decoded(session.flush())
         outputs = policy.compute(episodes, explore=True)
-        shipped += session.record(outputs)
+        shipped += decoded(session.record(outputs))
         steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
-    shipped += session.close()
+    shipped += decoded(session.close())
     assert sum(chunk.multi_agent_env_steps for chunk in shipped) == taken
     assert sum(len(chunk) for chunk in shipped) >= taken  # two agents per env step while both balance

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.agent_traces import JoinLeaveEnv, per_agent
+from support.chunks import decoded
 from support.servers import shipped, target
 
 from rlgate.client.agent_envs import AgentEnvs
@@ -22,7 +23,7 @@ from rlgate.client.env_client import EnvClient, _agents_step
 from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto, episode_to_proto
+from rlgate.episodes.codec import episode_from_proto
 from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_policy import MultiAgentPolicy
@@ -116,18 +117,18 @@ def test_shipped_chunks_hold_what_the_env_emitted(
             held = session.unshipped_steps()  # what the learner link counts as held, in the learner's units
             flushed = session.flush()
             counted = len if count_steps_by == "agent_steps" else lambda c: c.multi_agent_env_steps
+            flushed = decoded(flushed)
             # At most: an env step in which no agent took a step ships in no agent's chunk.
             assert sum(map(counted, flushed)) <= held and session.unshipped_steps() == 0
             chunks += flushed
         outputs = policy.compute(episodes, explore=True)
-        chunks += session.record(outputs)
+        chunks += decoded(session.record(outputs))
         if t == 39:  # the env's last step is the one the session saw last
             break
         answer = encode_agent_actions(outputs[Columns.ACTIONS_FOR_ENV])
         steps = agent_envs.step([{a: codec.from_value(v) for a, v in per_env.actions.items()} for per_env in answer])
-    chunks += session.close()
-    shipped_chunks = [episode_from_proto(episode_to_proto(chunk)) for chunk in chunks]
-    assert assert_chunks_match_the_env(envs, shipped_chunks) >= num_envs
+    chunks += decoded(session.close())
+    assert assert_chunks_match_the_env(envs, chunks) >= num_envs
 
 
 @pytest.mark.parametrize("mapping", ["shared", "per_agent"])

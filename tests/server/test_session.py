@@ -3,9 +3,9 @@
 Random message sequences (sub-envs ending at random, flushes before and after the forward, chunk cuts
 with lookback, nested observations and states, infos, sessions closed mid-step) go through the server's
 `Session` and through `ReferenceSession` (one SingleAgentEpisode per sub-env, add_env_step and cut);
-every shipped chunk must match field by field, and a flush ships exactly the steps `unshipped_steps()` said
-were held. Then both drive real policies whose pipelines use the
-per-episode path (an LSTM's states) and the batched write-back (Dict observations flattened and
+every shipped chunk, decoded as the learner decodes it, must match field by field, and a flush ships
+exactly the steps `unshipped_steps()` said were held. Then both drive real policies whose pipelines use
+the per-episode path (an LSTM's states) and the batched write-back (Dict observations flattened and
 normalised), and must give the same actions and episodes.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from support.chunks import decoded
 from support.reference_session import ReferenceSession
 
 from rlgate.connectors import ConnectorV2
@@ -27,6 +28,7 @@ from rlgate.models import ModelConfig
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
+from rlgate.server.shipping import Chunk
 from rlgate.spec.run import RunSpec
 
 BOX = gym.spaces.Box(-10.0, 10.0, (4,), np.float32)
@@ -68,13 +70,16 @@ class Twins:
         self.ids: dict[str, str] = {}  # reference id -> session id
         self.shipped = 0
 
-    def compare(self, expected: list[SingleAgentEpisode], actual: list[SingleAgentEpisode]) -> None:
+    def compare(self, expected: list[SingleAgentEpisode], shipped: list[Chunk]) -> list[SingleAgentEpisode]:
+        """Check the session's chunks against the reference's episodes; return them decoded."""
+        actual = decoded(shipped)
         assert len(actual) == len(expected)
         for want, got in zip(expected, actual, strict=True):
             assert self.ids.setdefault(want.id_, got.id_) == got.id_, "chunks of one episode must share its id"
             assert_same_episode(want, got)
         assert len(set(self.ids.values())) == len(self.ids), "distinct episodes must have distinct ids"
         self.shipped += len(actual)
+        return actual
 
     def observe(self, *message: Any) -> tuple[Any, Any, int]:
         ref_episodes, ref_steps = self.ref.observe(*message)
@@ -90,9 +95,8 @@ class Twins:
     def flush(self) -> list[SingleAgentEpisode]:
         unshipped = self.new.unshipped_steps()  # what the learner link counts as held in running episodes
         shipped = self.new.flush()
-        self.compare(self.ref.flush(), shipped)
-        assert sum(map(len, shipped)) == unshipped and self.new.unshipped_steps() == 0
-        return shipped
+        assert sum(chunk.steps for chunk in shipped) == unshipped and self.new.unshipped_steps() == 0
+        return self.compare(self.ref.flush(), shipped)
 
     def close(self) -> None:
         self.compare(self.ref.close(), self.new.close())
