@@ -6,7 +6,6 @@ go back to where they were) and skipped: the version stays, and nothing non-fini
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import gymnasium as gym
@@ -15,8 +14,9 @@ import torch
 
 from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
+from rlgate.core.tree import map_structure
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.learner.ppo import ppo_update
+from rlgate.learner.ppo import adam, ppo_update
 from rlgate.models import RLModule
 from rlgate.spec.algorithm import SCHEDULED, PPOConfig
 
@@ -44,7 +44,7 @@ class Trainer:
         self.env_steps = env_steps  # trained on by every update since version 0 (kept in checkpoints)
         self.max_staleness = max_staleness
         lr = config.at(env_steps).lr
-        self.optimizer = torch.optim.Adam(module.parameters(), lr=lr, eps=1e-5)
+        self.optimizer = adam(module.parameters(), lr)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
             for group in self.optimizer.param_groups:  # the spec's lr (schedule), not the checkpoint's
@@ -103,8 +103,9 @@ class Snapshot:
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.module, self.optimizer = module, optimizer
-        self._weights = copy.deepcopy(module.state_dict())
-        self._optimizer_state = copy.deepcopy(optimizer.state_dict())
+        # The state dicts' tensors are the live ones: cloned (new dicts around them), a tenth of a deepcopy's cost.
+        self._weights = map_structure(_copy, module.state_dict())
+        self._optimizer_state = map_structure(_copy, optimizer.state_dict())
 
     def nonfinite_now(self) -> list[str]:
         """Names of the tensors the module and optimizer hold now that are +-inf or NaN."""
@@ -113,6 +114,10 @@ class Snapshot:
     def restore(self) -> None:
         self.module.load_state_dict(self._weights)
         self.optimizer.load_state_dict(self._optimizer_state)
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def skipped_reason(bad: list[str]) -> str:
