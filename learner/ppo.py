@@ -82,14 +82,10 @@ def explained_variance(targets: torch.Tensor, predictions: torch.Tensor, mask: t
 
 
 def adam(parameters: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
-    """The PPO optimizer (Adam with SB3's and RLlib's eps 1e-5): torch's fused Adam, one kernel per parameter,
-    where torch has it for these parameters (CPU and CUDA float tensors): on a CPU a third of the default
-    single-tensor Adam's time per step for the default model, the same algorithm. Else torch's default."""
-    parameters = list(parameters)
-    try:
-        return torch.optim.Adam(parameters, lr=lr, eps=1e-5, fused=True)
-    except RuntimeError:  # a device or dtype the fused kernel lacks
-        return torch.optim.Adam(parameters, lr=lr, eps=1e-5)
+    """The PPO optimizer: Adam with SB3's and RLlib's eps (1e-5), fused (one kernel per parameter, on every
+    device torch has: CPU included). The same algorithm as torch's default single-tensor Adam, in a third of
+    its time per step for the default model on a CPU."""
+    return torch.optim.Adam(parameters, lr=lr, eps=1e-5, fused=True)
 
 
 def action_logp(module: RLModule, batch: dict[str, torch.Tensor]) -> torch.Tensor:
