@@ -7,9 +7,9 @@ During each window: chunks per second shipped by the server's sessions and accep
 bytes per second reaching the learner's intake, and the largest server spool (bytes written, not yet
 acknowledged). The server's spool is limited to `SPOOL_LIMIT`: when the learner takes chunks in more
 slowly than the server ships them, the spool fills up to it and the server then samples at the
-learner's pace. After the run the server is stopped (it flushes its spool to the learner) and the
-intake is read back: its chunks, each (episode id, chunk index) once, must hold every env step the
-clients were answered.
+learner's pace (the point's `limited_by` then says "learner"). After the run the server is stopped (it
+flushes its spool to the learner) and the intake is read back: its chunks, each (episode id, chunk
+index) once, must hold every env step the clients were answered.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def hand_off(
         if server is not None:
             server.stop()
         learner.stop()
+    if result["max_spool_bytes"] >= SPOOL_LIMIT:  # the spool filled (in most windows): the server waited for it
+        result["limited_by"] = "learner"
     steps, chunks = _read_back(intake)
     return {**result, "spool_limit_bytes": SPOOL_LIMIT, "chunks": chunks, "steps_lost": result["total_steps"] - steps}
 

@@ -44,6 +44,10 @@ LIMITS = (
     "limited by: server = its core >= 0.9 busy; load = a load process >= 0.9 of its core in some window (the "
     "steps/s are then the clients' pace, not the server's: read x cpu/step); round trip = neither saturated"
 )
+HAND_OFF_LIMITS = (
+    "B7 limited by: learner = the server's spool reached its limit (it paused sampling until the learner took "
+    "chunks in); else as above"
+)
 
 
 def cpu_ratio(record: Record, floor: str) -> float:
@@ -105,16 +109,16 @@ def render(records: list[Record]) -> str:
     )  # fmt: skip
     hand_off = table(
         ["", "clients", "envs/msg", "steps/s", "cpu us/step", "server cpu", "chunks shipped/s", "accepted/s",
-         "MB/s", "max spool MB", "spool limit MB", "unacked", "chunks", "steps lost"],
+         "MB/s", "max spool MB", "spool limit MB", "unacked", "chunks", "steps lost", "limited by"],
         [
             [r["scenario"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["server_cpu_us_per_step"],
              r["server_cpu"], r["shipped_per_s"],
              r["episodes_per_s"], r["bytes_per_s"] / 1e6, r["max_spool_bytes"] / 1e6, r["spool_limit_bytes"] / 1e6,
-             r["unacked_batches"], r["chunks"], r["steps_lost"]]
+             r["unacked_batches"], r["chunks"], r["steps_lost"], r["limited_by"]]
             for r in by_scenario["B7"]
         ],
     )  # fmt: skip
-    return "\n\n".join([throughput, floors, LIMITS, stages, hand_off, goals(records)])
+    return "\n\n".join([throughput, floors, LIMITS, stages, hand_off, HAND_OFF_LIMITS, goals(records)])
 
 
 def goals(records: list[Record]) -> str:

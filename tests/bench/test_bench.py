@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 STAGES = {"decode", "append", "env_to_module", "forward", "module_to_env", "encode"}
-LIMITS = {"server", "load", "round trip"}
+LIMITS = {"server", "load", "round trip", "learner"}  # learner: B7's spool filled
 POSITIVE = ("env_steps_per_s", "p50_ms", "p99_ms", "mean_batch", "server_cpu_us_per_step", "floor_env_steps_per_s")
 
 
