@@ -88,17 +88,18 @@ def from_tensor(tensor: pb.Tensor, path: str = "tensor") -> np.ndarray:
     shape = tuple(tensor.shape)
     if len(shape) > MAX_DIMS:
         raise CodecError(f"{path}: {len(shape)} dimensions > {MAX_DIMS}")
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise CodecError(f"{path}: negative dimension in shape {shape}")
-    # Zero-sized dimensions included: numpy refuses a shape like (0, 2**62) however few bytes it holds.
-    if math.prod(max(d, 1) for d in shape) > MAX_ELEMENTS:
-        raise CodecError(f"{path}: shape {shape} has more than {MAX_ELEMENTS} elements")
     count = math.prod(shape)
-    if len(tensor.data) != count * dtype.itemsize:
+    # Zero-sized dimensions included: numpy refuses a shape like (0, 2**62) however few bytes it holds.
+    if count > MAX_ELEMENTS or (not count and math.prod(max(d, 1) for d in shape) > MAX_ELEMENTS):
+        raise CodecError(f"{path}: shape {shape} has more than {MAX_ELEMENTS} elements")
+    data = tensor.data  # read once: each read of a bytes field builds a new bytes object
+    if len(data) != count * dtype.itemsize:
         raise CodecError(
-            f"{path}: {len(tensor.data)} data bytes != {count * dtype.itemsize} for shape {shape} of {dtype.name}"
+            f"{path}: {len(data)} data bytes != {count * dtype.itemsize} for shape {shape} of {dtype.name}"
         )
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 # --- nested values ----------------------------------------------------------------------------------

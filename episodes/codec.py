@@ -172,6 +172,8 @@ def _batched(buffer: InfiniteLookbackBuffer) -> Any:
 
 def _in_space_order(data: Any, space: gym.Space | None) -> Any:
     """Dicts re-keyed in the space's key order (a protobuf map keeps none); other data unchanged."""
+    if isinstance(data, np.ndarray):  # the common case, before the spaces' (slow) ABC isinstance checks
+        return data
     if isinstance(space, gym.spaces.Dict) and isinstance(data, dict):
         order = {key: i for i, key in enumerate(space.spaces)}
         keys = sorted(data, key=lambda key: order.get(key, len(order)))

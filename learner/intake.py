@@ -267,7 +267,7 @@ def _newest_version(chunk: SingleAgentEpisode) -> int:
     versions = chunk.extra_model_outputs.get(Columns.MODEL_VERSION)
     if versions is None or not len(chunk):
         return np.iinfo(np.int64).max
-    return int(np.max(versions.get(slice(0, len(chunk)))))
+    return int(np.max(versions.data[versions.lookback :]))  # the chunk's own steps (as get(), for less)
 
 
 def nonfinite_column(episode: SingleAgentEpisode, *, observations: bool = True) -> str | None:

@@ -123,6 +123,7 @@ def test_big_endian_and_non_contiguous_input_encode_as_little_endian_c_order():
         (pb.Tensor(dtype=pb.DTYPE_UNSPECIFIED, shape=[1], data=b"\0"), "missing (dtype not set)"),
         (pb.Tensor(dtype=99, shape=[1], data=b"\0"), "unknown dtype 99"),
         (pb.Tensor(dtype=pb.DTYPE_INT8, shape=[-1], data=b""), "negative dimension"),
+        (pb.Tensor(dtype=pb.DTYPE_INT8, shape=[-2, -3], data=b"\0" * 6), "negative dimension"),  # product 6 > 0
         (pb.Tensor(dtype=pb.DTYPE_INT8, shape=[1 << 20, 1 << 20], data=b""), "more than"),
         (pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[0, 2**62], data=b""), "more than"),  # numpy: "array is too big"
         (pb.Tensor(dtype=pb.DTYPE_INT8, shape=[1] * 33, data=b"\0"), "33 dimensions"),
