@@ -220,9 +220,9 @@ class Session:
     def _encode(self, i: int, end: int, *, truncated: bool = False) -> Chunk:
         """Sub-env i's running episode up to recorded row `end`, encoded straight from the table's rows.
 
-        What `episode_to_proto` would make of the episode `_episode` builds, for a third of the cost: the table
-        holds the columns' rows consistent, so there is nothing to check. A shipped chunk always has a step
-        (`first < end`), and every row up to `end` is recorded (no step of it pending)."""
+        The message `episode_to_proto` would make of the chunk as a `SingleAgentEpisode`, for a third of the
+        cost: the table holds the columns' rows consistent, so there is nothing to check. A shipped chunk has a
+        step (`start < end`), and every row up to `end` is recorded (none of its steps is pending)."""
         table = self._table
         first, start = int(self._lookback_start[i]), int(self._start[i])
         terminated, truncated = self._ends(i, end, truncated)

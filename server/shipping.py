@@ -3,8 +3,8 @@
 Sessions hand over `Chunk`s, encoded once as the `rlgate.v1.Episode` messages every sink sends or writes.
 `ship()` never blocks the event loop's hot path: it queues the chunks, and a worker task delivers them.
 `DirectorySink` writes one `rlgate.v1.Episode` file per chunk (offline data), with the spaces and run spec
-beside them (rlgate.spec.episode_files, which reads them back); the learner
-sink (server/learner_link.py) streams them to the learner with acks and a spool.
+beside them (rlgate.spec.episode_files, which reads them back); the learner sink (server/learner_link.py)
+streams them to the learner with acks and a spool.
 """
 
 from __future__ import annotations
