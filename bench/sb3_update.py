@@ -24,7 +24,8 @@ import torch
 from rlgate.connectors.builders import build_learner_pipeline
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.learner.ppo import adam, ppo_update
+from rlgate.learner.adam import Adam
+from rlgate.learner.ppo import ppo_update
 from rlgate.models import build_module
 from rlgate.spec.algorithm import PPOConfig
 
@@ -134,7 +135,7 @@ def compare(seed: int, steps: int, epochs: int) -> tuple[dict[str, float], dict[
         lr=LR,
         entropy_coeff=ENTROPY,
     )
-    ppo_update(module, adam(module.parameters(), LR), batch, config, _Permutations(perms))  # the Trainer's Adam  # type: ignore[arg-type]
+    ppo_update(module, Adam(module.parameters(), LR), batch, config, _Permutations(perms))  # the Trainer's Adam  # type: ignore[arg-type]
     ours, theirs = module.state_dict(), sb3.policy.state_dict()
     weights = {
         name: (

@@ -20,7 +20,8 @@ import torch
 from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.learner.ppo import adam, ppo_update
+from rlgate.learner.adam import Adam
+from rlgate.learner.ppo import ppo_update
 from rlgate.learner.trainer import Snapshot, scheduled_values, skipped_reason
 from rlgate.models import MultiRLModule
 from rlgate.spec.algorithm import PPOConfig
@@ -54,7 +55,7 @@ class MultiAgentTrainer:
         self.module_versions = {m: (module_versions or {}).get(m, 0) for m in module}
         self.env_steps = env_steps  # trained on (counted by count_steps_by) by every update since version 0
         lr = config.at(env_steps).lr
-        self.optimizer = {m: adam(module[m].parameters(), lr) for m in trainable}
+        self.optimizer = {m: Adam(module[m].parameters(), lr) for m in trainable}
         for module_id, state in (optimizer_states or {}).items():
             if module_id in self.optimizer:
                 self.optimizer[module_id].load_state_dict(state)

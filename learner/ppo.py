@@ -15,13 +15,13 @@ staler than `max_staleness`) do not count.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
 
 from rlgate.core.columns import Columns
+from rlgate.learner.adam import Adam
 from rlgate.models import RLModule
 from rlgate.spec.algorithm import PPOConfig
 
@@ -81,13 +81,6 @@ def explained_variance(targets: torch.Tensor, predictions: torch.Tensor, mask: t
     return torch.clamp(1 - variance(targets - predictions) / (variance(targets) + 1e-8), min=-1.0)
 
 
-def adam(parameters: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
-    """The PPO optimizer: Adam with SB3's and RLlib's eps (1e-5), fused (one kernel per parameter, on every
-    device torch has: CPU included). The same algorithm as torch's default single-tensor Adam, in a third of
-    its time per step for the default model on a CPU."""
-    return torch.optim.Adam(parameters, lr=lr, eps=1e-5, fused=True)
-
-
 def action_logp(module: RLModule, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """log pi(a|s) of the batch's actions under the module as it is now (no gradient)."""
     with torch.no_grad():
@@ -98,7 +91,7 @@ def action_logp(module: RLModule, batch: dict[str, torch.Tensor]) -> torch.Tenso
 
 def ppo_update(
     module: RLModule,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Adam,
     batch: dict[str, torch.Tensor],
     config: PPOConfig,
     rng: np.random.Generator,
@@ -127,7 +120,7 @@ def ppo_update(
             rows = order[start : start + config.minibatch_size]
             minibatch = {k: v[rows] for k, v in batch.items()}
             loss, parts = ppo_loss(module, minibatch, config)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
             optimizer.step()

@@ -16,7 +16,8 @@ from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.learner.ppo import adam, ppo_update
+from rlgate.learner.adam import Adam
+from rlgate.learner.ppo import ppo_update
 from rlgate.models import RLModule
 from rlgate.spec.algorithm import SCHEDULED, PPOConfig
 
@@ -44,7 +45,7 @@ class Trainer:
         self.env_steps = env_steps  # trained on by every update since version 0 (kept in checkpoints)
         self.max_staleness = max_staleness
         lr = config.at(env_steps).lr
-        self.optimizer = adam(module.parameters(), lr)
+        self.optimizer = Adam(module.parameters(), lr)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
             for group in self.optimizer.param_groups:  # the spec's lr (schedule), not the checkpoint's
@@ -101,7 +102,7 @@ class Snapshot:
     """A module's weights and its optimizer's state before an update, to put back if the update left a
     non-finite value in either (shared by the single- and multi-agent trainers)."""
 
-    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, module: torch.nn.Module, optimizer: Adam) -> None:
         self.module, self.optimizer = module, optimizer
         # The state dicts' tensors are the live ones: cloned (new dicts around them), a tenth of a deepcopy's cost.
         self._weights = map_structure(_copy, module.state_dict())

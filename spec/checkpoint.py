@@ -20,7 +20,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import torch
@@ -33,6 +33,13 @@ from rlgate.spec.run import RunSpec
 from rlgate.v1 import tensor_pb2
 
 LATEST = "latest"
+
+
+class Optimizer(Protocol):
+    """What a checkpoint needs of an optimizer: its state dict in torch.optim's format (learner.adam.Adam's,
+    or a torch.optim optimizer's)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
 
 
 class CheckpointNotFound(UserError, FileNotFoundError):
@@ -66,7 +73,7 @@ def save(
     observation_space: gym.Space,
     action_space: gym.Space,
     weights: bytes | dict[str, bytes],
-    optimizer: torch.optim.Optimizer | dict[str, torch.optim.Optimizer] | None = None,
+    optimizer: Optimizer | dict[str, Optimizer] | None = None,
     connector_state: dict[str, Any] | None = None,
     trained_chunks: list[str] | None = None,
     partial_chunks: dict[str, int] | None = None,
@@ -170,7 +177,7 @@ def load(path: Path) -> Checkpoint:
     )
 
 
-def _optimizer_to_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _optimizer_to_tensors(optimizer: Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Split an optimizer state dict into tensors (safetensors) and plain values (JSON)."""
     state = optimizer.state_dict()
     tensors = {}
