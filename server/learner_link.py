@@ -237,18 +237,16 @@ class LearnerLink:
         async with self._write_lock:
             if self._queue:
                 delta = await self._connector_delta()
-                self._add_to_spool(await asyncio.to_thread(self._write_batch, delta))
+                chunks, self._queue = self._queue, []  # after the await: what was shipped meanwhile goes too
+                self._add_to_spool(await asyncio.to_thread(self._write_batch, chunks, delta))
 
-    def _write_batch(self, connector_delta: dict | None = None) -> tuple[int, Path, int, int] | None:
-        """Everything queued becomes one batch, written to a temporary file: its (seq, file, size, steps), or None
-        when nothing was queued. May run on a worker thread; `_add_to_spool` then puts it in the spool.
+    def _write_batch(self, chunks: list[Chunk], connector_delta: dict) -> tuple[int, Path, int, int]:
+        """The chunks as one batch, written to a temporary file: its (seq, file, size, steps). Runs on a worker
+        thread; `_add_to_spool` then puts it in the spool.
 
         The batch carries the connector statistics gathered since the previous one (MeanStdFilter), which
         the learner merges across servers.
         """
-        chunks, self._queue = self._queue, []
-        if not chunks:
-            return None
         seq = self.spool.next_seq()
         space = chunks[0].observation_space  # what the pipeline's write-backs left (the same for all)
         batch = learner_pb2.EpisodeBatch(
@@ -261,11 +259,10 @@ class LearnerLink:
         data = batch.SerializeToString()
         return seq, self.spool.write_tmp(seq, data), len(data), sum(chunk.steps for chunk in chunks)
 
-    def _add_to_spool(self, written: tuple[int, Path, int, int] | None) -> None:
+    def _add_to_spool(self, written: tuple[int, Path, int, int]) -> None:
         """On the event loop, like the acks: the sender cannot see the file before it is counted."""
-        if written is not None:
-            self.spool.add(*written)
-            self._queued_steps -= written[3]
+        self.spool.add(*written)
+        self._queued_steps -= written[3]
 
     async def _follow_connectivity(self) -> None:
         """Keep `state` and `connected` current (and the metric), with one log line per change."""
