@@ -81,7 +81,7 @@ class Session:
         self._start = np.zeros(n, np.int64)
         self._lookback_start = np.zeros(n, np.int64)
         self._t_started = np.zeros(n, np.int64)
-        self._chunk = np.zeros(n, np.int64)
+        self._chunk_index = np.zeros(n, np.int64)
         self._ids: list[str] = [""] * n
         self._new_ids = count()
         self._row = -1  # the newest row
@@ -124,7 +124,7 @@ class Session:
             fresh = np.flatnonzero(~live)
             for i in fresh:
                 self._ids[i] = f"{self.id}-{next(self._new_ids)}"
-            self._t_started[fresh] = self._chunk[fresh] = 0
+            self._t_started[fresh] = self._chunk_index[fresh] = 0
             self._start[fresh] = self._lookback_start[fresh] = t
             self._first_start = int(self._start.min())
             self._done[fresh] = False
@@ -207,7 +207,7 @@ class Session:
             return []
         chunks = self._chunks(rows, end)
         self._t_started[rows] += end - self._start[rows]
-        self._chunk[rows] += 1
+        self._chunk_index[rows] += 1
         self._start[rows] = end
         self._first_start = int(self._start.min())
         self._lookback_start[rows] = np.maximum(end - self._lookback, self._lookback_start[rows])
@@ -238,7 +238,7 @@ class Session:
             terminated=terminated,
             truncated=truncated,
             t_started=int(self._t_started[i]),
-            chunk_index=int(self._chunk[i]),
+            chunk_index=int(self._chunk_index[i]),
         )
         return Chunk(message, end - start, self.observation_space, self.spec.action_space)
 
@@ -270,7 +270,7 @@ class Session:
             t_started=int(self._t_started[i]),
             len_lookback_buffer=start - first,
         )
-        episode.chunk_index = int(self._chunk[i])
+        episode.chunk_index = int(self._chunk_index[i])
         return episode
 
     def _ends(self, i: int, end: int, truncated: bool) -> tuple[bool, bool]:
