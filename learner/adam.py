@@ -22,9 +22,12 @@ class Adam:
     """Adam without weight decay or amsgrad over one group of parameters (`param_groups[0]["lr"]` may change)."""
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], lr: float) -> None:
-        group = {"lr": lr, "betas": BETAS, "eps": EPS, "weight_decay": 0.0, "amsgrad": False, "maximize": False}
-        group.update(foreach=None, capturable=False, differentiable=False, fused=True, decoupled_weight_decay=False)
-        self.param_groups: list[dict[str, Any]] = [{"params": list(parameters), **group}]
+        # torch.optim.Adam(fused=True)'s group settings, so that its load_state_dict takes our state dict as it is.
+        settings = {"weight_decay": 0.0, "amsgrad": False, "maximize": False, "foreach": None, "capturable": False}
+        settings |= {"differentiable": False, "fused": True, "decoupled_weight_decay": False}
+        self.param_groups: list[dict[str, Any]] = [
+            {"params": list(parameters), "lr": lr, "betas": BETAS, "eps": EPS, **settings}
+        ]
         self.state: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
 
     def zero_grad(self) -> None:
