@@ -108,6 +108,7 @@ def sb3_child(env_id: str, seed: int, goal: float, budget: int) -> None:
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecNormalize
 
     started = process_started()
@@ -122,6 +123,7 @@ def sb3_child(env_id: str, seed: int, goal: float, budget: int) -> None:
     if normalize:
         env = VecNormalize(env, gamma=params.get("gamma", 0.99))
     model = PPO("MlpPolicy", env, seed=seed, verbose=0, **params)
+    model.set_logger(Logger(None, []))  # SB3's default logger leaves an empty /tmp/SB3-<time> folder per run
 
     class StopAtGoal(BaseCallback):
         reached_at: float | None = None

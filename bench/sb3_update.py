@@ -81,6 +81,7 @@ def compare(seed: int, steps: int, epochs: int) -> tuple[dict[str, float], dict[
     from stable_baselines3 import PPO
     from stable_baselines3.common import buffers
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
 
     if steps >= 1000:
         raise ValueError("--steps must stay under LunarLander's time limit (1000), so that no episode is truncated")
@@ -98,6 +99,7 @@ def compare(seed: int, steps: int, epochs: int) -> tuple[dict[str, float], dict[
         normalize_advantage=False,
         seed=seed,
     )
+    sb3.set_logger(Logger(None, []))  # SB3's default logger leaves an empty /tmp/SB3-<time> folder per run
     _, callback = sb3._setup_learn(steps * NUM_ENVS, None)
     callback.on_training_start(locals(), globals())
     sb3.collect_rollouts(sb3.env, callback, sb3.rollout_buffer, n_rollout_steps=steps)
