@@ -109,10 +109,11 @@ def _bytes(directory: Path) -> int:
 
 def _read_back(intake: Path) -> tuple[int, int]:
     """Env steps (lookback rows excluded) and the number of distinct chunks in the learner's intake."""
-    steps, keys = 0, set()
+    chunks: dict[tuple[str, int], int] = {}  # (episode id, chunk index) -> steps
     for path in intake.glob("*.pb"):
-        for episode in learner_pb2.EpisodeBatch.FromString(path.read_bytes()).episodes:
-            if (episode.id, episode.chunk_index) not in keys:
-                keys.add((episode.id, episode.chunk_index))
-                steps += episode.rewards.shape[0] - episode.len_lookback_buffer
-    return steps, len(keys)
+        batch = learner_pb2.EpisodeBatch.FromString(path.read_bytes())
+        for table in batch.chunks:
+            chunks.update(zip(zip(table.ids, table.chunk_indices, strict=True), table.steps, strict=True))
+        for episode in batch.episodes:  # a server before EpisodeChunks (bench.compare against one)
+            chunks[episode.id, episode.chunk_index] = episode.rewards.shape[0] - episode.len_lookback_buffer
+    return sum(chunks.values()), len(chunks)

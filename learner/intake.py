@@ -32,7 +32,7 @@ from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.core.tree import flatten
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.codec import episode_from_proto, episodes_from_chunks
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
@@ -185,49 +185,85 @@ class Intake:
         self._files = [f for f in self._files if f.path not in gone]
 
     def _add(self, batch: learner_pb2.EpisodeBatch) -> list[str]:
-        accepted = []
+        accepted: list[str] = []
+        server = batch.server_id
         try:  # multi-agent chunks are decoded in their module's spaces instead
             observation_space = self._observation_space(batch) if self.module_spaces is None else None
         except ValueError as exc:
-            self._reject(
-                "unknown observation space",
-                len(batch.episodes),
-                f"all of the batch from server {batch.server_id}: {exc}",
-            )
+            chunks = len(batch.episodes) + sum(len(table.ids) for table in batch.chunks)
+            self._reject("unknown observation space", chunks, f"all of the batch from server {server}: {exc}")
             return accepted
-        for message in batch.episodes:
+        for message in batch.episodes:  # one message per chunk (servers before EpisodeChunks, spooled)
             key = chunk_key(message.id, message.chunk_index)
-            if key in self._seen:
-                self.duplicates += 1
+            if self._duplicate(key):
                 continue
-            spaces = (observation_space, self.action_space)
-            if self.module_spaces is not None:
-                if message.agent_id not in self.agents:
-                    self._reject("unknown agent", 1, f"{key} from server {batch.server_id}: agent {message.agent_id!r}")
-                    continue
-                if message.module_id not in self.module_spaces:
-                    module = message.module_id
-                    self._reject("unknown module", 1, f"{key} from server {batch.server_id}: module {module!r}")
-                    continue
-                spaces = self.module_spaces[message.module_id]
+            spaces = self._spaces(
+                observation_space, message.module_id, message.agent_id, 1, f"{key} from server {server}"
+            )
+            if spaces is None:
+                continue
             try:
                 episode = episode_from_proto(message, *spaces)
             except ValueError as exc:  # CodecError included: one bad chunk never blocks the others
-                self._reject("malformed", 1, f"{key} from server {batch.server_id}: {exc}")
+                self._reject("malformed", 1, f"{key} from server {server}: {exc}")
                 continue
-            column = nonfinite_column(episode, observations=not self.allow_nonfinite_obs)
-            if column is not None:
-                self._reject(f"non-finite {column}", 1, f"{key} from server {batch.server_id}: non-finite {column}")
+            self._take_chunk(key, episode, server, accepted)
+        for table in batch.chunks:
+            what = f"a table of {len(table.ids)} chunks from server {server}"
+            spaces = self._spaces(observation_space, table.module_id, None, len(table.ids), what)
+            if spaces is None:
                 continue
-            self._seen.add(key)
-            if key in self._taken:  # split before a restart: its first steps are trained already
-                episode = episode.slice(slice(self._taken[key], None), len_lookback_buffer=self.lookback)
-            self.pending.append(episode)
-            self._version_floor = min(self._version_floor, _newest_version(episode))
-            self.pending_steps += self.count([episode])
-            accepted.append(key)
-            self._track_return(episode)
+            try:
+                episodes = episodes_from_chunks(table, *spaces)
+            except ValueError as exc:  # the table's rows do not add up: none of its chunks can be told apart
+                self._reject("malformed", len(table.ids), f"{what}: {exc}")
+                continue
+            for episode in episodes:
+                key = chunk_key(episode.id_, episode.chunk_index)
+                if self._duplicate(key):
+                    continue
+                if self.module_spaces is not None and episode.agent_id not in self.agents:
+                    self._reject("unknown agent", 1, f"{key} from server {server}: agent {episode.agent_id!r}")
+                    continue
+                self._take_chunk(key, episode, server, accepted)
         return accepted
+
+    def _duplicate(self, key: str) -> bool:
+        """Whether a chunk was taken before (counted as a duplicate, dropped)."""
+        if key in self._seen:
+            self.duplicates += 1
+            return True
+        return False
+
+    def _spaces(
+        self, observation_space: gym.Space | None, module_id: str, agent_id: str | None, chunks: int, what: str
+    ) -> tuple[gym.Space | None, gym.Space] | None:
+        """The spaces to decode chunks in: single-agent, the batch's observation space and the action space;
+        multi-agent, their module's (and the agent, if given, must be known). None when rejected as unknown."""
+        if self.module_spaces is None:
+            return observation_space, self.action_space
+        if agent_id is not None and agent_id not in self.agents:
+            self._reject("unknown agent", chunks, f"{what}: agent {agent_id!r}")
+            return None
+        if module_id not in self.module_spaces:
+            self._reject("unknown module", chunks, f"{what}: module {module_id!r}")
+            return None
+        return self.module_spaces[module_id]
+
+    def _take_chunk(self, key: str, episode: SingleAgentEpisode, server: str, accepted: list[str]) -> None:
+        """A new chunk, decoded: pending for training, unless it holds what could poison training."""
+        column = nonfinite_column(episode, observations=not self.allow_nonfinite_obs)
+        if column is not None:
+            self._reject(f"non-finite {column}", 1, f"{key} from server {server}: non-finite {column}")
+            return
+        self._seen.add(key)
+        if key in self._taken:  # split before a restart: its first steps are trained already
+            episode = episode.slice(slice(self._taken[key], None), len_lookback_buffer=self.lookback)
+        self.pending.append(episode)
+        self._version_floor = min(self._version_floor, _newest_version(episode))
+        self.pending_steps += self.count([episode])
+        accepted.append(key)
+        self._track_return(episode)
 
     def _observation_space(self, batch: learner_pb2.EpisodeBatch) -> gym.Space:
         """The space the batch's observations are in: what it says, if that is one of the known spaces."""

@@ -1,12 +1,12 @@
 """The server's link to the learner: episode chunks out (spooled until acknowledged), weights in.
 
-Shipping is at least once: `ship()` only queues; a writer task gathers the (encoded) chunks into an
-`EpisodeBatch` file in the spool (`server/spool.py`); a sender task streams spool files to
-`SubmitEpisodes` and deletes each only when its ack arrives. A broken stream is re-opened with backoff and every unacked
-file is sent again (the learner drops duplicates by episode id and chunk index). A server that is
-killed keeps its spool on disk and sends it after restart; only chunks still in memory are lost (running
-episodes, and the chunks of the last `MIN_WRITE_INTERVAL_S` waiting for the next batch), and `stop()` says
-how many.
+Shipping is at least once: `ship()` only queues; a writer task gathers the chunks into an `EpisodeBatch`
+file in the spool (`server/spool.py`), their columns joined into one `EpisodeChunks` table per module; a
+sender task streams spool files to `SubmitEpisodes` and deletes each only when its ack arrives. A broken
+stream is re-opened with backoff and every unacked file is sent again (the learner drops duplicates by
+episode id and chunk index). A server that is killed keeps its spool on disk and sends it after restart;
+only chunks still in memory are lost (running episodes, and the chunks of the last `MIN_WRITE_INTERVAL_S`
+waiting for the next batch), and `stop()` says how many.
 
 Pacing comes from the learner: its weights say how many shipped env steps a server may hold
 unacknowledged (`window`, from `Weights.max_unacked_steps`), and the learner acknowledges only while it
@@ -41,6 +41,7 @@ from typing import Any
 import grpc
 
 from rlgate.core import codec
+from rlgate.episodes.codec import chunk_tables
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.shipping import Chunk
 from rlgate.server.spool import Spool
@@ -238,26 +239,30 @@ class LearnerLink:
             if self._queue:
                 delta = await self._connector_delta()
                 chunks, self._queue = self._queue, []  # after the await: what was shipped meanwhile goes too
-                self._add_to_spool(await asyncio.to_thread(self._write_batch, chunks, delta))
+                # Built here, written on a worker thread: a thread running Python (the tables' columns are joined
+                # chunk by chunk) would hold the GIL for up to the 5 ms switch interval whenever the loop wants
+                # it, while serializing and writing hand it back within each call.
+                batch = self._batch(chunks, delta)
+                steps = sum(chunk.steps for chunk in chunks)
+                self._add_to_spool(await asyncio.to_thread(self._write_batch, batch, steps))
 
-    def _write_batch(self, chunks: list[Chunk], connector_delta: dict) -> tuple[int, Path, int, int]:
-        """The chunks as one batch, written to a temporary file: its (seq, file, size, steps). Runs on a worker
-        thread; `_add_to_spool` then puts it in the spool.
-
-        The batch carries the connector statistics gathered since the previous one (MeanStdFilter), which
-        the learner merges across servers.
-        """
-        seq = self.spool.next_seq()
+    def _batch(self, chunks: list[Chunk], connector_delta: dict) -> learner_pb2.EpisodeBatch:
+        """The chunks as one batch, with the connector statistics gathered since the previous one (MeanStdFilter),
+        which the learner merges across servers."""
         space = chunks[0].observation_space  # what the pipeline's write-backs left (the same for all)
-        batch = learner_pb2.EpisodeBatch(
-            seq=seq,
+        return learner_pb2.EpisodeBatch(
+            seq=self.spool.next_seq(),
             server_id=self.server_id,
-            episodes=[chunk.message for chunk in chunks],
+            chunks=chunk_tables([chunk.columns for chunk in chunks]),  # one per module
             connector_state=codec.to_value(connector_delta) if connector_delta else None,
             observation_space=codec.space_to_proto(space) if space is not None else None,
         )
+
+    def _write_batch(self, batch: learner_pb2.EpisodeBatch, steps: int) -> tuple[int, Path, int, int]:
+        """The batch written to a temporary file: its (seq, file, size, steps). Runs on a worker thread;
+        `_add_to_spool` then puts it in the spool."""
         data = batch.SerializeToString()
-        return seq, self.spool.write_tmp(seq, data), len(data), sum(chunk.steps for chunk in chunks)
+        return batch.seq, self.spool.write_tmp(batch.seq, data), len(data), steps
 
     def _add_to_spool(self, written: tuple[int, Path, int, int]) -> None:
         """On the event loop, like the acks: the sender cannot see the file before it is counted."""

@@ -7,7 +7,7 @@ the number of sub-envs), the batcher computes actions for all rows, and `record`
 and extra model outputs into the same row. Per sub-env the session keeps only where its episode starts
 in the table. Episodes that ended, and long ones cut every `rollout_fragment_length` steps, come out of
 `record` (after the forward, so connector write-backs such as MeanStdFilter's are in them) as chunks
-encoded straight from the table (`rlgate.v1.Episode`), holding exactly the `SingleAgentEpisode`s RLlib's
+copied straight from the table (`episodes.codec.ChunkColumns`), holding exactly the `SingleAgentEpisode`s RLlib's
 `add_env_step` and `cut` would have built; per-row Python work happens only then, once per shipped chunk,
 not once per env step.
 """
@@ -25,7 +25,7 @@ import numpy as np
 from rlgate.core.columns import Columns
 from rlgate.core.tree import flatten, map_structure, unbatch
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import chunk_message
+from rlgate.episodes.codec import ChunkColumns
 from rlgate.episodes.rows import EpisodeRows
 from rlgate.server.shipping import Chunk
 from rlgate.server.step_table import StepTable
@@ -215,24 +215,23 @@ class Session:
 
     def _chunks(self, rows: np.ndarray, end: int, *, truncated: bool = False) -> list[Chunk]:
         """These sub-envs' running episodes up to row `end`, as chunks to ship; none when nothing takes them."""
-        return [self._encode(int(i), end, truncated=truncated) for i in rows] if self._ships else []
+        return [self._chunk(int(i), end, truncated=truncated) for i in rows] if self._ships else []
 
-    def _encode(self, i: int, end: int, *, truncated: bool = False) -> Chunk:
-        """Sub-env i's running episode up to recorded row `end`, encoded straight from the table's rows.
+    def _chunk(self, i: int, end: int, *, truncated: bool = False) -> Chunk:
+        """Sub-env i's running episode up to recorded row `end`, its columns copied straight from the table.
 
-        The message `episode_to_proto` would make of the chunk as a `SingleAgentEpisode`, for a third of the
-        cost: the table holds the columns' rows consistent, so there is nothing to check. A shipped chunk has a
-        step (`start < end`), and every row up to `end` is recorded (none of its steps is pending)."""
+        The columns `episode_columns` would take of the chunk as a `SingleAgentEpisode`, for less: the table
+        holds the columns' rows consistent, so there is nothing to check. A shipped chunk has a step
+        (`start < end`), and every row up to `end` is recorded (none of its steps is pending)."""
         table = self._table
         first, start = int(self._lookback_start[i]), int(self._start[i])
         terminated, truncated = self._ends(i, end, truncated)
-        extra = {key: table.view(key, first, end, i) for key in RECORDED_OUTPUTS if key in table}
-        message = chunk_message(
+        columns = ChunkColumns(
             self._ids[i],
-            observations=table.view(Columns.OBS, first, end + 1, i),
-            actions=table.view(Columns.ACTIONS, first, end, i),
-            rewards=table.view(Columns.REWARDS, first + 1, end + 1, i),
-            extra_model_outputs=extra,
+            observations=table.get(Columns.OBS, first, end + 1, i),
+            actions=table.get(Columns.ACTIONS, first, end, i),
+            rewards=table.get(Columns.REWARDS, first + 1, end + 1, i),
+            extra_model_outputs={key: table.get(key, first, end, i) for key in RECORDED_OUTPUTS if key in table},
             infos=table.get_infos(first, end + 1, i),
             len_lookback_buffer=start - first,
             terminated=terminated,
@@ -240,7 +239,7 @@ class Session:
             t_started=int(self._t_started[i]),
             chunk_index=int(self._chunk_index[i]),
         )
-        return Chunk(message, end - start, self.observation_space, self.spec.action_space)
+        return Chunk(columns, self.observation_space, self.spec.action_space)
 
     def _episode(self, i: int) -> SingleAgentEpisode:
         """Sub-env i's running episode up to the pending step, as a SingleAgentEpisode, for per-episode

@@ -1,10 +1,10 @@
 """Where finished episodes (and chunks of running ones) go: sinks fed by the sessions.
 
-Sessions hand over `Chunk`s, encoded once as the `rlgate.v1.Episode` messages every sink sends or writes.
+Sessions hand over `Chunk`s, their columns as arrays, which each sink encodes as it sends or writes them.
 `ship()` never blocks the event loop's hot path: it queues the chunks, and a worker task delivers them.
 `DirectorySink` writes one `rlgate.v1.Episode` file per chunk (offline data), with the spaces and run spec
 beside them (rlgate.spec.episode_files, which reads them back); the learner sink (server/learner_link.py)
-streams them to the learner with acks and a spool.
+streams them to the learner as `rlgate.v1.EpisodeChunks` tables, with acks and a spool.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from typing import NamedTuple
 import gymnasium as gym
 
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_to_proto
+from rlgate.episodes.codec import ChunkColumns, chunk_message, episode_columns
 from rlgate.spec.episode_files import Recording, read_metadata, write_metadata
 from rlgate.spec.run import RunSpec
-from rlgate.v1 import episode_pb2
 
 log = logging.getLogger(__name__)
 
@@ -33,27 +32,28 @@ EPISODE_ENDS = ("terminated", "truncated", "cut")
 
 
 class Chunk(NamedTuple):
-    """An episode chunk to ship: its message, its env steps (lookback excluded) and the spaces of its data."""
+    """An episode chunk to ship: its columns and the spaces of its data."""
 
-    message: episode_pb2.Episode
-    steps: int
+    columns: ChunkColumns
     observation_space: gym.Space | None
     action_space: gym.Space | None
+
+    @property
+    def steps(self) -> int:
+        """Its env steps (agent steps, for an agent's chunk), lookback excluded."""
+        return self.columns.steps
 
 
 def encoded(episodes: list[SingleAgentEpisode]) -> list[Chunk]:
     """Episodes built as objects (a multi-agent session's agents' chunks) as chunks to ship."""
-    return [
-        Chunk(episode_to_proto(episode), len(episode), episode.observation_space, episode.action_space)
-        for episode in episodes
-    ]
+    return [Chunk(episode_columns(episode), episode.observation_space, episode.action_space) for episode in episodes]
 
 
 def episode_end(chunk: Chunk) -> str:
     """How a chunk ended, for metrics and logs: terminated, truncated or cut (the episode goes on)."""
-    if chunk.message.terminated:
+    if chunk.columns.terminated:
         return "terminated"
-    return "truncated" if chunk.message.truncated else "cut"
+    return "truncated" if chunk.columns.truncated else "cut"
 
 
 class DirectorySink:
@@ -93,13 +93,15 @@ class DirectorySink:
             try:
                 await asyncio.to_thread(self._describe, chunks[0])
                 for chunk in chunks:
-                    message = chunk.message
-                    path = self.directory / f"{message.id}-{message.chunk_index}.pb"
-                    await asyncio.to_thread(path.write_bytes, message.SerializeToString())
+                    await asyncio.to_thread(self._write, chunk)
             except Exception:
                 log.exception("could not write episodes to %s", self.directory)
             finally:
                 self._queue.task_done()
+
+    def _write(self, chunk: Chunk) -> None:
+        message = chunk_message(chunk.columns)
+        (self.directory / f"{message.id}-{message.chunk_index}.pb").write_bytes(message.SerializeToString())
 
     def _describe(self, chunk: Chunk) -> None:
         """Make sure the directory's metadata.json describes this chunk's data (the first chunk writes it)."""

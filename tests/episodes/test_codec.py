@@ -1,4 +1,5 @@
-"""The episode wire codec: round trips (lookback, nested spaces, extras, model versions, infos) and errors."""
+"""The episode wire codec: round trips (lookback, nested spaces, extras, model versions, infos) and errors, of
+one chunk per message and of many in EpisodeChunks tables."""
 
 import gymnasium as gym
 import numpy as np
@@ -9,7 +10,13 @@ from hypothesis import strategies as st
 from rlgate.core.codec import CodecError, to_tensor, to_value
 from rlgate.core.columns import Columns
 from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto, episode_to_proto
+from rlgate.episodes.codec import (
+    chunk_tables,
+    episode_columns,
+    episode_from_proto,
+    episode_to_proto,
+    episodes_from_chunks,
+)
 from rlgate.v1 import episode_pb2
 
 BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -224,3 +231,110 @@ def test_dict_data_comes_back_in_the_space_key_order():
     for data in (decoded.get_observations(), decoded.get_actions(-1)):
         assert list(data) == list(space.spaces)
         assert list(data["m"][0]) == list(space["m"][0].spaces)
+
+
+# --- EpisodeChunks tables ---------------------------------------------------------------------------------
+
+
+def wire_tables(episodes: list[SingleAgentEpisode], *spaces: gym.Space) -> list[SingleAgentEpisode]:
+    """Encode as tables, serialize, parse and decode, as a server's learner link and a learner would."""
+    tables = [
+        episode_pb2.EpisodeChunks.FromString(t.SerializeToString())
+        for t in chunk_tables([episode_columns(e) for e in episodes])
+    ]
+    return [episode for table in tables for episode in episodes_from_chunks(table, *spaces)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    observation_space=spaces,
+    action_space=spaces,
+    chunks=st.lists(
+        st.tuples(
+            st.integers(0, 12), st.integers(0, 3), st.booleans(), st.sampled_from([None, "terminated", "truncated"])
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    versions=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_tables_round_trip_property(assert_episodes_equal, observation_space, action_space, chunks, versions, seed):
+    """Chunks of any spaces, lengths, lookbacks, flags and infos (some with, some without) come out of one
+    table as each would out of its own message."""
+    episodes = [
+        build(
+            observation_space,
+            action_space,
+            steps,
+            seed=seed + i,
+            infos=infos,
+            versions=versions,
+            done=done if steps else None,
+            lookback=lookback,
+        )
+        for i, (steps, lookback, infos, done) in enumerate(chunks)
+    ]
+    decoded = wire_tables(episodes, observation_space, action_space)
+    assert len(decoded) == len(episodes)
+    for table_episode, episode in zip(decoded, episodes, strict=True):
+        assert_episodes_equal(table_episode, episode)
+        assert_episodes_equal(table_episode, wire(episode, observation_space, action_space))
+        assert table_episode.observation_space == observation_space and table_episode.is_numpy
+
+
+def test_multi_agent_chunks_keep_their_agent_fields_one_table_per_module(assert_episodes_equal):
+    episodes = []
+    for i, (agent, module) in enumerate([("a0", "m0"), ("a1", "m1"), ("a2", "m0")]):
+        episode = build(BOX, DISCRETE, 4 + i, seed=i)
+        episode.agent_id, episode.module_id, episode.multi_agent_episode_id = agent, module, "game-1"
+        episode.multi_agent_env_steps = 9 if i == 0 else 0
+        episodes.append(episode)
+    tables = chunk_tables([episode_columns(e) for e in episodes])
+    assert [(t.module_id, list(t.agent_ids)) for t in tables] == [("m0", ["a0", "a2"]), ("m1", ["a1"])]
+    decoded = {e.agent_id: e for t in tables for e in episodes_from_chunks(t, BOX, DISCRETE)}
+    for episode in episodes:
+        got = decoded[episode.agent_id]
+        assert_episodes_equal(got, episode)
+        fields = ("module_id", "multi_agent_episode_id", "multi_agent_env_steps")
+        assert [getattr(got, f) for f in fields] == [getattr(episode, f) for f in fields]
+
+
+def test_chunks_of_different_shapes_or_outputs_go_into_separate_tables():
+    wide = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
+    episodes = [build(BOX, DISCRETE, 3), build(wide, DISCRETE, 3), build(BOX, DISCRETE, 3, versions=False)]
+    episodes.append(build(BOX, DISCRETE, 2, seed=4))
+    assert [len(t.ids) for t in chunk_tables([episode_columns(e) for e in episodes])] == [2, 1, 1]
+
+
+def test_an_empty_table_holds_no_chunks():
+    assert episodes_from_chunks(episode_pb2.EpisodeChunks()) == []
+
+
+def two_chunk_table() -> episode_pb2.EpisodeChunks:
+    (table,) = chunk_tables([episode_columns(build(BOX, DISCRETE, n, seed=n, lookback=1)) for n in (3, 5)])
+    return table
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.ids.append("x"), "chunk_indices: 2 entries for 3 chunks"),
+        (lambda t: t.terminated.pop(), "terminated: 1 entries for 2 chunks"),
+        (lambda t: t.agent_ids.pop(), "agent_ids: 1 entries for 2 chunks"),
+        (lambda t: t.steps.__setitem__(1, 6), "rewards: 10 rows, .* make 11"),
+        (lambda t: t.len_lookback_buffers.__setitem__(0, 0), "rewards: 10 rows, .* make 9"),
+        (lambda t: t.actions.CopyFrom(to_value(np.zeros(9, np.int64))), "actions: 9 rows, .* make 10"),
+        (lambda t: t.observations.CopyFrom(to_value(np.zeros((11, 4), np.float32))), "observations: 11 rows"),
+        (lambda t: t.model_versions.CopyFrom(to_tensor(np.zeros(3, np.int64))), "extra_model_outputs.*model_version"),
+        (lambda t: t.infos.add(), "infos: 1 for 12 observations"),
+        (lambda t: t.rewards.CopyFrom(to_tensor(np.zeros((10, 2), np.float32))), "not one reward per step"),
+        (lambda t: t.ClearField("observations"), "observations: missing value"),
+    ],
+)
+def test_a_table_whose_rows_do_not_add_up_raises_codec_error(change, message):
+    table = two_chunk_table()
+    assert [len(e) for e in episodes_from_chunks(table, BOX, DISCRETE)] == [3, 5]
+    change(table)
+    with pytest.raises(CodecError, match=message):
+        episodes_from_chunks(table, BOX, DISCRETE)

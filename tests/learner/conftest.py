@@ -13,12 +13,12 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+from support.batches import episode_batch
 from support.chunks import decoded
 from support.learners import Learners
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_to_proto
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.settings import LearnerSettings
 from rlgate.server.metrics import ServerMetrics
@@ -122,7 +122,7 @@ def train_updates(
             call = learner_pb2_grpc.LearnerServiceStub(channel).SubmitEpisodes()
             for seq in range(1, updates + 1):  # each batch after the previous update, so one update per batch
                 chunks = cartpole_chunks(learner.spec.algorithm.train_batch_size, seed=seq)
-                await call.write(learner_pb2.EpisodeBatch(seq=seq, episodes=[episode_to_proto(c) for c in chunks]))
+                await call.write(episode_batch(chunks, seq))
                 async with asyncio.timeout(30):
                     acks.append(await call.read())
                     while learner.progress.updates.total < seq:  # the update's stats are recorded last

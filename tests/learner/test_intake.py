@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from support.batches import episode_batch as batch
 
 from rlgate.core import codec
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_to_proto
 from rlgate.learner.intake import Intake, chunk_key
-from rlgate.v1 import learner_pb2
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)
-
-
-def batch(chunks: list[SingleAgentEpisode], seq: int) -> learner_pb2.EpisodeBatch:
-    return learner_pb2.EpisodeBatch(seq=seq, server_id="test", episodes=[episode_to_proto(c) for c in chunks])
 
 
 def keys(chunks: list[SingleAgentEpisode]) -> list[str]:
@@ -37,14 +34,15 @@ def two_batches(cartpole_chunks) -> tuple[list[SingleAgentEpisode], list[SingleA
     return chunks[:half], chunks[half:]
 
 
-def test_a_batch_sent_twice_is_acknowledged_twice_and_kept_once(tmp_path, cartpole_chunks):
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
+def test_a_batch_sent_twice_is_acknowledged_twice_and_kept_once(tmp_path, cartpole_chunks, tables):
     chunks = cartpole_chunks(100)
     # Long episodes were cut: chunks of one episode share its id and differ by chunk index.
     assert any(c.chunk_index > 0 for c in chunks)
     intake = intake_at(tmp_path)
-    first = intake.accept(batch(chunks, seq=5))
+    first = intake.accept(batch(chunks, seq=5, tables=tables))
     assert (first.seq, first.accepted, first.duplicates) == (5, len(chunks), 0)
-    again = intake.accept(batch(chunks, seq=6))  # the server re-sends after a lost ack
+    again = intake.accept(batch(chunks, seq=6, tables=tables))  # the server re-sends after a lost ack
     assert (again.seq, again.accepted, again.duplicates) == (6, 0, len(chunks))
     assert intake.duplicates == len(chunks)
     assert keys(intake.pending) == keys(chunks)
@@ -52,11 +50,12 @@ def test_a_batch_sent_twice_is_acknowledged_twice_and_kept_once(tmp_path, cartpo
     assert len(list(tmp_path.glob("*.pb"))) == 1  # nothing new was stored for the duplicate batch
 
 
-def test_a_batch_that_overlaps_an_earlier_one_adds_only_its_new_chunks(tmp_path, two_batches):
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
+def test_a_batch_that_overlaps_an_earlier_one_adds_only_its_new_chunks(tmp_path, two_batches, tables):
     old, new = two_batches
     intake = intake_at(tmp_path)
-    intake.accept(batch(old, seq=0))
-    ack = intake.accept(batch(old[-1:] + new, seq=1))
+    intake.accept(batch(old, seq=0, tables=tables))
+    ack = intake.accept(batch(old[-1:] + new, seq=1, tables=tables))
     assert (ack.accepted, ack.duplicates) == (len(new), 1)
     assert keys(intake.pending) == keys(old + new)
 
@@ -75,11 +74,12 @@ def test_returns_add_up_over_the_chunks_of_an_episode(tmp_path, cartpole_chunks)
     assert list(intake.returns) == finished[-len(intake.returns) :]
 
 
-def test_intake_files_survive_a_restart_and_reload_all_but_the_trained_chunks(tmp_path, two_batches):
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
+def test_intake_files_survive_a_restart_and_reload_all_but_the_trained_chunks(tmp_path, two_batches, tables):
     trained, untrained = two_batches
     before = intake_at(tmp_path)
-    before.accept(batch(trained, seq=0))
-    before.accept(batch(untrained, seq=1))
+    before.accept(batch(trained, seq=0, tables=tables))
+    before.accept(batch(untrained, seq=1, tables=tables))
     # The learner dies; its last checkpoint covered the first batch's chunks.
     after = intake_at(tmp_path, trained=set(keys(trained)))
     assert keys(after.pending) == keys(untrained)
@@ -87,7 +87,7 @@ def test_intake_files_survive_a_restart_and_reload_all_but_the_trained_chunks(tm
     assert [episode_to_proto(e) for e in after.pending] == [episode_to_proto(c) for c in untrained]
     assert after.duplicates == len(trained)
     # A server that re-sends either batch now is answered with duplicates only.
-    ack = after.accept(batch(trained + untrained, seq=2))
+    ack = after.accept(batch(trained + untrained, seq=2, tables=tables))
     assert (ack.accepted, ack.duplicates) == (0, len(trained) + len(untrained))
 
 
@@ -131,10 +131,11 @@ def test_a_batch_says_which_known_space_its_observations_are_in(tmp_path, cartpo
     named.observation_space.CopyFrom(codec.space_to_proto(OBSERVATION_SPACE))
     assert intake.accept(named).accepted == len(chunks)
     assert all(episode.observation_space == OBSERVATION_SPACE for episode in intake.pending)
-    foreign = batch(cartpole_chunks(40, seed=1), seq=2)
+    strangers = cartpole_chunks(40, seed=1)
+    foreign = batch(strangers, seq=2)
     foreign.observation_space.CopyFrom(codec.space_to_proto(gym.spaces.Box(-1.0, 1.0, (7,), np.float32)))
     ack = intake.accept(foreign)
-    assert ack.accepted == 0 and ack.rejected == len(foreign.episodes)
+    assert ack.accepted == 0 and ack.rejected == len(strangers)
 
 
 def test_an_update_takes_exactly_its_steps_oldest_first_splitting_the_last_chunk(tmp_path, cartpole_chunks):
@@ -185,8 +186,9 @@ def test_chunks_too_stale_to_train_are_dropped_counted_and_covered_by_the_next_c
     assert keys(intake.pending) == keys(new)
 
 
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
 def test_multi_agent_chunks_are_decoded_in_their_modules_spaces_and_dropped_by_their_modules_version(
-    tmp_path, cartpole_chunks
+    tmp_path, cartpole_chunks, tables
 ):
     """A multi-agent intake: each chunk is held to its own module's version; unknown agents and modules are
     refused (a chunk naming a module the learner lacks would fail the whole update)."""
@@ -199,9 +201,48 @@ def test_multi_agent_chunks_are_decoded_in_their_modules_spaces_and_dropped_by_t
     intake = Intake(
         tmp_path, [], ACTION_SPACE, module_spaces={"m0": spaces, "m1": spaces}, agents=frozenset({"a0", "a1"})
     )
-    ack = intake.accept(batch(trained + frozen + strangers[:2], seq=0))
+    ack = intake.accept(batch(trained + frozen + strangers[:2], seq=0, tables=tables))
     assert (ack.accepted, ack.rejected) == (len(trained) + len(frozen), 2)
     assert intake.rejected == {"unknown module": 1, "unknown agent": 1}
     # m0 trained to version 5 (all its chunks came from version 0), m1 never trained: only m0's chunks go.
     assert intake.drop_stale({"m0": 5 - 2, "m1": 0 - 2}) == sum(len(c) for c in trained)
     assert keys(intake.pending) == keys(frozen)
+
+
+def test_a_chunk_sent_as_a_message_and_again_in_a_table_is_a_duplicate(tmp_path, cartpole_chunks):
+    """A server upgraded with batches in its spool re-sends them in the old form, then sends tables."""
+    chunks = cartpole_chunks(60)
+    intake = intake_at(tmp_path)
+    intake.accept(batch(chunks[:5], seq=0, tables=False))
+    ack = intake.accept(batch(chunks, seq=1))
+    assert (ack.accepted, ack.duplicates) == (len(chunks) - 5, 5)
+    assert keys(intake.pending) == keys(chunks)
+
+
+@pytest.mark.parametrize(
+    ("field", "change", "message"),
+    [
+        ("steps", lambda table: table.steps.append(1), "steps: .* entries for"),
+        ("rewards", lambda table: table.rewards.CopyFrom(codec.to_tensor(np.zeros(3, np.float32))), "rewards: 3 rows"),
+        ("observations", lambda table: table.observations.tensor.shape.__setitem__(0, 1), "observations"),
+        ("infos", lambda table: table.infos.add(), "infos: 1 for"),
+        ("agent_ids", lambda table: table.agent_ids.append("a0"), "agent_ids: 1 entries"),
+    ],
+)
+def test_a_table_whose_rows_do_not_add_up_is_rejected_whole_and_the_rest_of_its_batch_taken(
+    tmp_path, cartpole_chunks, field, change, message, caplog
+):
+    """A table's chunks cannot be told apart when its columns and lengths disagree: all are rejected (counted
+    and logged), and the batch's other tables and messages are still taken."""
+    good, bad, single = cartpole_chunks(40, seed=1), cartpole_chunks(40, seed=2), cartpole_chunks(10, seed=3)[:1]
+    sent = batch(good, seq=0)
+    broken = batch(bad, seq=0).chunks[0]
+    change(broken)
+    sent.chunks.append(broken)
+    sent.episodes.extend(batch(single, seq=0, tables=False).episodes)
+    intake = intake_at(tmp_path)
+    ack = intake.accept(sent)
+    assert (ack.accepted, ack.rejected) == (len(good) + 1, len(bad))
+    assert intake.rejected == {"malformed": len(bad)}
+    assert keys(intake.pending) == keys(single + good)  # messages first, then the tables
+    assert re.search(message, caplog.text), caplog.text

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load as load_tensors
+from support.batches import episode_batch as batch
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_to_proto
 from rlgate.learner.intake import Intake
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.trainer import Trainer
@@ -37,11 +37,10 @@ def poison(chunk: SingleAgentEpisode, column: str, value: float = np.inf) -> Sin
     return chunk
 
 
-def batch(chunks: list[SingleAgentEpisode], seq: int = 1) -> learner_pb2.EpisodeBatch:
-    return learner_pb2.EpisodeBatch(seq=seq, server_id="test", episodes=[episode_to_proto(c) for c in chunks])
-
-
-def test_the_intake_rejects_chunks_with_nonfinite_rewards_observations_or_model_outputs(tmp_path, cartpole_chunks):
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
+def test_the_intake_rejects_chunks_with_nonfinite_rewards_observations_or_model_outputs(
+    tmp_path, cartpole_chunks, tables
+):
     good, *bad = cartpole_chunks(100)[:4]
     poison(bad[0], "rewards")  # the audit's chunk: every reward +inf
     poison(bad[1], "observations", -np.inf)  # CartPole's velocity bounds are infinite: the space allows it
@@ -50,7 +49,7 @@ def test_the_intake_rejects_chunks_with_nonfinite_rewards_observations_or_model_
     intake = Intake(
         tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, on_reject=lambda reason, n: rejected.extend([reason] * n)
     )
-    ack = intake.accept(batch([good, *bad]))
+    ack = intake.accept(batch([good, *bad], tables=tables))
     assert (ack.accepted, ack.rejected) == (1, 3)
     assert [c.id_ for c in intake.pending] == [good.id_]
     reasons = ["non-finite rewards", "non-finite observations", "non-finite model outputs"]

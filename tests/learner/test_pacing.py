@@ -13,9 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.batches import episode_batch
 from support.learners import free_port
 
-from rlgate.episodes.codec import episode_to_proto
 from rlgate.learner.learner import Learner
 from rlgate.v1 import learner_pb2
 
@@ -117,7 +117,7 @@ async def test_dropping_stale_chunks_makes_room_for_the_batches_waiting_for_it(l
 
     def batch(seq: int, version: int) -> learner_pb2.EpisodeBatch:
         chunks = cartpole_chunks(size, version=version, seed=seq)
-        return learner_pb2.EpisodeBatch(seq=seq, episodes=[episode_to_proto(c) for c in chunks])
+        return episode_batch(chunks, seq)
 
     await learner.accept(batch(1, version=0))  # fills the intake
     waiting = asyncio.create_task(learner.accept(batch(2, version=10)))  # no room until the stale go

@@ -11,17 +11,17 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import torch
+from support.batches import episode_batch
 from support.servers import RawStream, hello, running_client, step, target, until
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_to_proto
 from rlgate.learner.main import LearnerServer
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.policy import build_module_to_env
-from rlgate.v1 import learner_pb2, learner_pb2_grpc
+from rlgate.v1 import learner_pb2_grpc
 
 CORRIDOR = {
     "env": {"id": "examples.corridor:Corridor", "kwargs": {"length": 6}},
@@ -144,7 +144,7 @@ async def test_a_learner_piece_that_raises_fails_its_update_not_the_learner(
             call = learner_pb2_grpc.LearnerServiceStub(channel).SubmitEpisodes()
             for seq in (1, 2):
                 chunks = cartpole_chunks(learner.spec.algorithm.train_batch_size, seed=seq)
-                await call.write(learner_pb2.EpisodeBatch(seq=seq, episodes=[episode_to_proto(c) for c in chunks]))
+                await call.write(episode_batch(chunks, seq))
                 assert (await asyncio.wait_for(call.read(), 30)).accepted == len(chunks)  # still taking data
                 await until(lambda s=seq: failed_updates(learner) == s, timeout=30)
             await call.done_writing()

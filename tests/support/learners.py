@@ -71,4 +71,5 @@ def intake_chunks(checkpoints: Path) -> set[str]:
     for path in (checkpoints / "intake").glob("*.pb"):
         batch = learner_pb2.EpisodeBatch.FromString(path.read_bytes())
         keys |= {chunk_key(e.id, e.chunk_index) for e in batch.episodes}
+        keys |= {chunk_key(i, c) for table in batch.chunks for i, c in zip(table.ids, table.chunk_indices, strict=True)}
     return keys

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from rlgate.v1 import tensor_pb2 as rlgate_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlgate/v1/episode.proto\x12\trlgate.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16rlgate/v1/tensor.proto\"\xbb\x04\n\x07\x45pisode\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12&\n\x0cobservations\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Value\x12!\n\x07\x61\x63tions\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Value\x12\"\n\x07rewards\x18\x05 \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12\x46\n\x13\x65xtra_model_outputs\x18\x06 \x03(\x0b\x32).rlgate.v1.Episode.ExtraModelOutputsEntry\x12\x12\n\nterminated\x18\x07 \x01(\x08\x12\x11\n\ttruncated\x18\x08 \x01(\x08\x12\x11\n\tt_started\x18\t \x01(\x03\x12\x1b\n\x13len_lookback_buffer\x18\n \x01(\r\x12)\n\x0emodel_versions\x18\x0b \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12&\n\x05infos\x18\x0c \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x61gent_id\x18\r \x01(\t\x12\x11\n\tmodule_id\x18\x0e \x01(\t\x12\x1e\n\x16multi_agent_episode_id\x18\x0f \x01(\t\x12\x1d\n\x15multi_agent_env_steps\x18\x10 \x01(\r\x1aJ\n\x16\x45xtraModelOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Value:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlgate/v1/episode.proto\x12\trlgate.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16rlgate/v1/tensor.proto\"\xbb\x04\n\x07\x45pisode\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12&\n\x0cobservations\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Value\x12!\n\x07\x61\x63tions\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Value\x12\"\n\x07rewards\x18\x05 \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12\x46\n\x13\x65xtra_model_outputs\x18\x06 \x03(\x0b\x32).rlgate.v1.Episode.ExtraModelOutputsEntry\x12\x12\n\nterminated\x18\x07 \x01(\x08\x12\x11\n\ttruncated\x18\x08 \x01(\x08\x12\x11\n\tt_started\x18\t \x01(\x03\x12\x1b\n\x13len_lookback_buffer\x18\n \x01(\r\x12)\n\x0emodel_versions\x18\x0b \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12&\n\x05infos\x18\x0c \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x61gent_id\x18\r \x01(\t\x12\x11\n\tmodule_id\x18\x0e \x01(\t\x12\x1e\n\x16multi_agent_episode_id\x18\x0f \x01(\t\x12\x1d\n\x15multi_agent_env_steps\x18\x10 \x01(\r\x1aJ\n\x16\x45xtraModelOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Value:\x02\x38\x01\"\xdc\x04\n\rEpisodeChunks\x12\x0b\n\x03ids\x18\x01 \x03(\t\x12\x15\n\rchunk_indices\x18\x02 \x03(\r\x12\x1c\n\x14len_lookback_buffers\x18\x03 \x03(\r\x12\r\n\x05steps\x18\x04 \x03(\r\x12\x12\n\nterminated\x18\x05 \x03(\x08\x12\x11\n\ttruncated\x18\x06 \x03(\x08\x12\x11\n\tt_started\x18\x07 \x03(\x03\x12&\n\x0cobservations\x18\x08 \x01(\x0b\x32\x10.rlgate.v1.Value\x12!\n\x07\x61\x63tions\x18\t \x01(\x0b\x32\x10.rlgate.v1.Value\x12\"\n\x07rewards\x18\n \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12L\n\x13\x65xtra_model_outputs\x18\x0b \x03(\x0b\x32/.rlgate.v1.EpisodeChunks.ExtraModelOutputsEntry\x12)\n\x0emodel_versions\x18\x0c \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12&\n\x05infos\x18\r \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tmodule_id\x18\x0e \x01(\t\x12\x11\n\tagent_ids\x18\x0f \x03(\t\x12\x1f\n\x17multi_agent_episode_ids\x18\x10 \x03(\t\x12\x1d\n\x15multi_agent_env_steps\x18\x11 \x03(\r\x1aJ\n\x16\x45xtraModelOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Value:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EPISODE_EXTRAMODELOUTPUTSENTRY']._loaded_options = None
   _globals['_EPISODE_EXTRAMODELOUTPUTSENTRY']._serialized_options = b'8\001'
+  _globals['_EPISODECHUNKS_EXTRAMODELOUTPUTSENTRY']._loaded_options = None
+  _globals['_EPISODECHUNKS_EXTRAMODELOUTPUTSENTRY']._serialized_options = b'8\001'
   _globals['_EPISODE']._serialized_start=93
   _globals['_EPISODE']._serialized_end=664
   _globals['_EPISODE_EXTRAMODELOUTPUTSENTRY']._serialized_start=590
   _globals['_EPISODE_EXTRAMODELOUTPUTSENTRY']._serialized_end=664
+  _globals['_EPISODECHUNKS']._serialized_start=667
+  _globals['_EPISODECHUNKS']._serialized_end=1271
+  _globals['_EPISODECHUNKS_EXTRAMODELOUTPUTSENTRY']._serialized_start=590
+  _globals['_EPISODECHUNKS_EXTRAMODELOUTPUTSENTRY']._serialized_end=664
 # @@protoc_insertion_point(module_scope)

@@ -128,3 +128,123 @@ class Episode(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Episode: _TypeAlias = Episode  # noqa: Y015
+
+@_typing.final
+class EpisodeChunks(_message.Message):
+    """Many single-agent chunks (Episodes) column by column, as a server ships them to its learner: each column
+    holds every chunk's rows of it, one chunk after the other, in the order of `ids`. Chunk i's rows are
+    those of its Episode (lookback included): len_lookback_buffers[i] + steps[i] + 1 of observations (and of
+    infos, when there are any), len_lookback_buffers[i] + steps[i] of every other column. Its fields are
+    the Episode fields of the same names, one entry per chunk; all its chunks share their spaces (one module's).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ExtraModelOutputsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _tensor_pb2.Value: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _tensor_pb2.Value | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    IDS_FIELD_NUMBER: _builtins.int
+    CHUNK_INDICES_FIELD_NUMBER: _builtins.int
+    LEN_LOOKBACK_BUFFERS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    TERMINATED_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    T_STARTED_FIELD_NUMBER: _builtins.int
+    OBSERVATIONS_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    REWARDS_FIELD_NUMBER: _builtins.int
+    EXTRA_MODEL_OUTPUTS_FIELD_NUMBER: _builtins.int
+    MODEL_VERSIONS_FIELD_NUMBER: _builtins.int
+    INFOS_FIELD_NUMBER: _builtins.int
+    MODULE_ID_FIELD_NUMBER: _builtins.int
+    AGENT_IDS_FIELD_NUMBER: _builtins.int
+    MULTI_AGENT_EPISODE_IDS_FIELD_NUMBER: _builtins.int
+    MULTI_AGENT_ENV_STEPS_FIELD_NUMBER: _builtins.int
+    module_id: _builtins.str
+    """Multi-agent: the module all these chunks belong to; per chunk its agent, multi-agent episode and share of
+    env steps (as in Episode; each list empty, or one entry per chunk). Empty for single-agent chunks.
+    """
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def chunk_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def len_lookback_buffers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Env steps (for a multi-agent chunk, its agent's steps) of each chunk, after its lookback."""
+
+    @_builtins.property
+    def terminated(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def truncated(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def t_started(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def observations(self) -> _tensor_pb2.Value: ...
+    @_builtins.property
+    def actions(self) -> _tensor_pb2.Value: ...
+    @_builtins.property
+    def rewards(self) -> _tensor_pb2.Tensor: ...
+    @_builtins.property
+    def extra_model_outputs(self) -> _containers.MessageMap[_builtins.str, _tensor_pb2.Value]: ...
+    @_builtins.property
+    def model_versions(self) -> _tensor_pb2.Tensor:
+        """Unset when unknown (for every chunk)."""
+
+    @_builtins.property
+    def infos(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:
+        """Empty, or one per observation row of every chunk (empty Structs where a chunk has none)."""
+
+    @_builtins.property
+    def agent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def multi_agent_episode_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def multi_agent_env_steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        ids: _abc.Iterable[_builtins.str] | None = ...,
+        chunk_indices: _abc.Iterable[_builtins.int] | None = ...,
+        len_lookback_buffers: _abc.Iterable[_builtins.int] | None = ...,
+        steps: _abc.Iterable[_builtins.int] | None = ...,
+        terminated: _abc.Iterable[_builtins.bool] | None = ...,
+        truncated: _abc.Iterable[_builtins.bool] | None = ...,
+        t_started: _abc.Iterable[_builtins.int] | None = ...,
+        observations: _tensor_pb2.Value | None = ...,
+        actions: _tensor_pb2.Value | None = ...,
+        rewards: _tensor_pb2.Tensor | None = ...,
+        extra_model_outputs: _abc.Mapping[_builtins.str, _tensor_pb2.Value] | None = ...,
+        model_versions: _tensor_pb2.Tensor | None = ...,
+        infos: _abc.Iterable[_struct_pb2.Struct] | None = ...,
+        module_id: _builtins.str = ...,
+        agent_ids: _abc.Iterable[_builtins.str] | None = ...,
+        multi_agent_episode_ids: _abc.Iterable[_builtins.str] | None = ...,
+        multi_agent_env_steps: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "model_versions", b"model_versions", "observations", b"observations", "rewards", b"rewards"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_ids", b"agent_ids", "chunk_indices", b"chunk_indices", "extra_model_outputs", b"extra_model_outputs", "ids", b"ids", "infos", b"infos", "len_lookback_buffers", b"len_lookback_buffers", "model_versions", b"model_versions", "module_id", b"module_id", "multi_agent_env_steps", b"multi_agent_env_steps", "multi_agent_episode_ids", b"multi_agent_episode_ids", "observations", b"observations", "rewards", b"rewards", "steps", b"steps", "t_started", b"t_started", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EpisodeChunks: _TypeAlias = EpisodeChunks  # noqa: Y015

@@ -29,12 +29,15 @@ class EpisodeBatch(_message.Message):
     EPISODES_FIELD_NUMBER: _builtins.int
     CONNECTOR_STATE_FIELD_NUMBER: _builtins.int
     OBSERVATION_SPACE_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Per-stream sequence number, echoed in the ack; a batch is deleted from the spool only after its ack."""
     server_id: _builtins.str
     """Which server sent it."""
     @_builtins.property
-    def episodes(self) -> _containers.RepeatedCompositeFieldContainer[_episode_pb2.Episode]: ...
+    def episodes(self) -> _containers.RepeatedCompositeFieldContainer[_episode_pb2.Episode]:
+        """Chunks one message each (written by servers before `chunks`, still read from their spools and files)."""
+
     @_builtins.property
     def connector_state(self) -> _tensor_pb2.Value:
         """Connector statistics gathered since the last batch (e.g. MeanStdFilter count/mean/M2 deltas)."""
@@ -47,6 +50,12 @@ class EpisodeBatch(_message.Message):
         if it is the env's space or one of its own pipeline's; unset: the env-to-module pipeline's output.
         """
 
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[_episode_pb2.EpisodeChunks]:
+        """The chunks column by column, one table per module (single-agent: one table), which the learner decodes
+        a column at a time instead of a message per chunk.
+        """
+
     def __init__(
         self,
         *,
@@ -55,10 +64,11 @@ class EpisodeBatch(_message.Message):
         episodes: _abc.Iterable[_episode_pb2.Episode] | None = ...,
         connector_state: _tensor_pb2.Value | None = ...,
         observation_space: _tensor_pb2.Space | None = ...,
+        chunks: _abc.Iterable[_episode_pb2.EpisodeChunks] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["connector_state", b"connector_state", "observation_space", b"observation_space"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connector_state", b"connector_state", "episodes", b"episodes", "observation_space", b"observation_space", "seq", b"seq", "server_id", b"server_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "connector_state", b"connector_state", "episodes", b"episodes", "observation_space", b"observation_space", "seq", b"seq", "server_id", b"server_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
