@@ -380,22 +380,26 @@ class InferenceServer:
             self.batcher.wake()
 
     def _unshipped_steps(self) -> int:
-        return sum(session.unshipped_steps() for session in self.service.sessions.values())
+        """Env steps in exploring sessions' running episodes: what the learner is still to get."""
+        return sum(session.unshipped_steps() for session in self.service.sessions.values() if session.spec.explore)
 
     def _flush_sessions(self) -> None:
         for session in self.service.sessions.values():
-            self._ship(session.flush())
+            self._ship(session.flush(), session.spec.explore)
 
-    def _ship(self, chunks: list[Chunk]) -> None:
+    def _ship(self, chunks: list[Chunk], explored: bool) -> None:
+        """Chunks to the episode files, and those sampled exploring to the learner: a greedy session's actions
+        (explore=False, an evaluation) carry no log-probabilities, and training on them would be off-policy. A
+        server refusing the learner's spec samples with another model: its steps must not train this one."""
         if not chunks:
             return
         ends = self.metrics.episode_ends
         for chunk in chunks:
             ends[episode_end(chunk)].inc()
-        # A server refusing the learner's spec samples with another model: its steps must not train this one.
-        for sink in (self.files, None if self.refused else self.learner):
-            if sink is not None:
-                sink.ship(chunks)
+        if self.files is not None:
+            self.files.ship(chunks)
+        if self.learner is not None and explored and not self.refused:
+            self.learner.ship(chunks)
 
     async def _apply_weights(self, weights: learner_pb2.Weights) -> None:
         """A new version from the learner: the first builds the policy from the learner's run spec, later

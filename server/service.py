@@ -63,11 +63,12 @@ class PolicyService:
         settings: ServerSettings,
         metrics: ServerMetrics,
         get_policy: Callable[[SessionSpec | MultiAgentSessionSpec], Awaitable[tuple[Policy, Batcher]]],
-        ship: Callable[[list[Chunk]], None],
+        ship: Callable[[list[Chunk], bool], None],
         *,
         ships: bool = True,
     ) -> None:
-        """`ship` takes the episode chunks sessions produce; `ships=False`: there is nowhere to ship them, so
+        """`ship(chunks, explored)` takes the episode chunks a session produces, and whether it samples exploring
+        (greedy sessions' chunks are no training data); `ships=False`: there is nowhere to ship them, so
         single-agent sessions build none."""
         self.settings = settings
         self.metrics = metrics
@@ -237,7 +238,7 @@ class PolicyService:
         appended = time.thread_time()
         outputs = await batcher.compute(obs, episodes, session.spec.explore, alone=self._lone_session())
         computed = time.thread_time()
-        self._ship(session.record(outputs))
+        self._ship(session.record(outputs), session.spec.explore)
         reply = pb.ServerMessage()
         actions = reply.actions  # filled in place: building the messages and copying them in costs twice as much
         codec.fill_value(actions.actions, outputs[Columns.ACTIONS_FOR_ENV])
@@ -319,7 +320,7 @@ class PolicyService:
         steps = decoder.decode(step)
         episodes, completed = session.observe(steps)
         outputs = await batcher.compute(None, episodes, session.spec.explore, alone=self._lone_session())
-        self._ship(session.record(outputs))
+        self._ship(session.record(outputs), session.spec.explore)
         reply = pb.ServerMessage(
             actions=pb.Actions(
                 agents=encode_agent_actions(outputs[Columns.ACTIONS_FOR_ENV]), model_version=batcher.policy.version
@@ -329,7 +330,7 @@ class PolicyService:
         return reply
 
     def _end(self, session: Session | MultiAgentSession) -> None:
-        self._ship(session.close())
+        self._ship(session.close(), session.spec.explore)
         self.sessions.pop(session.id, None)
         self.metrics.sessions.set(len(self.sessions))
         log.info("session closed session=%s client=%s", session.id, session.spec.client_id)
