@@ -9,9 +9,10 @@ far a split chunk was taken goes into checkpoints too, so a restart trains only 
 A learner that does not resume (a fresh model) sets an earlier run's intake files aside, unread: their
 actions came from another model, whose version numbers mean nothing to the new one.
 
-Nothing that could poison training gets in: a chunk that does not decode, or holds a non-finite reward,
+Nothing that could poison training gets in: a chunk that does not decode, holds a non-finite reward,
 model output (logp, value, distribution inputs) or observation (unless the run spec's env allows them:
-`env.allow_nonfinite_obs`) is rejected, counted by reason and logged; the rest of its batch is taken.
+`env.allow_nonfinite_obs`), or does not fit the run's spaces and model (`chunk_check`) is rejected, counted by
+reason and logged; the rest of its batch is taken.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rlgate.core.columns import Columns
 from rlgate.core.tree import flatten
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_from_proto, episodes_from_chunks
+from rlgate.learner.chunk_check import misfit
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,7 @@ class Intake:
     agents: frozenset[str] = frozenset()
     count: Callable[[list[SingleAgentEpisode]], int] = field(default=lambda episodes: sum(map(len, episodes)))
     split_chunks: bool = True  # False (multi-agent): chunks are taken whole; their env steps count per chunk
+    output_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # chunk_check.output_shapes
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -253,8 +256,9 @@ class Intake:
     def _take_chunk(self, key: str, episode: SingleAgentEpisode, server: str, accepted: list[str]) -> None:
         """A new chunk, decoded: pending for training, unless it holds what could poison training."""
         column = nonfinite_column(episode, observations=not self.allow_nonfinite_obs)
-        if column is not None:
-            self._reject(f"non-finite {column}", 1, f"{key} from server {server}: non-finite {column}")
+        reason = f"non-finite {column}" if column is not None else misfit(episode, self.output_shapes)
+        if reason is not None:
+            self._reject(reason, 1, f"{key} from server {server}: {reason}")
             return
         self._seen.add(key)
         if key in self._taken:  # split before a restart: its first steps are trained already

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core import codec
+from rlgate.learner.chunk_check import output_shapes
 from rlgate.learner.intake import Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
@@ -95,6 +96,7 @@ class Learner:
             lookback=self.spec.sampling.episode_lookback_horizon,
             allow_nonfinite_obs=self.spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
+            output_shapes=output_shapes(module),
         )
         self._init_service()
 

@@ -1,0 +1,100 @@
+"""What a chunk must hold for the learner to train on it, beyond decoding: data of its spaces, PPO's outputs.
+
+A chunk that decodes can still break every update it is batched into (observations of another shape, a
+Discrete action of 5 for 2 actions, distribution inputs of another width, no `action_logp`), and with it every
+other server's steps in that batch; or be trained on quietly while meaning nothing (float actions for a
+Discrete space). The intake refuses such chunks with the reason `misfit` names. Values are not held to the
+observation space's bounds: the chunk holds what the servers' env-to-module pieces wrote back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlgate.core.columns import Columns
+from rlgate.core.spaces import space_struct
+from rlgate.core.tree import flatten, map_structure
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.models import RLModule
+
+
+def misfit(episode: SingleAgentEpisode, output_shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why the chunk cannot be trained on, as a rejection reason, or None.
+
+    Observations and actions are checked against the spaces the chunk was decoded in (`episode`'s), the
+    model outputs against `output_shapes` (each output's shape per step, as the learner's module makes them).
+    """
+    if not _fits(episode.observations.data, episode.observation_space, _observation_fits):
+        return "observations not of the observation space"
+    if not _fits(episode.actions.data, episode.action_space, _action_fits):
+        return "actions not of the action space"
+    outputs = episode.extra_model_outputs
+    if Columns.ACTION_LOGP not in outputs:
+        return "no action_logp"
+    for key, shape in {Columns.ACTION_LOGP: (), **output_shapes}.items():
+        buffer = outputs.get(key)
+        if buffer is not None and any(leaf.shape[1:] != shape for leaf in flatten(buffer.data)):
+            return f"{key} of another shape"
+    return None
+
+
+def output_shapes(module: RLModule) -> dict[str, tuple[int, ...]]:
+    """The shape per step of each output of the module's sampling forward, on one sample of its observation
+    space; none for a stateful module (whose forward takes a state)."""
+    if module.is_stateful():
+        return {}
+    sample = module.observation_space.sample()
+    observations = {Columns.OBS: map_structure(lambda x: torch.as_tensor(np.asarray(x)[None]), sample)}
+    with torch.inference_mode():
+        outputs = module.forward_exploration(observations)
+    return {key: tuple(value.shape[1:]) for key, value in outputs.items() if isinstance(value, torch.Tensor)}
+
+
+def _fits(data: Any, space: gym.Space | None, leaf_fits: Any) -> bool:
+    """Whether data ([rows, ...] per leaf) has the space's nesting, each leaf fitting its leaf space."""
+    if space is None:
+        return True
+    struct = space_struct(space)
+    if isinstance(struct, dict):
+        return (
+            isinstance(data, dict)
+            and list(data) == list(struct)
+            and all(_fits(data[key], space[key], leaf_fits) for key in struct)
+        )
+    if isinstance(struct, tuple):
+        return (
+            isinstance(data, tuple)
+            and len(data) == len(struct)
+            and all(_fits(item, sub, leaf_fits) for item, sub in zip(data, space.spaces, strict=True))
+        )
+    return isinstance(data, np.ndarray) and data.ndim >= 1 and leaf_fits(data, space)
+
+
+def _observation_fits(data: np.ndarray, space: gym.Space) -> bool:
+    return data.shape[1:] == space.shape and data.dtype.kind in "biuf"
+
+
+def _action_fits(data: np.ndarray, space: gym.Space) -> bool:
+    """Discrete kinds: integers in range; Box: its shape, finite (a float Box's actions are the model's, unclipped)."""
+    if data.shape[1:] != space.shape:
+        return False
+    if isinstance(space, gym.spaces.Box) and data.dtype.kind == "f":
+        return bool(np.isfinite(data).all())
+    if data.dtype.kind not in "biu":
+        return False
+    if isinstance(space, gym.spaces.Discrete):
+        low, high = space.start, space.start + space.n - 1
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        low, high = space.start, space.start + space.nvec - 1
+    elif isinstance(space, gym.spaces.MultiBinary):
+        low, high = 0, 1
+    elif isinstance(space, gym.spaces.Box):
+        low, high = space.low, space.high
+    else:
+        return False
+    return bool(((data >= low) & (data <= high)).all())

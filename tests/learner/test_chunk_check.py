@@ -1,0 +1,89 @@
+"""Chunks that decode but do not fit the run's spaces or model are refused at intake: each would fail the
+update that batches it (and with it every other server's steps there), or be trained on meaning nothing."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from support.batches import episode_batch
+
+from rlgate.core.columns import Columns
+from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
+from rlgate.learner.chunk_check import output_shapes
+from rlgate.learner.intake import Intake
+from rlgate.models import ModelConfig, build_module
+
+OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
+ACTION_SPACE = gym.spaces.Discrete(2)
+
+
+def actions(value: float, dtype: type = np.int64):
+    def change(chunk: SingleAgentEpisode) -> None:
+        chunk.actions.data = np.full(chunk.actions.len_incl_lookback(), value, dtype)
+
+    return change
+
+
+def observations_of_width(width: int):
+    def change(chunk: SingleAgentEpisode) -> None:
+        chunk.observations.data = np.zeros((chunk.observations.len_incl_lookback(), width), np.float32)
+
+    return change
+
+
+def dist_inputs_of_width(width: int):
+    def change(chunk: SingleAgentEpisode) -> None:
+        rows = chunk.extra_model_outputs[Columns.ACTION_DIST_INPUTS].len_incl_lookback()
+        chunk.extra_model_outputs[Columns.ACTION_DIST_INPUTS].data = np.zeros((rows, width), np.float32)
+
+    return change
+
+
+def no_model_outputs(chunk: SingleAgentEpisode) -> None:
+    chunk.extra_model_outputs.clear()
+
+
+def logp_per_action(chunk: SingleAgentEpisode) -> None:
+    rows = chunk.actions.len_incl_lookback()
+    chunk.extra_model_outputs[Columns.ACTION_LOGP] = InfiniteLookbackBuffer(
+        np.zeros((rows, 2), np.float32), chunk.actions.lookback
+    )
+
+
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (actions(5), "actions not of the action space"),
+        (actions(-1), "actions not of the action space"),
+        (actions(0.5, np.float32), "actions not of the action space"),
+        (observations_of_width(3), "observations not of the observation space"),
+        (dist_inputs_of_width(7), "action_dist_inputs of another shape"),
+        (logp_per_action, "action_logp of another shape"),
+        (no_model_outputs, "no action_logp"),
+    ],
+)
+def test_a_chunk_that_does_not_fit_is_refused_and_the_rest_of_its_batch_taken(
+    tmp_path, cartpole_chunks, change, reason, tables
+):
+    good, bad, later = cartpole_chunks(60)[:3]
+    change(bad)
+    module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
+    intake = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes=output_shapes(module))
+    ack = intake.accept(episode_batch([good, bad, later], tables=tables))
+    assert (ack.accepted, ack.rejected) == (2, 1)
+    assert intake.rejected == {reason: 1}
+    assert [chunk.id_ for chunk in intake.pending] == [good.id_, later.id_]
+
+
+@pytest.mark.parametrize(
+    ("action_space", "config", "expected"),
+    [
+        (ACTION_SPACE, ModelConfig(), {Columns.ACTION_DIST_INPUTS: (2,)}),
+        (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), ModelConfig(), {Columns.ACTION_DIST_INPUTS: (6,)}),
+        (ACTION_SPACE, ModelConfig(use_lstm=True), {}),  # its forward takes a state: not checked
+    ],
+)
+def test_the_outputs_chunks_must_hold_are_the_learners_own_modules(action_space, config, expected):
+    assert output_shapes(build_module(OBSERVATION_SPACE, action_space, config)) == expected
