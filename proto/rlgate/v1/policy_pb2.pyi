@@ -74,7 +74,9 @@ class Hello(_message.Message):
     --max-envs-per-session (1024 by default; more: RESOURCE_EXHAUSTED; 0: INVALID_ARGUMENT).
     """
     explore: _builtins.bool
-    """Sample from the action distribution (true) or act greedily (false)."""
+    """Sample from the action distribution (true: training data) or act greedily (false: an evaluation, whose
+    episodes a server with a learner never ships to it, only to its episode files).
+    """
     module_id: _builtins.str
     """The policy to use; empty (or "default") means the server's default module, any other NOT_FOUND."""
     @_builtins.property
