@@ -163,7 +163,21 @@ async def test_actions_go_to_exactly_the_agents_that_observed(server_factory):
         ([agents_step({"c": OBS})], "unknown agent 'c'"),
         ([agents_step({"a": OBS}, terminateds={"a": False})], "terminateds: no '__all__'"),
         ([agents_step({"a": np.full(4, 5.0, np.float32)})], "obs['a']: value 5.0"),
-        ([agents_step({"a": OBS}), agents_step({"a": OBS}, {"a": float("nan")})], "rewards['a']: nan"),
+        ([agents_step({"a": OBS}), agents_step({"a": OBS}, {"a": float("nan")})], "agents[0].rewards['a']: NaN"),
+        # Finite as a double, inf as the float32 rewards are stored in: refused as a single-agent step's would be.
+        (
+            [agents_step({"a": OBS}), agents_step({"a": OBS}, {"a": 1e300})],
+            "agents[0].rewards['a']: value 1e+300 is not finite as float32",
+        ),
+        # Rewards float32 holds, summed while agent 'a' waits for its next observation into one it does not.
+        (
+            [
+                agents_step({"a": OBS, "b": OBS}),
+                agents_step({"b": OBS}, {"a": 3e38, "b": 0.0}),
+                agents_step({"b": OBS}, {"a": 3e38, "b": 0.0}),
+            ],
+            "agents[0]: agent 'a': its rewards since its last step sum to 6e+38, not finite as float32",
+        ),
         ([agents_step({"a": OBS}), agents_step({"a": OBS})], "agent 'a' acted and observed again but got no reward"),
         ([agents_step({})], "no agent observes"),
         ([agents_step({"a": OBS, "b": OBS}, terminateds={"b": True})], "agents[0].terminateds: no '__all__'"),
