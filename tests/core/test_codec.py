@@ -5,6 +5,7 @@ import contextlib
 import gymnasium as gym
 import numpy as np
 import pytest
+from google.protobuf import struct_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -189,6 +190,14 @@ def test_infos_round_trip_through_struct_with_numpy_values():
         "pos": [1.5, 2.0],
         "nested": {"ok": True, "name": "x"},
     }
+
+
+def test_infos_keep_nan_and_infinities_through_the_wire():
+    """json_format refuses NaN and +-inf, legal doubles in a Struct and what an env's info may hold (was INTERNAL)."""
+    info = {"x": np.float32("nan"), "l": [np.inf, -np.inf, None], "nested": {"y": float("nan")}}
+    back = codec.from_struct(struct_pb2.Struct.FromString(codec.to_struct(info).SerializeToString()))
+    assert back["l"] == [np.inf, -np.inf, None]
+    assert np.isnan(back["x"]) and np.isnan(back["nested"]["y"]) and set(back) == set(info)
 
 
 # --- malformed corpus: every entry is rejected, and the message says where and what ---------------

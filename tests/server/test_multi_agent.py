@@ -215,6 +215,25 @@ async def test_non_finite_agent_values_are_counted_as_single_agent_ones(server_f
     assert server.status()["non_finite_rejected"] == {"obs": 1, "reward": 1}
 
 
+async def test_agent_infos_keep_nan_and_infinities_to_the_shipped_chunk(server_factory, tmp_path):
+    server = await ma_server(server_factory)
+    stream = RawStream(server)
+    await stream.send(agents_hello())
+    await stream.recv()
+    steps = [(agents_step({"a": OBS}), {"nan": np.nan}), (agents_step({"a": OBS}, {"a": 1.0}), {"inf": np.inf})]
+    for message, info in steps:  # the first is the reset step
+        message.step.agents[0].infos["a"].CopyFrom(codec.to_struct(info))
+        await stream.send(message)
+        assert (await stream.recv()).HasField("actions")
+    await stream.send(pb.ClientMessage(close=pb.Close()))
+    assert (await stream.status())[0] == grpc.StatusCode.OK
+    await stream.close()
+    await server.stop()
+    (chunk,) = [episode_from_proto(c) for c in shipped(tmp_path / "episodes")]
+    first, last = chunk.get_infos()
+    assert np.isnan(first["nan"]) and last == {"inf": np.inf}
+
+
 async def test_agent_spaces_no_model_can_be_built_for_are_invalid_argument(server_factory):
     server = await ma_server(server_factory)
     stream = RawStream(server)
