@@ -234,11 +234,20 @@ async def test_agent_infos_keep_nan_and_infinities_to_the_shipped_chunk(server_f
     assert np.isnan(first["nan"]) and last == {"inf": np.inf}
 
 
-async def test_agent_spaces_no_model_can_be_built_for_are_invalid_argument(server_factory):
+@pytest.mark.parametrize(
+    ("observation_space", "action_space"),
+    [(BOX4, gym.spaces.Dict({"x": DISCRETE2})), (gym.spaces.Tuple([]), DISCRETE2)],
+)
+async def test_agent_spaces_no_model_can_be_built_for_are_invalid_argument(
+    server_factory, observation_space, action_space
+):
     server = await ma_server(server_factory)
     stream = RawStream(server)
-    dict_actions = codec.space_to_proto(gym.spaces.Dict({"x": DISCRETE2}))
-    agent = pb.AgentSpaces(agent_id="a", observation_space=codec.space_to_proto(BOX4), action_space=dict_actions)
+    agent = pb.AgentSpaces(
+        agent_id="a",
+        observation_space=codec.space_to_proto(observation_space),
+        action_space=codec.space_to_proto(action_space),
+    )
     await stream.send(pb.ClientMessage(hello=pb.Hello(client_id="raw", num_envs=1, agents=[agent])))
     code, details = await stream.status()
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "no model for the hello's spaces" in details
