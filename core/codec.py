@@ -218,6 +218,8 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
         if kind == "discrete":
             if msg.discrete.n <= 0:
                 raise CodecError(f"{path}: Discrete needs n > 0, got {msg.discrete.n}")
+            if msg.discrete.start + msg.discrete.n - 1 > np.iinfo(np.int64).max:  # as MultiDiscrete's: no wrapping
+                raise CodecError(f"{path}: Discrete needs start + n - 1 in int64")
             return gym.spaces.Discrete(msg.discrete.n, start=msg.discrete.start)
         if kind == "multi_discrete":
             nvec = from_tensor(msg.multi_discrete.nvec, f"{path}.nvec")

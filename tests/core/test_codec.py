@@ -173,6 +173,7 @@ def test_empty_containers_stay_containers():
         gym.spaces.Box(np.array([-np.inf, 0]), np.array([np.inf, 1]), dtype=np.float64),
         gym.spaces.Box(0, 255, shape=(4, 4, 3), dtype=np.uint8),
         gym.spaces.Discrete(7, start=-3),
+        gym.spaces.Discrete(2, start=2**63 - 2),  # its last value is int64's largest
         gym.spaces.MultiDiscrete([[2, 3], [4, 5]]),
         gym.spaces.MultiBinary([2, 3]),
         gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,)), "id": gym.spaces.Discrete(3)}),
@@ -205,6 +206,7 @@ def test_infos_keep_nan_and_infinities_through_the_wire():
 MALFORMED_SPACES = [
     (pb.Space(), "missing space"),
     (pb.Space(discrete=pb.DiscreteSpace(n=0)), "Discrete needs n > 0"),
+    (pb.Space(discrete=pb.DiscreteSpace(n=3, start=2**63 - 2)), r"^space: Discrete needs start \+ n - 1 in int64$"),
     (
         pb.Space(
             box=pb.BoxSpace(low=codec.to_tensor(np.zeros(2, np.float32)), high=codec.to_tensor(np.zeros(3, np.float32)))

@@ -106,6 +106,19 @@ CASES = {
         INVALID,
         "hello.observation_space: missing space",
     ),
+    "Discrete whose last value is past int64": (
+        [
+            pb.ClientMessage(
+                hello=pb.Hello(
+                    num_envs=1,
+                    observation_space=tensor_pb2.Space(discrete=tensor_pb2.DiscreteSpace(n=3, start=2**63 - 2)),
+                    action_space=codec.space_to_proto(DISCRETE2),
+                )
+            )
+        ],
+        INVALID,
+        "hello.observation_space: Discrete needs start + n - 1 in int64",
+    ),
     "unknown module": (
         [
             pb.ClientMessage(
