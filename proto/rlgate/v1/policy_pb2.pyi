@@ -68,7 +68,7 @@ class Hello(_message.Message):
     MODULE_ID_FIELD_NUMBER: _builtins.int
     AGENTS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
-    """Free-form name of the client, for logs and metrics."""
+    """Free-form name of the client, for logs and metrics: at most 256 characters (else INVALID_ARGUMENT)."""
     num_envs: _builtins.int
     """Number of sub-envs every step message carries (1 for a plain env): 1 to the server's
     --max-envs-per-session (1024 by default; more: RESOURCE_EXHAUSTED; 0: INVALID_ARGUMENT).
