@@ -155,10 +155,21 @@ def to_struct(info: Mapping[str, Any]) -> struct_pb2.Struct:
 
 
 def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
-    """Decode a Struct into a plain dict (numbers come back as floats, as in JSON)."""
-    from google.protobuf.json_format import MessageToDict
+    """Decode a Struct into a plain dict (numbers come back as floats, as in JSON).
 
-    return MessageToDict(struct)
+    By hand rather than with json_format, which refuses NaN and +-inf: legal doubles on the wire, and what an
+    env's info may well hold; `to_struct` encodes them back.
+    """
+    return {key: _from_struct_value(value) for key, value in struct.fields.items()}
+
+
+def _from_struct_value(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return from_struct(value.struct_value)
+    if kind == "list_value":
+        return [_from_struct_value(item) for item in value.list_value.values]
+    return None if kind in (None, "null_value") else getattr(value, kind)
 
 
 def _jsonable(value: Any) -> Any:
@@ -207,6 +218,8 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
         if kind == "discrete":
             if msg.discrete.n <= 0:
                 raise CodecError(f"{path}: Discrete needs n > 0, got {msg.discrete.n}")
+            if msg.discrete.start + msg.discrete.n - 1 > np.iinfo(np.int64).max:  # as MultiDiscrete's: no wrapping
+                raise CodecError(f"{path}: Discrete needs start + n - 1 in int64")
             return gym.spaces.Discrete(msg.discrete.n, start=msg.discrete.start)
         if kind == "multi_discrete":
             nvec = from_tensor(msg.multi_discrete.nvec, f"{path}.nvec")

@@ -30,6 +30,13 @@ from rlgate.v1 import tensor_pb2 as pb
 
 # Leaves with at most this many elements are tested in Python (see the module docstring).
 SMALL = 128
+# Doubles of this magnitude or more round to +-inf as float32: its largest value plus half a unit in the last place.
+_FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+
+
+def finite_as_float32(value: float) -> bool:
+    """Whether a double stays finite as float32, the dtype episodes store rewards in (1e300 does not, NaN does not)."""
+    return abs(value) < _FLOAT32_OVERFLOW
 
 
 class NonFiniteError(CodecError):

@@ -22,6 +22,8 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
 - The constructor takes no per-env-step lists (build episodes with `add_env_reset` / `add_env_step`, or
   from agent episodes); `slice()` works per agent on env-step boundaries (see its docstring).
 - Precondition failures raise `MultiAgentEnvError` (a ValueError) or RuntimeError, not AssertionError.
+- An agent's rewards summed between two of its steps must stay finite as float32 (the dtype episodes store
+  rewards in): else `MultiAgentEnvError`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlgate.core.agents_step import ALL
+from rlgate.core.space_check import finite_as_float32
 from rlgate.core.tree import batch, map_structure
 from rlgate.episodes.infinite_lookback_buffer import Indices, InfiniteLookbackBuffer
 from rlgate.episodes.single_agent_episode import SingleAgentEpisode
@@ -189,7 +192,7 @@ class MultiAgentEpisode:
             action = self._hanging_actions_end.pop(agent_id, None)
             if action is not None:
                 outputs = self._hanging_extra_model_outputs_end.pop(agent_id, None)
-                reward += self._hanging_rewards_end.pop(agent_id, 0.0)
+                reward = _summed(agent_id, self._hanging_rewards_end.pop(agent_id, 0.0), reward)
             else:
                 if terminated or truncated:  # appears and leaves at once: never part of the episode
                     self._del_hanging(agent_id)
@@ -197,7 +200,7 @@ class MultiAgentEpisode:
                 if episode is not None:
                     raise MultiAgentEnvError(f"agent {agent_id!r} observed twice without acting in between")
                 self._join(agent_id, observation, info)
-                self._hanging_rewards_begin[agent_id] += reward
+                self._hanging_rewards_begin[agent_id] = _summed(agent_id, self._hanging_rewards_begin[agent_id], reward)
                 return
         elif action is not None:  # case 3: acted, no next observation yet
             if episode is None:
@@ -224,11 +227,11 @@ class MultiAgentEpisode:
                     )
                 observation, info = episode.get_observations(-1), episode.get_infos(-1)
                 outputs = self._hanging_extra_model_outputs_end.pop(agent_id, None)
-                reward += self._hanging_rewards_end.pop(agent_id, 0.0)
+                reward = _summed(agent_id, self._hanging_rewards_end.pop(agent_id, 0.0), reward)
             elif episode is None:
-                self._hanging_rewards_begin[agent_id] += reward
+                self._hanging_rewards_begin[agent_id] = _summed(agent_id, self._hanging_rewards_begin[agent_id], reward)
             else:
-                self._hanging_rewards_end[agent_id] += reward
+                self._hanging_rewards_end[agent_id] = _summed(agent_id, self._hanging_rewards_end[agent_id], reward)
 
         if observation is not None:
             episode.add_env_step(
@@ -796,6 +799,17 @@ class _DictBuffer:
 
     def get(self, indices: Indices = None, **kwargs: Any) -> Any:
         return {key: buffer.get(indices, **kwargs) for key, buffer in self.buffers.items()}
+
+
+def _summed(agent_id: AgentID, total: float, reward: float) -> float:
+    """An agent's rewards between two of its steps, summed; refused where float32, the dtype its episode stores
+    rewards in, cannot hold the sum (two rewards of 3e38 each would train on inf)."""
+    summed = total + reward
+    if not finite_as_float32(summed):
+        raise MultiAgentEnvError(
+            f"agent {agent_id!r}: its rewards since its last step sum to {summed:g}, not finite as float32"
+        )
+    return summed
 
 
 def _with_last(buffer: InfiniteLookbackBuffer, value: Any) -> InfiniteLookbackBuffer:

@@ -16,7 +16,7 @@ import gymnasium as gym
 from rlgate.core import codec
 from rlgate.core.agents_step import ALL, AgentsStep
 from rlgate.core.codec import CodecError
-from rlgate.core.space_check import NonFiniteError, SpaceCheck
+from rlgate.core.space_check import NonFiniteError, SpaceCheck, finite_as_float32
 from rlgate.v1 import policy_pb2 as pb
 
 
@@ -58,8 +58,9 @@ class AgentsStepDecoder:
                 raise _in(path, exc, "obs") from None
         rewards = dict(message.rewards)
         for agent_id, reward in rewards.items():
-            if not math.isfinite(reward):
-                raise _in(path, NonFiniteError(f"rewards[{agent_id!r}]: {reward} is not a finite number"), "reward")
+            if not finite_as_float32(reward):  # as a single-agent step's rewards: checked as the float32 stored
+                what = "NaN" if math.isnan(reward) else f"value {reward:g} is not finite as float32"
+                raise _in(path, NonFiniteError(f"rewards[{agent_id!r}]: {what}"), "reward")
         return AgentsStep(
             observations=observations,
             rewards=rewards,

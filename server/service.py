@@ -36,6 +36,8 @@ from rlgate.v1 import policy_pb2 as pb
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rlgate.v1.PolicyService"
+# Longest Hello.client_id, in characters: an id is logged on every session's open and close and listed in /sessions.
+MAX_CLIENT_ID = 256
 
 
 class RequestError(Exception):
@@ -172,6 +174,11 @@ class PolicyService:
             )
         if hello.num_envs < 1:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.num_envs must be at least 1")
+        if len(hello.client_id) > MAX_CLIENT_ID:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"hello.client_id: {len(hello.client_id)} characters > {MAX_CLIENT_ID}",
+            )
         limit = self.settings.max_envs_per_session
         if hello.num_envs > limit:
             raise RequestError(
@@ -224,7 +231,7 @@ class PolicyService:
         decoder = StepDecoder(
             spec.observation_space, spec.num_envs, allow_non_finite_obs=self.settings.allow_non_finite_obs
         )
-        log.info("session opened session=%s client=%s num_envs=%d", session.id, spec.client_id, spec.num_envs)
+        log.info("session opened session=%s client=%r num_envs=%d", session.id, spec.client_id, spec.num_envs)
         return session, batcher, decoder
 
     async def _step(
@@ -305,8 +312,8 @@ class PolicyService:
         )
         self.sessions[session.id] = session
         self.metrics.sessions.set(len(self.sessions))
-        log.info("multi-agent session opened session=%s client=%s agents=%s num_envs=%d", session.id,
-                 spec.client_id, ",".join(agent_spaces), spec.num_envs)  # fmt: skip
+        log.info("multi-agent session opened session=%s client=%r agents=%r num_envs=%d", session.id,
+                 spec.client_id, list(agent_spaces), spec.num_envs)  # fmt: skip
         observation_spaces = {agent: spaces[0] for agent, spaces in agent_spaces.items()}
         decoder = AgentsStepDecoder(
             observation_spaces, spec.num_envs, allow_non_finite_obs=self.settings.allow_non_finite_obs
@@ -333,11 +340,11 @@ class PolicyService:
         self._ship(session.close(), session.spec.explore)
         self.sessions.pop(session.id, None)
         self.metrics.sessions.set(len(self.sessions))
-        log.info("session closed session=%s client=%s", session.id, session.spec.client_id)
+        log.info("session closed session=%s client=%r", session.id, session.spec.client_id)
 
     async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
         self.metrics.rejected.labels(code.name).inc()
-        log.info("rejected code=%s peer=%s message=%s", code.name, context.peer(), message)
+        log.info("rejected code=%s peer=%s message=%r", code.name, context.peer(), message)  # it may quote the client
         await context.abort(code, message)
 
 

@@ -129,9 +129,14 @@ class FlattenObservations(ConnectorV2):
 
 
 def flatten_batch(observations: Any, space: gym.Space) -> np.ndarray:
-    """A [B, ...] (nested) batch of `space` observations as [B, n] float32, discrete parts one-hot."""
+    """A [B, ...] (nested) batch of `space` observations as [B, n] float32, discrete parts one-hot.
+
+    ValueError for a space with nothing in it (an empty Dict or Tuple): no model can be built for it.
+    """
     struct = space_struct(space)
     ordered = map_structure(lambda _, leaf: leaf, struct, observations)  # in the space's key order
     leaves = flatten(one_hot(ordered, struct))
+    if not leaves:
+        raise ValueError(f"the observation space {space} holds no values (an empty Dict or Tuple): nothing to flatten")
     rows = len(leaves[0])
     return np.concatenate([np.asarray(leaf, np.float32).reshape(rows, -1) for leaf in leaves], axis=1)

@@ -21,14 +21,18 @@ if TYPE_CHECKING:
 def unsquash_action(action: Any, space: gym.Space) -> Any:
     """Map actions from [-1, 1] to the bounds of each bounded float Box leaf (then clip); shift int Boxes.
 
-    Works on one action or a batch (leading axis) of them.
+    Works on one action or a batch (leading axis) of them. RLlib's `low + (a + 1) * (high - low) / 2`, computed
+    as `mid + a * half` in float64: `high - low` overflows to inf for bounds near the dtype's limits (float32's
+    +-3.4e38), which made every action `high`.
     """
 
     def unsquash(a: Any, sub: gym.Space) -> Any:
         if not isinstance(sub, gym.spaces.Box) or not (sub.is_bounded("both")):
             return a
         if np.issubdtype(sub.dtype, np.floating):
-            a = sub.low + (np.asarray(a) + 1.0) * (sub.high - sub.low) / 2.0
+            low, high = sub.low.astype(np.float64) / 2.0, sub.high.astype(np.float64) / 2.0
+            with np.errstate(over="ignore"):  # only actions far outside [-1, 1], which the clip takes to a bound
+                a = (low + high) + np.asarray(a, np.float64) * (high - low)
             return np.clip(a, sub.low, sub.high).astype(sub.dtype, copy=False)
         return (sub.low + np.asarray(a)).astype(sub.dtype, copy=False)
 

@@ -2,6 +2,7 @@
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from rlgate.connectors import Columns, ConnectorV2
@@ -51,6 +52,18 @@ def test_normalize_and_clip_unsquashes_or_clips_and_keeps_raw_actions():
     np.testing.assert_allclose(out[Columns.ACTIONS_FOR_ENV][("e",)], [[2.0], [-0.5]])
     neither = NormalizeAndClipActions(None, space, normalize_actions=False, clip_actions=False)
     assert neither(rl_module=None, batch={Columns.ACTIONS: raw}, episodes=[])[Columns.ACTIONS_FOR_ENV] is raw
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_normalize_actions_maps_into_bounds_as_wide_as_the_dtype(dtype):
+    """high - low overflows to inf for such bounds: every action came out as high."""
+    limit = np.finfo(dtype).max
+    space = gym.spaces.Box(-limit, limit, (5,), dtype)
+    raw = np.array([[-1.0, -0.5, 0.0, 0.5, 1.0], [-3.0, 0.25, -0.25, 3.0, 0.0]], np.float32)
+    piece = NormalizeAndClipActions(None, space, normalize_actions=True, clip_actions=False)
+    out = piece(rl_module=None, batch={Columns.ACTIONS: raw}, episodes=[])[Columns.ACTIONS_FOR_ENV]
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out / limit, np.clip(raw, -1.0, 1.0), rtol=1e-6)
 
 
 def test_normalize_actions_shifts_integer_boxes_and_maps_nested_spaces():

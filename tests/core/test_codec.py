@@ -5,6 +5,7 @@ import contextlib
 import gymnasium as gym
 import numpy as np
 import pytest
+from google.protobuf import struct_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -172,6 +173,7 @@ def test_empty_containers_stay_containers():
         gym.spaces.Box(np.array([-np.inf, 0]), np.array([np.inf, 1]), dtype=np.float64),
         gym.spaces.Box(0, 255, shape=(4, 4, 3), dtype=np.uint8),
         gym.spaces.Discrete(7, start=-3),
+        gym.spaces.Discrete(2, start=2**63 - 2),  # its last value is int64's largest
         gym.spaces.MultiDiscrete([[2, 3], [4, 5]]),
         gym.spaces.MultiBinary([2, 3]),
         gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,)), "id": gym.spaces.Discrete(3)}),
@@ -191,11 +193,20 @@ def test_infos_round_trip_through_struct_with_numpy_values():
     }
 
 
+def test_infos_keep_nan_and_infinities_through_the_wire():
+    """json_format refuses NaN and +-inf, legal doubles in a Struct and what an env's info may hold (was INTERNAL)."""
+    info = {"x": np.float32("nan"), "l": [np.inf, -np.inf, None], "nested": {"y": float("nan")}}
+    back = codec.from_struct(struct_pb2.Struct.FromString(codec.to_struct(info).SerializeToString()))
+    assert back["l"] == [np.inf, -np.inf, None]
+    assert np.isnan(back["x"]) and np.isnan(back["nested"]["y"]) and set(back) == set(info)
+
+
 # --- malformed corpus: every entry is rejected, and the message says where and what ---------------
 
 MALFORMED_SPACES = [
     (pb.Space(), "missing space"),
     (pb.Space(discrete=pb.DiscreteSpace(n=0)), "Discrete needs n > 0"),
+    (pb.Space(discrete=pb.DiscreteSpace(n=3, start=2**63 - 2)), r"^space: Discrete needs start \+ n - 1 in int64$"),
     (
         pb.Space(
             box=pb.BoxSpace(low=codec.to_tensor(np.zeros(2, np.float32)), high=codec.to_tensor(np.zeros(3, np.float32)))

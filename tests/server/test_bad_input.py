@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 import gymnasium as gym
@@ -22,8 +23,9 @@ from support.servers import (
     wait_for_steps,
 )
 
-from rlgate.client.env_client import EnvClient
+from rlgate.client.env_client import EnvClient, hello_message
 from rlgate.core import codec
+from rlgate.server.service import MAX_CLIENT_ID
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import tensor_pb2
 
@@ -106,6 +108,24 @@ CASES = {
         INVALID,
         "hello.observation_space: missing space",
     ),
+    "Discrete whose last value is past int64": (
+        [
+            pb.ClientMessage(
+                hello=pb.Hello(
+                    num_envs=1,
+                    observation_space=tensor_pb2.Space(discrete=tensor_pb2.DiscreteSpace(n=3, start=2**63 - 2)),
+                    action_space=codec.space_to_proto(DISCRETE2),
+                )
+            )
+        ],
+        INVALID,
+        "hello.observation_space: Discrete needs start + n - 1 in int64",
+    ),
+    "client id too long": (
+        [hello_message(BOX4, DISCRETE2, 1, True, "x" * (MAX_CLIENT_ID + 1))],
+        INVALID,
+        f"hello.client_id: {MAX_CLIENT_ID + 1} characters > {MAX_CLIENT_ID}",
+    ),
     "unknown module": (
         [
             pb.ClientMessage(
@@ -149,6 +169,23 @@ async def test_bad_input_gets_its_status_and_spares_other_clients(server_factory
         await wait_for_steps(good, before + 20)  # the good client never noticed
     if case != "oversized message":  # gRPC itself refuses those, before any handler of ours runs
         assert server.metrics.registry.get_sample_value("rlgate_rejected_total", {"code": code.name}) >= 1
+
+
+async def test_client_ids_are_logged_escaped_so_they_cannot_forge_log_lines(server, caplog):
+    caplog.set_level(logging.INFO, logger="rlgate.server.service")
+    forged = "x\n2026-01-01 00:00:00,000 ERROR rlgate.server.service FORGED"
+    forged += "." * (MAX_CLIENT_ID - len(forged))  # the longest id accepted
+    raw = RawStream(server)
+    try:
+        await raw.send(hello_message(BOX4, DISCRETE2, 1, True, forged))
+        assert (await raw.recv()).HasField("welcome")
+        await raw.send(pb.ClientMessage(close=pb.Close()))
+        assert (await raw.status())[0] == grpc.StatusCode.OK
+    finally:
+        await raw.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlgate.server.service"]
+    assert sum(repr(forged) in line for line in lines) == 2  # the session's open and close
+    assert not any("\n" in line for line in lines)
 
 
 async def test_discrete_obs_out_of_range_is_invalid_argument(server_factory):

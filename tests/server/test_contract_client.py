@@ -13,6 +13,7 @@ import asyncio
 import grpc
 import gymnasium as gym
 import numpy as np
+from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlgate.v1 import episode_pb2, policy_pb2_grpc, tensor_pb2
@@ -62,14 +63,20 @@ def hello(num_envs: int, observation_space: tensor_pb2.Space = CARTPOLE_OBS) -> 
     )
 
 
-def step(obs: np.ndarray, reward=None, terminated=None, truncated=None) -> pb.ClientMessage:
+def step(obs: np.ndarray, reward=None, terminated=None, truncated=None, infos=()) -> pb.ClientMessage:
     """Observations in float64, as a JavaScript client has them; reward and flags left out when None."""
-    message = pb.Step(obs=tensor_pb2.Value(tensor=tensor(np.asarray(obs, "<f8"))))
+    message = pb.Step(obs=tensor_pb2.Value(tensor=tensor(np.asarray(obs, "<f8"))), infos=infos)
     if reward is not None:
         message.reward.CopyFrom(tensor(np.asarray(reward, "<f8")))
         message.terminated.CopyFrom(tensor(np.asarray(terminated, bool)))
         message.truncated.CopyFrom(tensor(np.asarray(truncated, bool)))
     return pb.ClientMessage(step=message)
+
+
+def info(**numbers: float) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(numbers)
+    return struct
 
 
 async def final_status(call: grpc.aio.StreamStreamCall) -> tuple[grpc.StatusCode, str]:
@@ -119,14 +126,15 @@ async def test_a_client_written_from_the_proto_alone(server_factory, tmp_path):
         envs.close()
 
         # Autoreset by hand with both flags set, and two steps in flight: the terminal observation and, without
-        # waiting for its (discarded) answer, the reset observation; one answer each, in order.
+        # waiting for its (discarded) answer, the reset observation; one answer each, in order. Infos' numbers
+        # may be NaN or +-inf (doubles; JSON has no spelling for them) and are kept.
         call = stub.Connect(metadata=AUTH)
         await call.write(hello(1))
         hand = (await call.read()).welcome
         first, terminal, reset = np.zeros((1, 4)), np.full((1, 4), 0.01), np.full((1, 4), -0.01)
-        await call.write(step(first))
+        await call.write(step(first, infos=[info(nan=float("nan"))]))
         assert (await call.read()).WhichOneof("kind") == "actions"
-        await call.write(step(terminal, [1.0], [True], [True]))
+        await call.write(step(terminal, [1.0], [True], [True], [info(inf=float("-inf"))]))
         await call.write(step(reset, [0.0], [False], [False]))
         answers = [await asyncio.wait_for(call.read(), 10) for _ in range(2)]
         assert [a.WhichOneof("kind") for a in answers] == ["actions", "actions"]
@@ -155,3 +163,5 @@ async def test_a_client_written_from_the_proto_alone(server_factory, tmp_path):
     assert array(by_hand.rewards).tolist() == [1.0]
     observations = array(by_hand.observations.tensor)
     assert observations.dtype == np.float32 and np.allclose(observations, np.concatenate([first, terminal]))
+    first_info, terminal_info = by_hand.infos
+    assert np.isnan(first_info.fields["nan"].number_value) and terminal_info.fields["inf"].number_value == -np.inf

@@ -43,15 +43,25 @@ async def test_a_hello_too_large_for_a_fresh_model_is_refused_and_builds_nothing
         await ok.close()
 
 
-async def test_a_hello_whose_spaces_no_model_can_serve_is_invalid_argument_and_builds_nothing(server):
+@pytest.mark.parametrize(
+    ("observation_space", "action_space", "what"),
+    [
+        (BOX4, gym.spaces.MultiBinary(3), "The default model does not support the action space"),
+        (gym.spaces.Tuple([]), DISCRETE2, "the observation space Tuple() holds no values (an empty Dict or Tuple)"),
+        (gym.spaces.Dict({}), DISCRETE2, "the observation space Dict() holds no values (an empty Dict or Tuple)"),
+    ],
+)
+async def test_a_hello_whose_spaces_no_model_can_serve_is_invalid_argument_and_builds_nothing(
+    server, observation_space, action_space, what
+):
     raw = RawStream(server)
     try:
-        await raw.send(hello(BOX4, gym.spaces.MultiBinary(3)))
+        await raw.send(hello(observation_space, action_space))
         code, details = await raw.status()
     finally:
         await raw.close()
     assert code == grpc.StatusCode.INVALID_ARGUMENT  # the client's to fix, not a server error (was INTERNAL)
-    assert details.startswith("no model for the hello's spaces: The default model does not support the action space")
+    assert details.startswith(f"no model for the hello's spaces: {what}")
     assert server.policy is None
     ok = RawStream(server)
     try:

@@ -163,7 +163,21 @@ async def test_actions_go_to_exactly_the_agents_that_observed(server_factory):
         ([agents_step({"c": OBS})], "unknown agent 'c'"),
         ([agents_step({"a": OBS}, terminateds={"a": False})], "terminateds: no '__all__'"),
         ([agents_step({"a": np.full(4, 5.0, np.float32)})], "obs['a']: value 5.0"),
-        ([agents_step({"a": OBS}), agents_step({"a": OBS}, {"a": float("nan")})], "rewards['a']: nan"),
+        ([agents_step({"a": OBS}), agents_step({"a": OBS}, {"a": float("nan")})], "agents[0].rewards['a']: NaN"),
+        # Finite as a double, inf as the float32 rewards are stored in: refused as a single-agent step's would be.
+        (
+            [agents_step({"a": OBS}), agents_step({"a": OBS}, {"a": 1e300})],
+            "agents[0].rewards['a']: value 1e+300 is not finite as float32",
+        ),
+        # Rewards float32 holds, summed while agent 'a' waits for its next observation into one it does not.
+        (
+            [
+                agents_step({"a": OBS, "b": OBS}),
+                agents_step({"b": OBS}, {"a": 3e38, "b": 0.0}),
+                agents_step({"b": OBS}, {"a": 3e38, "b": 0.0}),
+            ],
+            "agents[0]: agent 'a': its rewards since its last step sum to 6e+38, not finite as float32",
+        ),
         ([agents_step({"a": OBS}), agents_step({"a": OBS})], "agent 'a' acted and observed again but got no reward"),
         ([agents_step({})], "no agent observes"),
         ([agents_step({"a": OBS, "b": OBS}, terminateds={"b": True})], "agents[0].terminateds: no '__all__'"),
@@ -201,11 +215,39 @@ async def test_non_finite_agent_values_are_counted_as_single_agent_ones(server_f
     assert server.status()["non_finite_rejected"] == {"obs": 1, "reward": 1}
 
 
-async def test_agent_spaces_no_model_can_be_built_for_are_invalid_argument(server_factory):
+async def test_agent_infos_keep_nan_and_infinities_to_the_shipped_chunk(server_factory, tmp_path):
     server = await ma_server(server_factory)
     stream = RawStream(server)
-    dict_actions = codec.space_to_proto(gym.spaces.Dict({"x": DISCRETE2}))
-    agent = pb.AgentSpaces(agent_id="a", observation_space=codec.space_to_proto(BOX4), action_space=dict_actions)
+    await stream.send(agents_hello())
+    await stream.recv()
+    steps = [(agents_step({"a": OBS}), {"nan": np.nan}), (agents_step({"a": OBS}, {"a": 1.0}), {"inf": np.inf})]
+    for message, info in steps:  # the first is the reset step
+        message.step.agents[0].infos["a"].CopyFrom(codec.to_struct(info))
+        await stream.send(message)
+        assert (await stream.recv()).HasField("actions")
+    await stream.send(pb.ClientMessage(close=pb.Close()))
+    assert (await stream.status())[0] == grpc.StatusCode.OK
+    await stream.close()
+    await server.stop()
+    (chunk,) = [episode_from_proto(c) for c in shipped(tmp_path / "episodes")]
+    first, last = chunk.get_infos()
+    assert np.isnan(first["nan"]) and last == {"inf": np.inf}
+
+
+@pytest.mark.parametrize(
+    ("observation_space", "action_space"),
+    [(BOX4, gym.spaces.Dict({"x": DISCRETE2})), (gym.spaces.Tuple([]), DISCRETE2)],
+)
+async def test_agent_spaces_no_model_can_be_built_for_are_invalid_argument(
+    server_factory, observation_space, action_space
+):
+    server = await ma_server(server_factory)
+    stream = RawStream(server)
+    agent = pb.AgentSpaces(
+        agent_id="a",
+        observation_space=codec.space_to_proto(observation_space),
+        action_space=codec.space_to_proto(action_space),
+    )
     await stream.send(pb.ClientMessage(hello=pb.Hello(client_id="raw", num_envs=1, agents=[agent])))
     code, details = await stream.status()
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "no model for the hello's spaces" in details

@@ -68,7 +68,7 @@ class Hello(_message.Message):
     MODULE_ID_FIELD_NUMBER: _builtins.int
     AGENTS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
-    """Free-form name of the client, for logs and metrics."""
+    """Free-form name of the client, for logs and metrics: at most 256 characters (else INVALID_ARGUMENT)."""
     num_envs: _builtins.int
     """Number of sub-envs every step message carries (1 for a plain env): 1 to the server's
     --max-envs-per-session (1024 by default; more: RESOURCE_EXHAUSTED; 0: INVALID_ARGUMENT).
@@ -298,9 +298,10 @@ class AgentSpaces(_message.Message):
     episode ends ("__all__"), its next AgentsStep carries its reset observations (rewards and flags there
     are ignored), as single-agent sub-envs do. INVALID_ARGUMENT, naming the agent: an agent not declared in
     the hello, a missing "__all__" in terminateds or truncateds, an observation outside the agent's space,
-    a non-finite reward, data for an agent that is already done, an agent that observes twice without an
-    action between, an agent that observes again after acting with no reward for it (RLlib's rule), no
-    acting agent while the episode goes on. Observations follow the single-agent rules (any float dtype for
+    a reward not finite as float32 (1e300 is not), rewards summed between two of an agent's actions that
+    are not, data for an agent that is already done, an agent that observes twice without an action between,
+    an agent that observes again after acting with no reward for it (RLlib's rule), no acting agent while the
+    episode goes on. Observations follow the single-agent rules (any float dtype for
     a float Box, any integer dtype for Discrete; NaN never, +-inf only on a server that allows them). proto/README.md,
     "Multi-agent sessions", says the same at more length.
     """

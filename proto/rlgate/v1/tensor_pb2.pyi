@@ -254,7 +254,7 @@ Global___BoxSpace: _TypeAlias = BoxSpace  # noqa: Y015
 
 @_typing.final
 class DiscreteSpace(_message.Message):
-    """gymnasium.spaces.Discrete: values start, ..., start + n - 1."""
+    """gymnasium.spaces.Discrete: values start, ..., start + n - 1 (n > 0, and start + n - 1 within int64)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
