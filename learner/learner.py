@@ -34,6 +34,10 @@ from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
 
+# The versions a WatchWeights request may name stay below this: far below int64's limit (the wire's), so neither
+# the version a learner skips to, one past a server's (weights_after), nor the updates after it can pass that.
+MAX_VERSION = 2**62
+
 
 class Learner:
     """Takes episode chunks, trains on them, publishes every new version to the watching servers.
@@ -200,8 +204,17 @@ class Learner:
             return 0
         return max(0, self.spec.algorithm.train_batch_size - self.intake.pending_steps)
 
-    async def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
-        """Every version newer than `version`, as it is published (the newest first, if newer already)."""
+    def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
+        """Every version newer than `version`, as it is published (the newest first, if newer already).
+
+        `version` is -1 (none yet) or below MAX_VERSION; anything else raises ValueError here, at the call,
+        before the learner skips its own version past it.
+        """
+        if not -1 <= version < MAX_VERSION:
+            raise ValueError(f"after_version {version} is out of range: -1 (none yet) or a version below 2**62")
+        return self._weights_after(version, server_id)
+
+    async def _weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
         if version >= self.weights.version:
             # The server may hold a version this learner published before a restart and lost (or has since
             # reused for other weights): publish ours under a newer number, which every server takes.
