@@ -334,13 +334,21 @@ class Learner:
         return {module_id: weights_to_bytes(module) for module_id, module in self.trainer.module.items()}
 
     def _merge_connector_state(self, batch: learner_pb2.EpisodeBatch) -> None:
-        """Add a server's statistics delta to the merged ones, which go out with the next weights."""
+        """Add a server's statistics delta to the merged ones, which go out with the next weights.
+
+        A state that does not fit this learner's pipeline (its pieces' `check_state`), or whose merge does not,
+        comes from a server configured otherwise or broken: it is refused (logged, counted as "malformed
+        connector state"), so it never reaches the servers, and the batch's chunks are taken all the same.
+        """
         try:
             delta = codec.from_value(batch.connector_state, "connector_state")
-            if delta:
-                self.connectors.set_state(self.connectors.merge_states([delta]))
-        except (codec.CodecError, KeyError, ValueError) as exc:  # a server configured unlike this learner
-            log.warning("ignored connector state from server %s: %s", batch.server_id, exc)
+            self.connectors.check_state(delta)
+            merged = self.connectors.merge_states([delta])
+            self.connectors.check_state(merged)  # e.g. finite statistics whose merge overflowed
+        except Exception as exc:  # a user's piece may raise anything: the batch is stored, its ack must come
+            self.intake.reject("malformed connector state", 1, f"connector state from server {batch.server_id}: {exc}")
+            return
+        self.connectors.set_state(merged)
 
     def _skip_version(self, version: int) -> None:
         self.trainer.version = max(self.trainer.version, version)
