@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -180,6 +181,21 @@ class ConnectorPipelineV2(ConnectorV2):
             if piece_states:
                 merged[key] = connector.merge_states(piece_states)
         return merged
+
+    def check_state(self, state: Any) -> None:
+        """Raise ValueError unless `state` is `{piece key: piece state}` of this pipeline's pieces, each one
+        fitting its piece (`check_state`); pieces may be left out, as merge_states and set_state allow."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"a pipeline state is a dict by piece key, not {type(state).__name__}")
+        pieces = dict(zip(self.state_keys(), self.connectors, strict=True))
+        unknown = [key for key in state if key not in pieces]
+        if unknown:
+            raise ValueError(f"no connector piece {', '.join(map(repr, unknown))} in the pipeline ({self._names()})")
+        for key, piece_state in state.items():
+            try:
+                pieces[key].check_state(piece_state)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from exc
 
     def __str__(self) -> str:
         return f"{self.name}({self._names()})"

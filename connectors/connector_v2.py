@@ -181,6 +181,12 @@ class ConnectorV2(abc.ABC):
         """Merge the states of copies of this piece (e.g. on several servers) into one state."""
         return {}
 
+    def check_state(self, state: Any) -> None:
+        """Raise ValueError unless `state` fits this piece: one that came from elsewhere (a server's, over the
+        wire) before it is merged or set. A piece whose state travels overrides it (structure, shapes, dtypes,
+        values its merge_states and set_state take); this one takes any state."""
+        return
+
     # --- helpers for per-episode pieces -----------------------------------------------------------------
 
     @staticmethod

@@ -194,7 +194,7 @@ class Intake:
             observation_space = self._observation_space(batch) if self.module_spaces is None else None
         except ValueError as exc:
             chunks = len(batch.episodes) + sum(len(table.ids) for table in batch.chunks)
-            self._reject("unknown observation space", chunks, f"all of the batch from server {server}: {exc}")
+            self.reject("unknown observation space", chunks, f"all of the batch from server {server}: {exc}")
             return accepted
         for message in batch.episodes:  # one message per chunk (servers before EpisodeChunks, spooled)
             key = chunk_key(message.id, message.chunk_index)
@@ -208,7 +208,7 @@ class Intake:
             try:
                 episode = episode_from_proto(message, *spaces)
             except ValueError as exc:  # CodecError included: one bad chunk never blocks the others
-                self._reject("malformed", 1, f"{key} from server {server}: {exc}")
+                self.reject("malformed", 1, f"{key} from server {server}: {exc}")
                 continue
             self._take_chunk(key, episode, server, accepted)
         for table in batch.chunks:
@@ -219,14 +219,14 @@ class Intake:
             try:
                 episodes = episodes_from_chunks(table, *spaces)
             except ValueError as exc:  # the table's rows do not add up: none of its chunks can be told apart
-                self._reject("malformed", len(table.ids), f"{what}: {exc}")
+                self.reject("malformed", len(table.ids), f"{what}: {exc}")
                 continue
             for episode in episodes:
                 key = chunk_key(episode.id_, episode.chunk_index)
                 if self._duplicate(key):
                     continue
                 if self.module_spaces is not None and episode.agent_id not in self.agents:
-                    self._reject("unknown agent", 1, f"{key} from server {server}: agent {episode.agent_id!r}")
+                    self.reject("unknown agent", 1, f"{key} from server {server}: agent {episode.agent_id!r}")
                     continue
                 self._take_chunk(key, episode, server, accepted)
         return accepted
@@ -246,10 +246,10 @@ class Intake:
         if self.module_spaces is None:
             return observation_space, self.action_space
         if agent_id is not None and agent_id not in self.agents:
-            self._reject("unknown agent", chunks, f"{what}: agent {agent_id!r}")
+            self.reject("unknown agent", chunks, f"{what}: agent {agent_id!r}")
             return None
         if module_id not in self.module_spaces:
-            self._reject("unknown module", chunks, f"{what}: module {module_id!r}")
+            self.reject("unknown module", chunks, f"{what}: module {module_id!r}")
             return None
         return self.module_spaces[module_id]
 
@@ -258,7 +258,7 @@ class Intake:
         column = nonfinite_column(episode, observations=not self.allow_nonfinite_obs)
         reason = f"non-finite {column}" if column is not None else misfit(episode, self.output_shapes)
         if reason is not None:
-            self._reject(reason, 1, f"{key} from server {server}: {reason}")
+            self.reject(reason, 1, f"{key} from server {server}: {reason}")
             return
         self._seen.add(key)
         if key in self._taken:  # split before a restart: its first steps are trained already
@@ -278,7 +278,9 @@ class Intake:
             raise ValueError(f"observation_space {space} is neither the env's nor an env-to-module piece's")
         return space
 
-    def _reject(self, reason: str, chunks: int, what: str) -> None:
+    def reject(self, reason: str, chunks: int, what: str) -> None:
+        """Count `chunks` refused for `reason` (status, and `on_reject`: metrics) and log one line saying `what`;
+        the learner counts a server's connector state it refuses here too."""
         self.rejected[reason] += chunks
         self.on_reject(reason, chunks)
         log.warning("rejected %s", what)

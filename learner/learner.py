@@ -35,6 +35,10 @@ from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
 
+# The versions a WatchWeights request may name stay below this: far below int64's limit (the wire's), so neither
+# the version a learner skips to, one past a server's (weights_after), nor the updates after it can pass that.
+MAX_VERSION = 2**62
+
 
 class Learner:
     """Takes episode chunks, trains on them, publishes every new version to the watching servers.
@@ -202,8 +206,17 @@ class Learner:
             return 0
         return max(0, self.spec.algorithm.train_batch_size - self.intake.pending_steps)
 
-    async def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
-        """Every version newer than `version`, as it is published (the newest first, if newer already)."""
+    def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
+        """Every version newer than `version`, as it is published (the newest first, if newer already).
+
+        `version` is -1 (none yet) or below MAX_VERSION; anything else raises ValueError here, at the call,
+        before the learner skips its own version past it.
+        """
+        if not -1 <= version < MAX_VERSION:
+            raise ValueError(f"after_version {version} is out of range: -1 (none yet) or a version below 2**62")
+        return self._weights_after(version, server_id)
+
+    async def _weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
         if version >= self.weights.version:
             # The server may hold a version this learner published before a restart and lost (or has since
             # reused for other weights): publish ours under a newer number, which every server takes.
@@ -323,13 +336,21 @@ class Learner:
         return {module_id: weights_to_bytes(module) for module_id, module in self.trainer.module.items()}
 
     def _merge_connector_state(self, batch: learner_pb2.EpisodeBatch) -> None:
-        """Add a server's statistics delta to the merged ones, which go out with the next weights."""
+        """Add a server's statistics delta to the merged ones, which go out with the next weights.
+
+        A state that does not fit this learner's pipeline (its pieces' `check_state`), or whose merge does not,
+        comes from a server configured otherwise or broken: it is refused (logged, counted as "malformed
+        connector state"), so it never reaches the servers, and the batch's chunks are taken all the same.
+        """
         try:
             delta = codec.from_value(batch.connector_state, "connector_state")
-            if delta:
-                self.connectors.set_state(self.connectors.merge_states([delta]))
-        except (codec.CodecError, KeyError, ValueError) as exc:  # a server configured unlike this learner
-            log.warning("ignored connector state from server %s: %s", batch.server_id, exc)
+            self.connectors.check_state(delta)
+            merged = self.connectors.merge_states([delta])
+            self.connectors.check_state(merged)  # e.g. finite statistics whose merge overflowed
+        except Exception as exc:  # a user's piece may raise anything: the batch is stored, its ack must come
+            self.intake.reject("malformed connector state", 1, f"connector state from server {batch.server_id}: {exc}")
+            return
+        self.connectors.set_state(merged)
 
     def _skip_version(self, version: int) -> None:
         self.trainer.version = max(self.trainer.version, version)

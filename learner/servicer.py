@@ -31,7 +31,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     async def WatchWeights(
         self, request: learner_pb2.WatchWeightsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[learner_pb2.Weights]:
-        async for weights in self.learner.weights_after(request.after_version, request.server_id):
+        try:
+            watch = self.learner.weights_after(request.after_version, request.server_id)
+        except ValueError as exc:  # a version no learner publishes
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        async for weights in watch:
             yield weights
 
     async def GetStatus(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,24 @@ class RunningStats:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> RunningStats:
         return cls(int(state["count"]), np.array(state["mean"], np.float64), np.array(state["m2"], np.float64))
+
+    @staticmethod
+    def check_state(state: Any, shape: tuple[int, ...]) -> None:
+        """Raise ValueError unless `state` is statistics of this `shape` as `to_state` makes them: a count in
+        [0, 2**63), finite float64 mean and M2, and M2 at least 0 (anything else would poison or break merging)."""
+        if not isinstance(state, Mapping) or set(state) != {"count", "mean", "m2"}:
+            raise ValueError(f"statistics are count, mean and m2, not {_keys(state)}")
+        count = np.asarray(state["count"])
+        if count.shape != () or count.dtype.kind not in "iu" or not 0 <= count <= np.iinfo(np.int64).max:
+            raise ValueError(f"count must be an integer in [0, 2**63), not {count.dtype} of shape {count.shape}")
+        mean, m2 = np.asarray(state["mean"]), np.asarray(state["m2"])
+        for key, array in (("mean", mean), ("m2", m2)):
+            if array.dtype != np.float64 or array.shape != shape:
+                raise ValueError(f"{key} must be float64 of shape {shape}, not {array.dtype} of shape {array.shape}")
+            if not np.isfinite(array).all():
+                raise ValueError(f"{key} is not finite")
+        if (m2 < 0).any():
+            raise ValueError("m2 is negative")
 
 
 class MeanStdFilter(ConnectorV2):
@@ -163,9 +182,28 @@ class MeanStdFilter(ConnectorV2):
         self._delta = [RunningStats.from_state(s) for s in state["delta"]]
 
     def reset_state(self) -> None:
-        shapes = [s.shape for s in flatten(space_struct(self.input_observation_space)) if isinstance(s, gym.spaces.Box)]
+        shapes = self._box_shapes()
         self._global = [RunningStats.zeros(shape) for shape in shapes]
         self._delta = [RunningStats.zeros(shape) for shape in shapes]
+
+    def check_state(self, state: Any) -> None:
+        """Raise ValueError unless `state` is one of this filter's (`get_state`'s form): `global` and `delta`
+        statistics for each Box part of its input, each fitting (`RunningStats.check_state`)."""
+        if not isinstance(state, Mapping) or set(state) != {"global", "delta"}:
+            raise ValueError(f"a MeanStdFilter state is global and delta, not {_keys(state)}")
+        shapes = self._box_shapes()
+        for part in ("global", "delta"):
+            if not isinstance(state[part], list | tuple) or len(state[part]) != len(shapes):
+                raise ValueError(f"{part} must hold statistics for each of the {len(shapes)} Box parts")
+            for i, (stats, shape) in enumerate(zip(state[part], shapes, strict=True)):
+                try:
+                    RunningStats.check_state(stats, shape)
+                except ValueError as exc:
+                    raise ValueError(f"{part}[{i}]: {exc}") from exc
+
+    def _box_shapes(self) -> list[tuple[int, ...]]:
+        """The shape of each Box part of the input observations, which the statistics are kept for."""
+        return [s.shape for s in flatten(space_struct(self.input_observation_space)) if isinstance(s, gym.spaces.Box)]
 
     def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         if self._global is None:
@@ -178,6 +216,11 @@ class MeanStdFilter(ConnectorV2):
             "global": [stats.to_state() for stats in merged],
             "delta": [RunningStats.zeros(stats.mean.shape).to_state() for stats in merged],
         }
+
+
+def _keys(state: Any) -> str:
+    """What a state that should be a dict holds, for an error message: its keys, or its type."""
+    return f"keys {sorted(map(str, state))}" if isinstance(state, Mapping) else type(state).__name__
 
 
 def _space_from_struct(struct: Any) -> gym.Space:

@@ -2,9 +2,11 @@
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 from rlgate.connectors import Columns
 from rlgate.connectors.env_to_module import MeanStdFilter
+from rlgate.core import codec
 from rlgate.episodes import SingleAgentEpisode
 
 SPACE = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -61,3 +63,44 @@ def test_state_round_trip_and_a_server_joining_late():
         assert ours["count"] == theirs["count"]
         np.testing.assert_array_equal(ours["mean"], theirs["mean"])
         np.testing.assert_array_equal(ours["m2"], theirs["m2"])
+
+
+def server_state() -> dict:
+    """A server's state as the learner decodes it from the wire (counts 0-d int64 arrays, lists tuples)."""
+    server = MeanStdFilter(SPACE)
+    serve(server, np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+    return codec.from_value(codec.to_value(server.get_state()))
+
+
+def with_delta(**stats) -> dict:
+    """The server's state with `stats` over its delta's count, mean or m2."""
+    state = server_state()
+    return {**state, "delta": ({**state["delta"][0], **stats},)}
+
+
+# What a broken or hostile server could send: each would poison the merged statistics or fail merging.
+UNFIT = {
+    "NaN mean": (with_delta(mean=np.array([np.nan, 0.0])), r"delta\[0\]: mean is not finite"),
+    "infinite m2": (with_delta(m2=np.array([np.inf, 0.0])), r"delta\[0\]: m2 is not finite"),
+    "negative m2": (with_delta(m2=np.array([-1.0, 0.0])), r"delta\[0\]: m2 is negative"),
+    "negative count": (with_delta(count=np.array(-100)), r"delta\[0\]: count must be an integer in \[0, 2\*\*63\)"),
+    "count of shape [1]": (with_delta(count=np.array([2])), r"delta\[0\]: count .* of shape \(1,\)"),
+    "float count": (with_delta(count=np.array(2.0)), r"delta\[0\]: count .* not float64"),
+    "mean of shape [3]": (with_delta(mean=np.zeros(3)), r"delta\[0\]: mean must be float64 of shape \(2,\)"),
+    "float32 m2": (with_delta(m2=np.zeros(2, np.float32)), r"delta\[0\]: m2 must be float64"),
+    "no m2": ({**server_state(), "delta": ({"count": np.array(2), "mean": np.zeros(2)},)}, r"count, mean and m2"),
+    "two Box parts": ({**server_state(), "global": server_state()["global"] * 2}, r"global must hold .* 1 Box parts"),
+    "no global": ({"delta": server_state()["delta"]}, r"global and delta, not keys \['delta'\]"),
+    "a tensor": (np.zeros(2), r"global and delta, not ndarray"),
+}
+
+
+def test_a_servers_state_from_the_wire_fits():
+    MeanStdFilter(SPACE).check_state(server_state())
+
+
+@pytest.mark.parametrize("state, message", UNFIT.values(), ids=UNFIT)
+def test_a_state_that_does_not_fit_is_refused_before_merging(state, message):
+    coordinator = MeanStdFilter(SPACE)
+    with pytest.raises(ValueError, match=message):
+        coordinator.check_state(state)

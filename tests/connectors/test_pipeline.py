@@ -121,6 +121,18 @@ def test_state_is_keyed_by_piece_name_and_merges_by_name(make_episode, obs_space
     assert coordinator.get_state()["MeanStdFilter"]["global"][0]["count"] == 0
 
 
+def test_a_state_from_elsewhere_is_checked_piece_by_piece(obs_space, act_space):
+    pipeline = ConnectorPipelineV2(obs_space, act_space, connectors=[AddOne(), MeanStdFilter()])
+    pipeline.check_state(pipeline.get_state())
+    pipeline.check_state({})  # pieces may be left out, as merge_states and set_state allow
+    with pytest.raises(ValueError, match="no connector piece 'NoSuchPiece' in the pipeline"):
+        pipeline.check_state({"NoSuchPiece": {}})
+    with pytest.raises(ValueError, match=r"^MeanStdFilter: a MeanStdFilter state is global and delta"):
+        pipeline.check_state({"MeanStdFilter": {}})
+    with pytest.raises(ValueError, match="a pipeline state is a dict by piece key, not tuple"):
+        pipeline.check_state(())
+
+
 def test_a_piece_must_return_the_batch():
     class Broken(ConnectorV2):
         def __call__(self, **kwargs):

@@ -7,13 +7,13 @@ import asyncio
 import json
 from collections import Counter
 
-import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load as load_tensors
 from support.batches import episode_batch as batch
+from support.learners import submit, weights_after
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
@@ -23,7 +23,6 @@ from rlgate.learner.trainer import Trainer
 from rlgate.models import build_module, weights_to_bytes
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.policy import build_learner_connector
-from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)
@@ -81,31 +80,12 @@ def test_an_update_that_ends_non_finite_is_undone_and_the_version_kept(learner_s
     assert trainer.version == 2 and weights_to_bytes(module) != weights
 
 
-async def submit(server: LearnerServer, chunks: list[SingleAgentEpisode]) -> learner_pb2.EpisodeAck:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = learner_pb2_grpc.LearnerServiceStub(channel).SubmitEpisodes()
-        await call.write(batch(chunks))
-        ack = await asyncio.wait_for(call.read(), 30)
-        await call.done_writing()
-    return ack
-
-
-async def weights_after(server: LearnerServer, version: int) -> learner_pb2.Weights:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        call = learner_pb2_grpc.LearnerServiceStub(channel).WatchWeights(
-            learner_pb2.WatchWeightsRequest(server_id="observer", after_version=version)
-        )
-        weights = await asyncio.wait_for(call.read(), 30)
-        call.cancel()
-    return weights
-
-
 async def test_a_chunk_of_infinite_rewards_does_not_poison_the_weights_servers_get(
     learner_server, cartpole_chunks, http_get
 ):
     learner = learner_server.learner
     chunks = cartpole_chunks(learner.spec.algorithm.train_batch_size)
-    ack = await submit(learner_server, [poison(cartpole_chunks(20, seed=9)[0], "rewards"), *chunks])
+    (ack,) = await submit(learner_server, batch([poison(cartpole_chunks(20, seed=9)[0], "rewards"), *chunks]))
     assert (ack.accepted, ack.rejected) == (len(chunks), 1)
     weights = await weights_after(learner_server, 0)  # the update on the good chunks, pushed to every server
     assert weights.version == 1
@@ -123,7 +103,7 @@ async def test_an_update_gone_non_finite_is_counted_and_never_published(learner_
     await server.start()
     try:
         chunks = cartpole_chunks(server.learner.spec.algorithm.train_batch_size)
-        ack = await submit(server, [poison(chunks[0], "observations"), *chunks[1:]])
+        (ack,) = await submit(server, batch([poison(chunks[0], "observations"), *chunks[1:]]))
         assert (ack.accepted, ack.rejected) == (len(chunks), 0)
         async with asyncio.timeout(30):
             while server.learner.skipped_updates == 0:

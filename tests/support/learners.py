@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import grpc
 import gymnasium as gym
 
 from rlgate.episodes.codec import episode_from_proto
 from rlgate.learner.intake import chunk_key
-from rlgate.v1 import episode_pb2, learner_pb2
+from rlgate.v1 import episode_pb2, learner_pb2, learner_pb2_grpc
+
+if TYPE_CHECKING:
+    from rlgate.learner.main import LearnerServer
 
 ENV = "CartPole-v1"
 
@@ -73,3 +79,26 @@ def intake_chunks(checkpoints: Path) -> set[str]:
         keys |= {chunk_key(e.id, e.chunk_index) for e in batch.episodes}
         keys |= {chunk_key(i, c) for table in batch.chunks for i, c in zip(table.ids, table.chunk_indices, strict=True)}
     return keys
+
+
+async def submit(server: LearnerServer, *batches: learner_pb2.EpisodeBatch) -> list[learner_pb2.EpisodeAck]:
+    """Send `batches` to a started LearnerServer on one SubmitEpisodes stream, each after the last one's ack."""
+    acks = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = learner_pb2_grpc.LearnerServiceStub(channel).SubmitEpisodes()
+        for batch in batches:
+            await call.write(batch)
+            acks.append(await asyncio.wait_for(call.read(), 30))
+        await call.done_writing()
+    return acks
+
+
+async def weights_after(server: LearnerServer, version: int) -> learner_pb2.Weights:
+    """The first weights a started LearnerServer pushes to WatchWeights(after_version=`version`)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = learner_pb2_grpc.LearnerServiceStub(channel).WatchWeights(
+            learner_pb2.WatchWeightsRequest(server_id="observer", after_version=version)
+        )
+        weights = await asyncio.wait_for(call.read(), 30)
+        call.cancel()
+    return weights

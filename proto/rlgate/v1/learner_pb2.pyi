@@ -123,7 +123,10 @@ class WatchWeightsRequest(_message.Message):
     AFTER_VERSION_FIELD_NUMBER: _builtins.int
     server_id: _builtins.str
     after_version: _builtins.int
-    """Only versions newer than this are sent; -1 for "send the current one"."""
+    """Only versions newer than this are sent; -1 for "send the current one". At most 2**62 - 1 (versions stay
+    far below int64's limit, even after a learner skips past a server's): INVALID_ARGUMENT otherwise, and
+    for anything below -1.
+    """
     def __init__(
         self,
         *,
