@@ -88,7 +88,8 @@ class Intake:
     agents: frozenset[str] = frozenset()
     count: Callable[[list[SingleAgentEpisode]], int] = field(default=lambda episodes: sum(map(len, episodes)))
     split_chunks: bool = True  # False (multi-agent): chunks are taken whole; their env steps count per chunk
-    output_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # chunk_check.output_shapes
+    # Each module's output shapes (chunk_check.output_shapes), by module id; a single-agent run's under None.
+    output_shapes: Mapping[str | None, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -256,7 +257,11 @@ class Intake:
     def _take_chunk(self, key: str, episode: SingleAgentEpisode, server: str, accepted: list[str]) -> None:
         """A new chunk, decoded: pending for training, unless it holds what could poison training."""
         column = nonfinite_column(episode, observations=not self.allow_nonfinite_obs)
-        reason = f"non-finite {column}" if column is not None else misfit(episode, self.output_shapes)
+        reason = (
+            f"non-finite {column}"
+            if column is not None
+            else misfit(episode, self.output_shapes.get(episode.module_id, {}))
+        )
         if reason is not None:
             self.reject(reason, 1, f"{key} from server {server}: {reason}")
             return

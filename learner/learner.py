@@ -100,7 +100,7 @@ class Learner:
             lookback=self.spec.sampling.episode_lookback_horizon,
             allow_nonfinite_obs=self.spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
-            output_shapes=output_shapes(module),
+            output_shapes={None: output_shapes(module)},
         )
         self._init_service()
 
@@ -145,6 +145,7 @@ class Learner:
             module_spaces=modules,
             agents=frozenset(agents),
             count=self.trainer.steps,
+            output_shapes={module_id: output_shapes(module[module_id]) for module_id in modules},
         )
         self._init_service()
 

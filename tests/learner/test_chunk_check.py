@@ -70,7 +70,7 @@ def test_a_chunk_that_does_not_fit_is_refused_and_the_rest_of_its_batch_taken(
     good, bad, later = cartpole_chunks(60)[:3]
     change(bad)
     module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
-    intake = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes=output_shapes(module))
+    intake = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes={None: output_shapes(module)})
     ack = intake.accept(episode_batch([good, bad, later], tables=tables))
     assert (ack.accepted, ack.rejected) == (2, 1)
     assert intake.rejected == {reason: 1}
@@ -87,3 +87,19 @@ def test_a_chunk_that_does_not_fit_is_refused_and_the_rest_of_its_batch_taken(
 )
 def test_the_outputs_chunks_must_hold_are_the_learners_own_modules(action_space, config, expected):
     assert output_shapes(build_module(OBSERVATION_SPACE, action_space, config)) == expected
+
+
+def test_a_multi_agent_chunk_is_held_to_its_own_modules_outputs(tmp_path, cartpole_chunks):
+    """Module m1 acts in a 3-action space: its distribution inputs are 3 wide, m0's 2."""
+    chunks = cartpole_chunks(60)[:3]
+    for chunk, module in zip(chunks, ("m0", "m1", "m1"), strict=True):
+        chunk.agent_id, chunk.module_id = "a0", module
+    dist_inputs_of_width(3)(chunks[1])
+    three = gym.spaces.Discrete(3)
+    spaces = {"m0": (OBSERVATION_SPACE, ACTION_SPACE), "m1": (OBSERVATION_SPACE, three)}
+    shapes = {m: output_shapes(build_module(OBSERVATION_SPACE, spaces[m][1])) for m in spaces}
+    intake = Intake(tmp_path, [], ACTION_SPACE, module_spaces=spaces, agents=frozenset({"a0"}), output_shapes=shapes)
+    ack = intake.accept(episode_batch(chunks))
+    assert (ack.accepted, ack.rejected) == (2, 1)
+    assert intake.rejected == {"action_dist_inputs of another shape": 1}
+    assert [chunk.id_ for chunk in intake.pending] == [chunks[0].id_, chunks[1].id_]
