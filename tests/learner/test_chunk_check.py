@@ -90,7 +90,8 @@ def test_the_outputs_chunks_must_hold_are_the_learners_own_modules(action_space,
 
 
 def test_a_multi_agent_chunk_is_held_to_its_own_modules_outputs(tmp_path, cartpole_chunks):
-    """Module m1 acts in a 3-action space: its distribution inputs are 3 wide, m0's 2."""
+    """Module m1 acts in a 3-action space: its distribution inputs are 3 wide, m0's 2. A chunk of m1's with the
+    width m0's module makes is refused."""
     chunks = cartpole_chunks(60)[:3]
     for chunk, module in zip(chunks, ("m0", "m1", "m1"), strict=True):
         chunk.agent_id, chunk.module_id = "a0", module
