@@ -14,20 +14,19 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from rlgate.core.columns import Columns
 from rlgate.core.spaces import space_struct
-from rlgate.core.tree import flatten, map_structure
+from rlgate.core.tree import flatten
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.models import RLModule
 
 
 def misfit(episode: SingleAgentEpisode, output_shapes: Mapping[str, tuple[int, ...]]) -> str | None:
     """Why the chunk cannot be trained on, as a rejection reason, or None.
 
     Observations and actions are checked against the spaces the chunk was decoded in (`episode`'s), the
-    model outputs against `output_shapes` (each output's shape per step, as the learner's module makes them).
+    model outputs against `output_shapes` (each output's shape per step, as the learner's module makes them:
+    `models.outputs.output_shapes`).
     """
     if not _fits(episode.observations.data, episode.observation_space, _observation_fits):
         return "observations not of the observation space"
@@ -41,18 +40,6 @@ def misfit(episode: SingleAgentEpisode, output_shapes: Mapping[str, tuple[int, .
         if buffer is not None and any(leaf.shape[1:] != shape for leaf in flatten(buffer.data)):
             return f"{key} of another shape"
     return None
-
-
-def output_shapes(module: RLModule) -> dict[str, tuple[int, ...]]:
-    """The shape per step of each output of the module's sampling forward, on one sample of its observation
-    space; none for a stateful module (whose forward takes a state)."""
-    if module.is_stateful():
-        return {}
-    sample = module.observation_space.sample()
-    observations = {Columns.OBS: map_structure(lambda x: torch.as_tensor(np.asarray(x)[None]), sample)}
-    with torch.inference_mode():
-        outputs = module.forward_exploration(observations)
-    return {key: tuple(value.shape[1:]) for key, value in outputs.items() if isinstance(value, torch.Tensor)}
 
 
 def _fits(data: Any, space: gym.Space | None, leaf_fits: Any) -> bool:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core import codec
-from rlgate.learner.chunk_check import output_shapes
 from rlgate.learner.intake import Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
@@ -20,6 +19,7 @@ from rlgate.learner.servers import Servers
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
+from rlgate.models.outputs import output_shapes
 from rlgate.spec import checkpoint
 from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError

@@ -17,6 +17,8 @@ _EXPORTS = {
     "Distribution": "rlgate.models.distributions",
     "MultiCategorical": "rlgate.models.distributions",
     "MultiRLModule": "rlgate.models.multi_rl_module",
+    "dist_inputs_misfit": "rlgate.models.outputs",
+    "output_shapes": "rlgate.models.outputs",
     "RLModule": "rlgate.models.rl_module",
     "load_weights": "rlgate.models.weights",
     "weights_to_bytes": "rlgate.models.weights",

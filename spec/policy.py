@@ -22,7 +22,7 @@ from rlgate.connectors.builders import (
     build_module_to_env_pipeline,
 )
 from rlgate.connectors.env_to_module import FlattenObservations
-from rlgate.models import ModelConfig, RLModule, build_module, load_weights
+from rlgate.models import ModelConfig, RLModule, build_module, dist_inputs_misfit, load_weights
 from rlgate.models.catalog import encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.run import PieceSpec, RunSpec
@@ -157,7 +157,11 @@ def build_rl_module(
         cls = imports.load(spec.model.module_class, "model.module_class")
         if not (isinstance(cls, type) and issubclass(cls, RLModule)):
             raise SpecError(f"model.module_class: {spec.model.module_class!r} is not an rlgate RLModule subclass")
-        return cls(observation_space, action_space, dict(spec.model.config))
+        module = cls(observation_space, action_space, dict(spec.model.config))
+        misfit = dist_inputs_misfit(module)
+        if misfit is not None:  # it would sample actions outside the space, which the env then refuses
+            raise SpecError(f"model.module_class: {spec.model.module_class!r}: {misfit}")
+        return module
 
 
 @dataclass

@@ -10,9 +10,9 @@ from support.batches import episode_batch
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
-from rlgate.learner.chunk_check import output_shapes
 from rlgate.learner.intake import Intake
 from rlgate.models import ModelConfig, build_module
+from rlgate.models.outputs import output_shapes
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)

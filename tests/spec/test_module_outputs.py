@@ -1,0 +1,29 @@
+"""A user's module whose distribution inputs do not fit its action space is refused where it is built (learner,
+server, policy), in one line: it would sample actions the env does not have (the env then crashes)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.policy import build_rl_module
+from rlgate.spec.run import RunSpec
+
+BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+ACTIONS = gym.spaces.Discrete(2)
+
+
+def spec(module_class: str) -> RunSpec:
+    return RunSpec.model_validate({"model": {"module_class": module_class}})
+
+
+def test_a_module_with_more_logits_than_actions_is_refused_naming_both():
+    with pytest.raises(SpecError, match=r"WrongLogits.*shape \(4,\) per step; Categorical over Discrete\(2\) takes"):
+        build_rl_module(spec("support.wrong_module:WrongLogits"), BOX, ACTIONS, ImportPolicy(["support"]))
+
+
+def test_a_module_that_fits_is_built():
+    module = build_rl_module(spec("examples.tiny_module:TinyActorCritic"), BOX, ACTIONS, ImportPolicy(["examples"]))
+    assert module.action_space == ACTIONS
