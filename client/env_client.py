@@ -136,8 +136,11 @@ class EnvClient:
         self._stopped.set()
 
     async def run(self, max_steps: int = 0) -> ClientStats:
-        """Run until max_steps env steps (0: until stop()), reconnecting when the stream breaks."""
+        """Run until max_steps env steps (0: until stop()), reconnecting when the stream breaks. A server that
+        refuses stream after stream for one reason (UNAVAILABLE: no model yet, a run spec it may not use) is
+        reported once, not every second: the client waits for it quietly."""
         backoff = 0.1
+        said: tuple[str, int] | None = None  # the last break warned about, and the env steps then
         while not self._done(max_steps):
             try:
                 await self._stream(max_steps)
@@ -145,7 +148,14 @@ class EnvClient:
                 if exc.code() not in RETRYABLE:
                     raise ServerRefused(self.target, exc.code(), exc.details()) from exc
                 self.stats.reconnects += 1
-                log.warning("stream broke (%s: %s); reconnecting in %.1f s", exc.code().name, exc.details(), backoff)
+                reason = f"{exc.code().name}: {exc.details()}"
+                again = said == (reason, self.stats.env_steps)  # no step since: the server said just that before
+                said = (reason, self.stats.env_steps)
+                log.log(
+                    logging.DEBUG if again else logging.WARNING,
+                    "stream broke (%s); reconnecting, without saying so again while the server gives this reason",
+                    reason,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff_s)
             else:

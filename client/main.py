@@ -35,12 +35,17 @@ def run_clients(settings: ClientSettings) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` and `kill` end the clients like Ctrl-C does
     context = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
     reports: mp.Queue = context.Queue()
+    # Not daemonic: a client may start processes of its own (vectorize = "async"), which a daemon may not.
+    # This process ends them instead, in `finally` below, whatever ends it.
     processes = [
-        context.Process(target=_client_process, args=(settings, i, reports), daemon=True)
-        for i in range(settings.num_clients)
+        context.Process(target=_client_process, args=(settings, i, reports)) for i in range(settings.num_clients)
     ]
-    for p in processes:
-        p.start()
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: Ctrl-C stops them (and theirs) through us
+    try:
+        for p in processes:
+            p.start()
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
     steps = [0] * len(processes)
     returns: deque[float] = deque(maxlen=100)
     errors: dict[str, None] = {}  # the clients' user errors, each message once, in order
@@ -64,10 +69,10 @@ def run_clients(settings: ClientSettings) -> int:
             bar.set_postfix(mean_return=f"{fmean(returns):.1f}" if returns else "-", model_version=version)
     except KeyboardInterrupt:
         log.info("Ctrl-C: stopping %d clients", len(processes))
-        _terminate(processes)
     finally:
         bar.leave = not errors  # an error replaces the bar
         bar.close()
+        _terminate(processes)  # none is left running, however this loop ended
         for p in processes:
             p.join(timeout=10)
             if p.is_alive():
@@ -89,7 +94,7 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 
 def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> None:
-    """One client process: runs until max_steps, SIGTERM or Ctrl-C, then closes its stream cleanly.
+    """One client process: runs until max_steps or SIGTERM (the parent's, at Ctrl-C too), then closes its stream.
 
     `settings` arrive as the parent's object (the token in them too: a JSON dump would mask it). The client's
     own modules (gRPC, numpy, gymnasium) are imported here: the parent, which only starts and watches the

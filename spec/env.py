@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
+from rlgate.core.errors import UserError
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
 from rlgate.spec.run import EnvSpec
 
@@ -29,11 +32,70 @@ def make_env(spec: EnvSpec, imports: ImportPolicy, num_envs: int | None = None) 
     """One env for one sub-env, else a vector env of `num_envs` (spec.num_envs) with NEXT_STEP autoreset,
     its sub-envs in this process (sync) or one subprocess each (async)."""
     n = spec.num_envs if num_envs is None else num_envs
-    factory = env_factory(spec, imports)
+    factory = functools.partial(checked_env, env_factory(spec, imports), spec.id)
     if n == 1:
         return factory()
     vector = gym.vector.AsyncVectorEnv if spec.vectorize == "async" else gym.vector.SyncVectorEnv
     return vector([factory] * n)
+
+
+class EnvError(UserError):
+    """The env the spec names is not a gymnasium env, raised, or returned what its spaces do not hold."""
+
+
+def checked_env(factory: Callable[[], Any], env_id: str) -> CheckedEnv:
+    """`factory()`, which must make a gymnasium env with spaces; EnvError, naming `env_id`, if it raises or does not."""
+    try:
+        env = factory()
+    except UserError:
+        raise
+    except Exception as exc:
+        raise EnvError(f"env {env_id}: {_raised('__init__', exc)}") from exc
+    if not isinstance(env, gym.Env):
+        raise EnvError(f"env {env_id}: made {type(env).__name__!r}, which is not a gymnasium.Env")
+    for name in ("observation_space", "action_space"):
+        if not isinstance(getattr(env, name, None), gym.Space):
+            raise EnvError(f"env {env_id}: its {name} is not a gymnasium space (set it in __init__)")
+    return CheckedEnv(env, env_id)
+
+
+class CheckedEnv(gym.Wrapper):
+    """An env whose failures say which env and method failed: its own exceptions, results that are not
+    gymnasium's (reset: (obs, info), step: (obs, reward, terminated, truncated, info)), and a Box observation
+    of another shape than its space's (which a vector env would only call "the wrong shape")."""
+
+    def __init__(self, env: gym.Env, env_id: str) -> None:
+        super().__init__(env)
+        self.env_id = env_id
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        return self._checked("reset", 2, seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, Any, Any, Any, dict]:
+        return self._checked("step", 5, action)
+
+    def _checked(self, method: str, length: int, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = getattr(self.env, method)(*args, **kwargs)
+        except Exception as exc:
+            raise EnvError(f"env {self.env_id}: {_raised(method, exc)}") from exc
+        if not isinstance(result, tuple) or len(result) != length:
+            got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+            raise EnvError(
+                f"env {self.env_id}: {method}() returned {got}, not the {length} values of gymnasium's API "
+                "(an env written for gym before 0.26?)"
+            )
+        space = self.observation_space
+        if isinstance(space, gym.spaces.Box) and np.shape(result[0]) != space.shape:
+            raise EnvError(
+                f"env {self.env_id}: {method}() returned an observation of shape {np.shape(result[0])}, "
+                f"but its observation space is {space}"
+            )
+        return result
+
+
+def _raised(method: str, error: Exception) -> str:
+    return f"{method}() raised {type(error).__name__}: {error}"
 
 
 def make_agent_envs(spec: EnvSpec, imports: ImportPolicy, num_envs: int | None = None) -> list:

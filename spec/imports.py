@@ -59,3 +59,5 @@ class ImportPolicy:
             return importlib.import_module(name)
         except ImportError as exc:
             raise SpecError(f"{what}: cannot import {name!r}: {exc}") from exc
+        except Exception as exc:  # the module itself is broken: a SyntaxError, or an error it raised
+            raise SpecError(f"{what}: cannot import {name!r}: {type(exc).__name__}: {exc}") from exc

@@ -10,7 +10,7 @@ import pytest
 
 from rlgate.core.errors import UserError
 from rlgate.service.process import start_grpc_server
-from tests.support.cli import rlgate
+from tests.support.cli import ROOT, rlgate
 
 
 def one_user_error(code: int, stderr: str) -> str:
@@ -106,3 +106,25 @@ async def test_rlgate_env_gives_up_on_an_address_where_no_server_answers() -> No
         port = sock.getsockname()[1]  # closed again: nobody listens there
     code, stderr = await rlgate("env", "--server", f"127.0.0.1:{port}", "--connect-timeout-s", "1", "--no-progress")
     assert one_user_error(code, stderr) == f"rlgate: cannot reach the server at 127.0.0.1:{port} within 1 s"
+
+
+async def test_rlgate_env_names_the_env_and_what_is_wrong_with_it(server, tmp_path: Path) -> None:
+    """An env that raises or breaks gymnasium's contract, or a module that fails to import: one line each."""
+    (tmp_path / "broken_syntax.py").write_text("def (:\n")
+    (tmp_path / "broken_raise.py").write_text("raise RuntimeError('needs MUJOCO_KEY set')\n")
+    run = ("--server", f"127.0.0.1:{server.port}", "--max-steps", "100", "--no-progress")
+    envs = "tests.support.bad_envs"
+    cases = [  # (env, its kwargs, working directory) -> what the line must say
+        ((f"{envs}:Steps", '{"nope": 1}', ROOT), f"env {envs}:Steps: __init__() raised TypeError: "),
+        ((f"{envs}:Steps", '{"fail_at": 5}', ROOT), f"env {envs}:Steps: step() raised RuntimeError: simulator crashed"),
+        ((f"{envs}:NotAnEnv", "{}", ROOT), f"env {envs}:NotAnEnv: made 'NotAnEnv', which is not a gymnasium.Env"),
+        ((f"{envs}:OldGymApi", "{}", ROOT), "reset() returned ndarray, not the 2 values of gymnasium's API"),
+        ((f"{envs}:WrongShape", "{}", ROOT), "step() returned an observation of shape (5,), but its observation space"),
+        (("broken_syntax:Env", "{}", tmp_path), "env.id: cannot import 'broken_syntax': SyntaxError: invalid syntax"),
+        (("broken_raise:Env", "{}", tmp_path), "env.id: cannot import 'broken_raise': RuntimeError: needs MUJOCO_KEY"),
+    ]
+    results = await asyncio.gather(
+        *(rlgate("env", "--env", env, "--spec.env.kwargs", kwargs, *run, cwd=cwd) for (env, kwargs, cwd), _ in cases)
+    )
+    for ((env, _, _), expected), (code, stderr) in zip(cases, results, strict=True):
+        assert expected in one_user_error(code, stderr), (env, stderr)
