@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -20,18 +21,21 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from pydantic import Field
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from tqdm import tqdm
 
+from rlgate.cli.main import USAGE_ERROR
+from rlgate.core.errors import UserError
 from rlgate.service.process import process_started
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
 from rlgate.spec.run import RunSpec
 from rlgate.spec.settings import SpecSettings
 
 POLL_S = 0.25
+MAX_FAILED_UPDATES = 3  # the learner's updates failing this many times in a row stop the run: nothing trains
 PLAIN_EVERY_S = 10.0  # a progress line this often when the output is not a terminal
 WINDOW = 20  # episodes in the mean return
 
@@ -68,6 +72,28 @@ class UpSettings(SpecSettings):
     )
     run_dir: Path = Field(Path("runs"), description="Logs, the run spec and checkpoints go to run_dir/<env>-<time>.")
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """RLGATE_SPEC__* too, as every command reads them, under `up`'s own RLGATE_UP_SPEC__*."""
+        return init_settings, env_settings, SpecVariables(settings_cls), dotenv_settings, file_secret_settings
+
+
+class SpecVariables(EnvSettingsSource):
+    """The run spec's variables of every command, `RLGATE_SPEC__ALGORITHM__LR`, for a command of another prefix."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls, env_prefix="RLGATE_")
+
+    def __call__(self) -> dict[str, Any]:
+        return {key: value for key, value in super().__call__().items() if key == "spec"}
+
 
 def run(settings: UpSettings) -> int:
     """Start everything, show progress, stop at the goal or the step budget; returns the exit code."""
@@ -91,6 +117,7 @@ def run(settings: UpSettings) -> int:
             *("--allow-import", json.dumps(spec.policy_modules())),  # the operator of `up` chose this spec
             # The learner's spec: seeded, its version 0 is served at once instead of after the learner's start-up.
             *(("--config", spec_file) if spec.seed is not None else ()),
+            *(("--allow-non-finite-obs",) if spec.env.allow_nonfinite_obs else ()),
         ],
         "envs": [
             *("env", "--server", f"127.0.0.1:{server_port}", "--config", spec_file),
@@ -110,6 +137,7 @@ def run(settings: UpSettings) -> int:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=_child_environment(),
             )
         signal.signal(signal.SIGINT, interrupt)
         # Only now: gymnasium's import would delay every process (a mistake here stops them again).
@@ -125,11 +153,16 @@ def run(settings: UpSettings) -> int:
                 time.sleep(POLL_S)
                 for name, process in processes.items():
                     if process.poll() is not None:
-                        raise SystemExit(f"{name} exited with {process.returncode}: see {run_dir / (name + '.log')}")
+                        _child_failed(name, process.returncode, run_dir / f"{name}.log")
                 learner = _get_json(learner_http)
                 server = _get_json(server_http)
                 if learner is None or server is None:
                     continue
+                if learner.get("failed_updates_in_a_row", 0) >= MAX_FAILED_UPDATES:
+                    raise SystemExit(
+                        f"rlgate: the learner's last {MAX_FAILED_UPDATES} updates failed, nothing trains: "
+                        f"see {run_dir / 'learner.log'}"
+                    )
                 steps = int(server.get("env_steps", 0))
                 elapsed = time.monotonic() - started
                 episodes = int(learner["episodes"])
@@ -185,6 +218,17 @@ class Progress(contextlib.AbstractContextManager):
         self.close()
 
 
+def _child_failed(name: str, code: int, log: Path) -> NoReturn:
+    """End `up` with the child's own `rlgate: ...` line (else its log's last line) and where its log is; exit 2
+    for a child's user error (its exit 2), so a mistake in the spec reads and ends as if `up` had found it."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    said = [line.removeprefix("rlgate: ") for line in lines if line.startswith("rlgate: ")]
+    reason = said[-1] if said else lines[-1].strip() if lines else "no output"
+    if code == USAGE_ERROR:
+        raise UserError(f"{name}: {reason} (log: {log})")
+    raise SystemExit(f"rlgate: {name} exited with {code}: {reason} (log: {log})")
+
+
 def _reward_threshold(spec: RunSpec, imports: ImportPolicy) -> float | None:
     """The registered env's reward_threshold (None for an env class or factory, or when it has none)."""
     import gymnasium as gym
@@ -192,13 +236,24 @@ def _reward_threshold(spec: RunSpec, imports: ImportPolicy) -> float | None:
     env_id = spec.env.id
     if ":" in env_id:
         module, env_id = split_path(env_id)
+        imports.import_module(module, "env.id")  # first: a module that does not import is the real problem
         if env_id.isidentifier():  # an env class or factory: not registered
             return None
-        imports.import_module(module, "env.id")  # registers the id
     try:
         return gym.spec(env_id).reward_threshold
     except gym.error.Error as exc:
         raise SpecError(f"env.id: {exc}") from exc
+
+
+def _child_environment() -> dict[str, str]:
+    """This environment less the variables that set a run spec (RLGATE_SPEC__*, RLGATE_SEED, ...): `up` applied
+    them to spec.json, every child's one spec; a child reading them over it could run another spec, unseen."""
+    spec_variables = {f"RLGATE_{name.upper()}" for name in (*SpecSettings.model_fields, *UpSettings.SHORTHANDS)}
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if key.upper() not in spec_variables and not key.upper().startswith("RLGATE_SPEC__")
+    }
 
 
 def _shut_down(processes: dict[str, subprocess.Popen]) -> None:

@@ -82,7 +82,7 @@ class Intake:
     finished: list[tuple[float, int]] = field(default_factory=list)  # (return, length) not yet take_finished()
     resume: bool = True  # reload the intake files found in `directory`; False: set them aside
     lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
-    allow_nonfinite_obs: bool = False  # the env's observations may be +-inf or NaN (its spec says so)
+    allow_nonfinite_obs: bool = False  # the env's observations may be +-inf (its spec says so)
     on_reject: Callable[[str, int], None] = lambda reason, chunks: None  # told of every rejection
     module_spaces: dict[str, tuple[gym.Space, gym.Space]] | None = None
     agents: frozenset[str] = frozenset()

@@ -169,6 +169,7 @@ class Learner:
         self.max_pending_steps = self.intake.pending_steps  # the most the intake held (it stays near one batch)
         self.stale_steps = 0  # env steps dropped for exceeding max_staleness, by this process
         self.skipped_updates = 0  # updates undone for non-finite results, by this process
+        self.failed_updates_in_a_row = 0  # updates that raised since the last one that did not (`rlgate up` stops)
         self.metrics.model_version.set(self.trainer.version)
 
     # --- data in, weights out ---------------------------------------------------------------------
@@ -276,12 +277,14 @@ class Learner:
             stats = await self._in_trainer_thread(self.trainer.update, episodes)
         except Exception:  # e.g. a user's learner piece failing: say so, keep the service (and the rest) alive
             self.metrics.failed_updates.inc()
+            self.failed_updates_in_a_row += 1
             log.exception("update failed: the %d env steps it took are not trained on", sum(map(len, episodes)))
             return
         finally:
             self.updating_since = None
             async with self._intake_changed:  # room again, where overlap_sampling withheld it
                 self._intake_changed.notify_all()
+        self.failed_updates_in_a_row = 0
         seconds = time.perf_counter() - started
         self.last_update = {**stats, "seconds": seconds, "version": self.trainer.version}
         if "skipped" in stats:
@@ -441,6 +444,7 @@ class Learner:
             "duplicates": self.intake.duplicates,
             "rejected_chunks": dict(self.intake.rejected),
             "skipped_updates": self.skipped_updates,
+            "failed_updates_in_a_row": self.failed_updates_in_a_row,
             "stale_steps": self.stale_steps,
             "update_in_progress": updating is not None,
             "update_running_s": None if updating is None else time.time() - updating,

@@ -60,8 +60,9 @@ class EnvSpec(_Section):
     )
     allow_nonfinite_obs: bool = Field(
         False,
-        description="Accept observations holding +-inf or NaN (an env whose Box bounds are infinite on purpose "
-        "and that sends such values); otherwise the learner rejects such chunks. Rewards must always be finite.",
+        description="Accept observations holding +-inf where their Box bound is infinite (an env in which infinity "
+        "is a meaningful value): `rlgate up` starts its server with --allow-non-finite-obs, and the learner "
+        "takes such chunks. NaN observations and non-finite rewards are always rejected.",
     )
 
     def module(self) -> str | None:
@@ -236,7 +237,7 @@ class RunSpec(_Section):
     multi_agent: MultiAgentSpec | None = Field(
         None, description="Present for a multi-agent env (PettingZoo); absent: a single-agent gymnasium env."
     )
-    seed: int | None = Field(None, description="Seed of the initial weights, sampling and the envs.")
+    seed: int | None = Field(None, ge=0, description="Seed of the initial weights, sampling and the envs.")
 
     @classmethod
     def load(cls, path: Path) -> RunSpec:

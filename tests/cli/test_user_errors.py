@@ -49,6 +49,13 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("learn", "--env", "CartPole-v1", "--port", str(held_port), "--http-port", "0"): "(--port): Address already",
         ("learn", *free, "--checkpoint-dir", str(nowhere)): f"no checkpoint in {nowhere} and no run spec",
         ("up", "--num-clients", "0"): "--num-clients: input should be greater than or equal to 1",
+        ("up", "--seed", "-1"): "--spec.seed: input should be greater than or equal to 0",
+        # Found before the run starts: the module, not "no reward_threshold".
+        ("up", "--env", "nosuchpkg.mod:Foo", "--run-dir", str(tmp_path)): "env.id: cannot import 'nosuchpkg.mod'",
+        # Found by a child (learner or server): its own line, with where its log is.
+        ("up", "--spec.model.module-class", "nosuch.mod:X", "--stop-return", "1", "--run-dir", str(tmp_path)): (
+            "model.module_class: cannot import 'nosuch.mod': No module named 'nosuch' (log: "
+        ),
         ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
     }

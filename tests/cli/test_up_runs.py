@@ -1,0 +1,95 @@
+"""`rlgate up` runs that used to go wrong silently: every update failing, a spec's infinite observations, the
+spec's variables (RLGATE_SPEC__*). Each is a real `rlgate up` in a user's project folder, run to its end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+BOOM = """
+from rlgate.connectors import ConnectorV2
+
+
+class Boom(ConnectorV2):
+    def __call__(self, **kwargs):
+        raise RuntimeError("this piece is broken")
+"""
+
+INF_OBS = """
+import gymnasium as gym
+import numpy as np
+
+
+class InfObs(gym.Env):
+    \"\"\"Its first observation value is +inf, always: infinity means something here, its Box bound says so.\"\"\"
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([np.inf, 0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([np.inf, self.t], np.float32), float(action), False, self.t >= 10, {}
+"""
+
+
+def up(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`rlgate up ARGS` in `cwd`, to its end; (exit status, stdout, stderr). Its group is killed if it overruns."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rlgate", "up", "--run-dir", "runs", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.returncode, out, err
+
+
+def test_updates_that_all_fail_stop_the_run_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "pieces.py").write_text(BOOM)
+    learner = json.dumps([{"type": "pieces:Boom"}])
+    code, out, err = up(tmp_path, "--spec.connectors.learner", learner, "--max-steps", "1000000", "--stop-return", "1")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert code == 1, out + err
+    assert err.strip().splitlines()[-1] == (
+        f"rlgate: the learner's last 3 updates failed, nothing trains: see {run_dir.relative_to(tmp_path)}/learner.log"
+    )
+    assert "this piece is broken" in (run_dir / "learner.log").read_text()
+
+
+def test_a_spec_that_allows_infinite_observations_lets_them_through_the_server(tmp_path: Path) -> None:
+    (tmp_path / "infobs.py").write_text(INF_OBS)
+    args = ("--env", "infobs:InfObs", "--spec.env.allow-nonfinite-obs", "--stop-return", "1000", "--max-steps", "500")
+    code, out, err = up(tmp_path, *args)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert code == 1 and "stopped at return" in out, out + err  # the step budget, not a client refused
+    assert "is not finite" not in (run_dir / "envs.log").read_text()
+
+
+def test_spec_variables_set_the_run_spec_of_up_and_of_every_process(tmp_path: Path) -> None:
+    """RLGATE_SPEC__* as README promises: `up` applies them; the processes run exactly its spec.json."""
+    env = {**os.environ, "RLGATE_SPEC__ALGORITHM__LR": "0.0005", "RLGATE_SEED": "7"}
+    code, out, err = up(tmp_path, "--stop-return", "1000", "--max-steps", "1500", env=env)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert code == 1 and "stopped at return" in out, out + err
+    spec = json.loads((run_dir / "spec.json").read_text())
+    assert spec["algorithm"]["lr"] == 0.0005 and spec["seed"] == 0  # RLGATE_SEED is not up's (RLGATE_UP_SEED is)
+    assert "another run spec" not in (run_dir / "server.log").read_text()
+    assert "update version=1 " in (run_dir / "learner.log").read_text()  # the learner trained on the server's steps
