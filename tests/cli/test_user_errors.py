@@ -12,6 +12,9 @@ from rlgate.core.errors import UserError
 from rlgate.service.process import start_grpc_server
 from tests.support.cli import rlgate
 
+MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"
+NO_MULTI_BINARY = "The default model does not support the action space MultiBinary(3)"
+
 
 def one_user_error(code: int, stderr: str) -> str:
     """The single `rlgate: ...` line of a run that must have ended with a user error."""
@@ -51,6 +54,8 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("up", "--num-clients", "0"): "--num-clients: input should be greater than or equal to 1",
         ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
+        ("learn", "--env", MULTI_BINARY, *free, "--checkpoint-dir", str(tmp_path / "mb")): NO_MULTI_BINARY,
+        ("serve", "--env", MULTI_BINARY, "--allow-import", "tests", *free): NO_MULTI_BINARY,
     }
     # Concurrently: each is a Python start-up, most of it waiting on imports.
     results = await asyncio.gather(*(rlgate(*args) for args in cases))
@@ -106,3 +111,9 @@ async def test_rlgate_env_gives_up_on_an_address_where_no_server_answers() -> No
         port = sock.getsockname()[1]  # closed again: nobody listens there
     code, stderr = await rlgate("env", "--server", f"127.0.0.1:{port}", "--connect-timeout-s", "1", "--no-progress")
     assert one_user_error(code, stderr) == f"rlgate: cannot reach the server at 127.0.0.1:{port} within 1 s"
+
+
+async def test_rlgate_env_refuses_a_space_the_wire_cannot_carry(server) -> None:
+    args = ("env", "--server", f"127.0.0.1:{server.port}", "--env", "tests.support.odd_envs:SequenceObservations")
+    line = one_user_error(*await rlgate(*args, "--no-progress"))
+    assert line.startswith("rlgate: space Sequence(") and line.endswith("has no wire encoding"), line
