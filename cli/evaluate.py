@@ -47,9 +47,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as `args` say; the results (what --json prints)."""
     if args.episodes < 1:
         raise UserError(f"--episodes must be at least 1, not {args.episodes}")
-    found = checkpoint.latest(args.checkpoint)
-    if found is None:
-        raise UserError(f"no checkpoint in {args.checkpoint}: expected metadata.json or a 'latest' pointer")
+    found = checkpoint.find(args.checkpoint)
     try:
         policy = Policy.load(found, allow_import=args.allow_import, device=args.device, seed=args.seed)
     except FileNotFoundError as exc:  # e.g. a checkpoint from before run specs
