@@ -19,6 +19,7 @@ from typing import Any
 from rlgate.core.errors import UserError
 from rlgate.policy import Policy, evaluate
 from rlgate.policy.evaluate import make_eval_env
+from rlgate.service.settings import require_device
 from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy
 
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as `args` say; the results (what --json prints)."""
     if args.episodes < 1:
         raise UserError(f"--episodes must be at least 1, not {args.episodes}")
+    require_device(args.device)
     found = checkpoint.find(args.checkpoint)
     try:
         policy = Policy.load(found, allow_import=args.allow_import, device=args.device, seed=args.seed)

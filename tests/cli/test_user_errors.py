@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlgate.core.errors import UserError
 from rlgate.service.process import start_grpc_server
@@ -37,13 +38,16 @@ def held_port() -> int:
 async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port: int) -> None:
     free = ("--port", "0", "--http-port", "0")
     nowhere = tmp_path / "nothing-here"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("neither a directory nor a certificate\n")
+    is_a_file = "path points to a file, not a directory (got"
     cases = {  # arguments -> what the line must say
         ("serve", "--env", "NoSuchEnv-v0", *free): "env.id: Environment `NoSuchEnv` doesn't exist",
         ("serve", "--max-batch-size", "0"): "--max-batch-size: input should be greater than or equal to 1 (got '0')",
         ("learn", "--spec.algorithm.train-batch-size", "x"): "--spec.algorithm.train-batch-size: input should be",
         ("serve", "--no-such-flag", "1"): "unrecognized arguments: --no-such-flag 1",
         ("serve", "--tls-cert", str(nowhere), "--tls-key", str(nowhere)): "--tls-cert: path does not point to a file",
-        ("serve", "--checkpoint", str(nowhere), *free): f"no checkpoint in {nowhere}",
+        ("serve", "--checkpoint", str(nowhere), *free): f"no checkpoint at {nowhere}: no such directory",
         ("serve", "--port", str(held_port), "--http-port", "0"): f"127.0.0.1:{held_port} (--port): Address already",
         ("serve", "--port", "0", "--http-port", str(held_port)): f"{held_port} (--http-port): Address already in use",
         ("serve", "--workers", "2", "--port", str(held_port), "--http-port", "0"): f"{held_port} (--port): Address",
@@ -56,11 +60,33 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
         ("learn", "--env", MULTI_BINARY, *free, "--checkpoint-dir", str(tmp_path / "mb")): NO_MULTI_BINARY,
         ("serve", "--env", MULTI_BINARY, "--allow-import", "tests", *free): NO_MULTI_BINARY,
+        ("learn", "--checkpoint-dir", str(a_file), *free): f"--checkpoint-dir: {is_a_file}",
+        ("learn", "--log-dir", str(a_file), "--checkpoint-dir", str(tmp_path / "ck"), *free): f"--log-dir: {is_a_file}",
+        ("serve", "--spool-dir", str(a_file), *free): f"--spool-dir: {is_a_file}",
+        ("serve", "--episode-dir", str(a_file), *free): f"--episode-dir: {is_a_file}",
+        (
+            "serve",
+            "--tls-cert",
+            str(a_file),
+            "--tls-key",
+            str(a_file),
+            *free,
+        ): f"--tls-key {a_file} are not a valid PEM",
+        ("serve", "--learner", "not a host", *free): "--learner: not a gRPC target: write host:port",
+        ("serve", "--learner", "learner:65536", *free): "--learner: not a gRPC target: write host:port",
     }
     # Concurrently: each is a Python start-up, most of it waiting on imports.
     results = await asyncio.gather(*(rlgate(*args) for args in cases))
     for (args, expected), (code, stderr) in zip(cases.items(), results, strict=True):
         assert expected in one_user_error(code, stderr), (args, stderr)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
+async def test_device_cuda_without_cuda_is_one_line(tmp_path: Path) -> None:
+    serve = rlgate("serve", "--env", "CartPole-v1", "--device", "cuda", "--port", "0", "--http-port", "0")
+    evaluate = rlgate("eval", "--checkpoint", str(tmp_path), "--device", "cuda")
+    for code, stderr in await asyncio.gather(serve, evaluate):
+        assert one_user_error(code, stderr).startswith("rlgate: --device cuda: CUDA is not available"), stderr
 
 
 async def test_a_second_server_on_a_port_in_use_fails_at_once(server) -> None:
