@@ -74,6 +74,10 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ): f"--tls-key {a_file} are not a valid PEM",
         ("serve", "--learner", "not a host", *free): "--learner: not a gRPC target: write host:port",
         ("serve", "--learner", "learner:65536", *free): "--learner: not a gRPC target: write host:port",
+        ("bench", "--quick", "--warmup-s", "-1"): "--warmup-s must be at least 0, not -1.0",
+        ("bench", "--quick", "--window-s", "nan"): "--window-s must be more than 0, not nan",
+        ("bench", "--quick", "--repeats", "0"): "--repeats must be at least 1, not 0",
+        ("bench", "--quick", "--json", str(nowhere / "x.json")): "x.json: not a file in an existing directory",
     }
     # Concurrently: each is a Python start-up, most of it waiting on imports.
     results = await asyncio.gather(*(rlgate(*args) for args in cases))
