@@ -41,6 +41,10 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
     a_file = tmp_path / "a-file"
     a_file.write_text("neither a directory nor a certificate\n")
     is_a_file = "path points to a file, not a directory (got"
+    bad_yaml, not_utf8, typo = tmp_path / "bad.yaml", tmp_path / "not-utf8.toml", tmp_path / "typo.toml"
+    bad_yaml.write_text("env:\n  id: CartPole-v1\n  num_envs: 2: 3\n")
+    not_utf8.write_bytes(b"\xff\xfe[env]\n")
+    typo.write_text("[model.config]\nfcnet_hidden = [64]\n")
     cases = {  # arguments -> what the line must say
         ("serve", "--env", "NoSuchEnv-v0", *free): "env.id: Environment `NoSuchEnv` doesn't exist",
         ("serve", "--max-batch-size", "0"): "--max-batch-size: input should be greater than or equal to 1 (got '0')",
@@ -74,6 +78,11 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ): f"--tls-key {a_file} are not a valid PEM",
         ("serve", "--learner", "not a host", *free): "--learner: not a gRPC target: write host:port",
         ("serve", "--learner", "learner:65536", *free): "--learner: not a gRPC target: write host:port",
+        ("learn", "--config", str(bad_yaml), *free): "not valid YAML: mapping values are not allowed here (line 3,",
+        ("learn", "--config", str(not_utf8), *free): f"{not_utf8}: not UTF-8 text (invalid start byte at byte 0)",
+        ("learn", "--config", str(typo), *free): "model.config.fcnet_hidden: Extra inputs are not permitted",
+        ("learn", "--spec", "{bad", *free): "--spec: not valid JSON: Expecting property name enclosed in double quotes",
+        ("learn", "--spec.env.kwargs", "notjson", *free): "--spec.env.kwargs: not valid JSON, nor key=value pairs",
         ("bench", "--quick", "--warmup-s", "-1"): "--warmup-s must be at least 0, not -1.0",
         ("bench", "--quick", "--window-s", "nan"): "--window-s must be more than 0, not nan",
         ("bench", "--quick", "--repeats", "0"): "--repeats must be at least 1, not 0",
