@@ -29,7 +29,7 @@ from rlgate.bench import report
 from rlgate.bench.handoff import hand_off
 from rlgate.bench.measure import Load, Timing, in_process, under_load
 from rlgate.bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
-from rlgate.core.errors import UserError
+from rlgate.core.errors import ArgumentParser, UserError
 
 # A server fed by a learner serves the learner's env; a lone one is told its env.
 SERVE_FED = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
@@ -63,7 +63,7 @@ QUICK = Plan(Timing(warmup_s=0.5, window_s=1.0, repeats=1), clients=(1, 64), env
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="rlgate bench", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="rlgate bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer loads, short windows: under a minute")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write one record per measured point here")
     parser.add_argument("--warmup-s", type=float, help="seconds of load before measuring (default by plan)")

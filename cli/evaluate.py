@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlgate.core.errors import UserError
+from rlgate.core.errors import ArgumentParser, UserError
 from rlgate.policy import Policy, evaluate
 from rlgate.policy.evaluate import make_eval_env
 from rlgate.service.settings import require_device
@@ -25,7 +25,7 @@ from rlgate.spec.imports import ImportPolicy
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlgate eval", description="Evaluate a checkpoint's policy in a local env.")
+    p = ArgumentParser(prog="rlgate eval", description="Evaluate a checkpoint's policy in a local env.")
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint directory (or a folder of them)")
     p.add_argument("--env", help="env id to evaluate in (as a run spec's env.id); default: the checkpoint's env")
     p.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
