@@ -29,6 +29,7 @@ from rlgate.bench import report
 from rlgate.bench.handoff import hand_off
 from rlgate.bench.measure import Load, Timing, in_process, under_load
 from rlgate.bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
+from rlgate.core.errors import ArgumentParser, UserError
 
 # A server fed by a learner serves the learner's env; a lone one is told its env.
 SERVE_FED = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
@@ -62,7 +63,7 @@ QUICK = Plan(Timing(warmup_s=0.5, window_s=1.0, repeats=1), clients=(1, 64), env
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="rlgate bench", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="rlgate bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer loads, short windows: under a minute")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write one record per measured point here")
     parser.add_argument("--warmup-s", type=float, help="seconds of load before measuring (default by plan)")
@@ -75,13 +76,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse impossible arguments before the minutes of benchmarking (--json is written only at the end)."""
+    if args.warmup_s is not None and not args.warmup_s >= 0:  # NaN fails too
+        raise UserError(f"--warmup-s must be at least 0, not {args.warmup_s}")
+    if args.window_s is not None and not args.window_s > 0:
+        raise UserError(f"--window-s must be more than 0, not {args.window_s}")
+    if args.repeats is not None and args.repeats < 1:
+        raise UserError(f"--repeats must be at least 1, not {args.repeats}")
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        raise UserError(f"--json {args.json}: not a file in an existing directory")
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    check_args(args)
     plan = QUICK if args.quick else FULL
     timing = Timing(
         warmup_s=plan.timing.warmup_s if args.warmup_s is None else args.warmup_s,
         window_s=plan.timing.window_s if args.window_s is None else args.window_s,
-        repeats=args.repeats or plan.timing.repeats,
+        repeats=plan.timing.repeats if args.repeats is None else args.repeats,
     )
     started, host_busy, own = time.perf_counter(), host_busy_seconds(), own_seconds()
     with tempfile.TemporaryDirectory(prefix="rlgate-bench-") as scratch:

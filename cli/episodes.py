@@ -5,11 +5,10 @@ Python reads the episodes themselves with `rlgate.spec.episode_files.read_episod
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
-from rlgate.core.errors import UserError
+from rlgate.core.errors import ArgumentParser, UserError
 from rlgate.spec.episode_files import summarize
 
 
@@ -34,7 +33,7 @@ def report(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rlgate episodes", description="Summarize recorded episode files.")
+    parser = ArgumentParser(prog="rlgate episodes", description="Summarize recorded episode files.")
     parser.add_argument("directory", help="a server's --episode-dir")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args(argv)

@@ -16,15 +16,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlgate.core.errors import UserError
+from rlgate.core.errors import ArgumentParser, UserError
 from rlgate.policy import Policy, evaluate
 from rlgate.policy.evaluate import make_eval_env
+from rlgate.service.settings import require_device
 from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlgate eval", description="Evaluate a checkpoint's policy in a local env.")
+    p = ArgumentParser(prog="rlgate eval", description="Evaluate a checkpoint's policy in a local env.")
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint directory (or a folder of them)")
     p.add_argument("--env", help="env id to evaluate in (as a run spec's env.id); default: the checkpoint's env")
     p.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
@@ -47,9 +48,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as `args` say; the results (what --json prints)."""
     if args.episodes < 1:
         raise UserError(f"--episodes must be at least 1, not {args.episodes}")
-    found = checkpoint.latest(args.checkpoint)
-    if found is None:
-        raise UserError(f"no checkpoint in {args.checkpoint}: expected metadata.json or a 'latest' pointer")
+    require_device(args.device)
+    found = checkpoint.find(args.checkpoint)
     try:
         policy = Policy.load(found, allow_import=args.allow_import, device=args.device, seed=args.seed)
     except FileNotFoundError as exc:  # e.g. a checkpoint from before run specs

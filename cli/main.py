@@ -6,8 +6,10 @@ that fails validation, ends it with one line `rlgate: <message>` on stderr and e
 
 import argparse
 import importlib
+import json
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -54,12 +56,29 @@ def user_message(error: Exception) -> str:
     """One line for a user's mistake; a validation error names the flags (`--max-batch-size`), not fields."""
     if isinstance(error, ValidationError):
         return "; ".join(_one_error(e) for e in error.errors(include_url=False))
-    text = " ".join(str(error).split())
-    return text.removeprefix("error parsing CLI: ") if isinstance(error, SettingsError) else text
+    if isinstance(error, SettingsError):
+        return _settings_error(error)
+    return " ".join(str(error).split())
+
+
+# How pydantic-settings names the field whose flag or variable value did not parse (the cause is chained).
+_UNPARSED = re.compile(r'error parsing value for field "([\w.]+)"|Parsing error encountered for ([\w.]+):')
+
+
+def _settings_error(error: SettingsError) -> str:
+    """A value that did not parse, said with its flag and why: pydantic-settings' own words name neither."""
+    text = " ".join(str(error).split()).removeprefix("error parsing CLI: ")
+    found = _UNPARSED.search(text)
+    if found is None or error.__cause__ is None:
+        return text
+    flag = flag_name(tuple((found[1] or found[2]).split(".")))
+    if isinstance(error.__cause__, json.JSONDecodeError):
+        return f"{flag}: not valid JSON: {error.__cause__}"
+    return f"{flag}: not valid JSON, nor key=value pairs"
 
 
 def _one_error(error: Any) -> str:
-    message = error["msg"].removeprefix("Value error, ")
+    message = " ".join(error["msg"].removeprefix("Value error, ").split())
     loc = error["loc"]
     if not loc:  # a check across fields: its message names the flags
         return message

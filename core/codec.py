@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 from google.protobuf import json_format, struct_pb2
 
+from rlgate.core.errors import UserError
 from rlgate.v1 import tensor_pb2 as pb
 
 # Largest tensor we accept or produce, in elements and dimensions: guards against shapes that would
@@ -45,6 +46,11 @@ _CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in DTYPES
 
 class CodecError(ValueError):
     """Data from (or for) the wire does not fit the contract; the message says where and how."""
+
+
+class UnencodableSpace(CodecError, UserError):
+    """A space the wire cannot carry (Sequence, Text, Graph, ...): a user's env has it, so it is their
+    mistake to fix (e.g. a wrapper), said in one line by the command line, not a traceback."""
 
 
 # --- tensors ---------------------------------------------------------------------------------------
@@ -200,7 +206,7 @@ def space_to_proto(space: gym.Space) -> pb.Space:
         return pb.Space(dict=pb.DictSpace(entries=entries))
     if isinstance(space, gym.spaces.Tuple):
         return pb.Space(tuple=pb.TupleSpace(spaces=[space_to_proto(s) for s in space.spaces]))
-    raise CodecError(f"space {space} has no wire encoding")
+    raise UnencodableSpace(f"space {space} has no wire encoding")
 
 
 def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:

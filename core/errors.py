@@ -4,6 +4,17 @@ Any layer raises it (or a subclass) with a message that says what is wrong and h
 command line prints that message as one line and exits 2, with no traceback (cli/main.py).
 """
 
+import argparse
+from typing import NoReturn
+
 
 class UserError(Exception):
     """A user's mistake: `str(error)` is the whole message a person needs."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for a subcommand's flags, whose mistakes are UserErrors: one line `rlgate: ...` and exit 2,
+    as for the subcommands whose flags pydantic-settings parses, instead of a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(message)

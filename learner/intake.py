@@ -28,6 +28,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from rlgate.core import codec
 from rlgate.core.columns import Columns
@@ -104,8 +105,12 @@ class Intake:
         # and drop_stale() scans nothing (it runs on every intake change, and a backlog can be long).
         self._version_floor = np.iinfo(np.int64).max
         for path in sorted(self.directory.glob("*.pb"), key=lambda p: p.stat().st_mtime):
-            accepted = self._add(learner_pb2.EpisodeBatch.FromString(path.read_bytes()))
-            self._files.append(_File(path, accepted))
+            try:
+                batch = learner_pb2.EpisodeBatch.FromString(path.read_bytes())
+            except DecodeError:
+                _set_unreadable_aside(path)
+                continue
+            self._files.append(_File(path, self._add(batch)))
         if self._files:
             log.info("resumed intake files=%d pending_steps=%d", len(self._files), self.pending_steps)
 
@@ -332,6 +337,14 @@ def nonfinite_column(episode: SingleAgentEpisode, *, observations: bool = True) 
             if array.dtype.kind in "fc" and not np.isfinite(array).all():
                 return name
     return None
+
+
+def _set_unreadable_aside(path: Path) -> None:
+    """Rename an intake file that does not decode (not written by a learner: those are written whole) so no
+    intake reads it again, and say so: the learner goes on with the rest, nothing is deleted."""
+    aside = path.with_name(f"{path.name}.unreadable")
+    path.rename(aside)
+    log.warning("intake file %s does not decode as an EpisodeBatch: moved to %s, unread", path, aside)
 
 
 def _set_aside(directory: Path) -> None:

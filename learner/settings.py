@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from rlgate.service.settings import ServiceSettings
+from rlgate.service.settings import Directory, ServiceSettings
 from rlgate.spec.settings import SpecSettings
 
 
@@ -17,8 +17,10 @@ class LearnerSettings(SpecSettings, ServiceSettings):
 
     port: int = Field(50052, ge=0, le=65535, description="gRPC port of the LearnerService; 0 picks a free one.")
     http_port: int = Field(8001, ge=0, le=65535, description="HTTP port for / /healthz /readyz /status /metrics.")
-    checkpoint_dir: Path = Field(Path("checkpoints"), description="Where checkpoints are written and resumed from.")
-    log_dir: Path | None = Field(
+    checkpoint_dir: Directory = Field(
+        Path("checkpoints"), description="Where checkpoints are written and resumed from."
+    )
+    log_dir: Directory | None = Field(
         None,
         description="Experiment log: TensorBoard event files and progress.csv (one row per update, x axis env "
         "steps) go here; unset: checkpoint_dir/logs. `rlgate up` puts them in its run folder.",

@@ -3,6 +3,7 @@
 import gymnasium as gym
 import numpy as np
 
+from rlgate.core.errors import UserError
 from rlgate.models.config import ConvFilter, ModelConfig
 from rlgate.models.distributions import Categorical, DiagGaussian, Distribution, MultiCategorical
 from rlgate.models.networks import CNN, MLP
@@ -18,26 +19,31 @@ DEFAULT_CONV_FILTERS: dict[int, tuple[ConvFilter, ...]] = {
 }
 
 
+class UnsupportedSpace(UserError, ValueError):
+    """A space the default model cannot take: the env's, so the person running rlgate can fix it (a
+    connector, a ModelConfig field, their own module); a ValueError too, as a server refusing a hello expects."""
+
+
 def encodes(observation_space: gym.Space) -> bool:
     """Whether the default encoders take this space as it is (else: add FlattenObservations first)."""
     return isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) in (1, 3)
 
 
 def build_encoder(observation_space: gym.Space, config: ModelConfig) -> MLP | CNN:
-    """An MLP for a 1-D Box, a CNN for an image Box (H, W, C); any other space raises ValueError."""
+    """An MLP for a 1-D Box, a CNN for an image Box (H, W, C); any other space raises UnsupportedSpace."""
     if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1:
         return MLP(observation_space.shape[0], config.fcnet_hiddens, config.fcnet_activation)
     if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3:
         shape = observation_space.shape
         filters = config.conv_filters or DEFAULT_CONV_FILTERS.get(shape[0] if shape[0] == shape[1] else 0)
         if filters is None:
-            raise ValueError(
+            raise UnsupportedSpace(
                 f"No default conv_filters for image observations of shape {shape}: set "
                 f"ModelConfig.conv_filters, e.g. [[16, 4, 2], [32, 4, 2]] (defaults exist for square "
                 f"images of {sorted(DEFAULT_CONV_FILTERS)} pixels)."
             )
         return CNN(shape, filters, config.conv_activation, scale=observation_space.dtype == np.uint8)
-    raise ValueError(
+    raise UnsupportedSpace(
         f"The default model does not support the observation space {observation_space}: it takes a 1-D "
         f"Box (MLP encoder) or an image Box of shape (H, W, C) (CNN encoder). Add the FlattenObservations "
         f"connector to the env-to-module pipeline, which flattens Dict, Tuple, Discrete, MultiBinary, "
@@ -62,7 +68,7 @@ def action_distribution(action_space: gym.Space) -> tuple[type[Distribution], in
         and np.issubdtype(action_space.dtype, np.floating)
     ):
         return DiagGaussian, 2 * action_space.shape[0]
-    raise ValueError(
+    raise UnsupportedSpace(
         f"The default model does not support the action space {action_space}: it takes Discrete and "
         f"1-D MultiDiscrete (both starting at 0) and 1-D float Box action spaces."
     )

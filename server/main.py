@@ -27,6 +27,7 @@ from rlgate.server.shipping import Chunk, DirectorySink, episode_end
 from rlgate.server.workers import run_workers
 from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import run_until_signal, start_grpc_server
+from rlgate.service.settings import require_device
 from rlgate.spec import checkpoint
 from rlgate.spec.env import agent_spaces, env_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
@@ -474,6 +475,7 @@ def _connector_state(weights: learner_pb2.Weights) -> dict[str, Any] | None:
 
 def main(argv: list[str]) -> int:
     settings = ServerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate serve")
+    require_device(settings.device)
     if settings.workers > 1:
         return run_workers(settings, serve_worker)
     asyncio.run(run_until_signal(lambda: InferenceServer(settings)))

@@ -2,11 +2,11 @@
 
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ByteSize, Field, FilePath
+from pydantic import AfterValidator, ByteSize, Field, FilePath
 
-from rlgate.service.settings import ServiceSettings
+from rlgate.service.settings import Directory, ServiceSettings, grpc_target
 
 
 class ServerSettings(ServiceSettings):
@@ -36,18 +36,18 @@ class ServerSettings(ServiceSettings):
     checkpoint: Path | None = Field(
         None, description="Serve the policy in this checkpoint directory (its run spec says how to build it)."
     )
-    learner: str | None = Field(
+    learner: Annotated[str, AfterValidator(grpc_target)] | None = Field(
         None, description="host:port of the learner: episodes go there and weights come from there."
     )
     learner_tls_ca: FilePath | None = Field(
         None, description="PEM CA to verify the learner by; set when the learner serves TLS (its tls_cert)."
     )
-    episode_dir: Path | None = Field(
+    episode_dir: Directory | None = Field(
         None,
         description="Also write every shipped episode chunk as an rlgate.v1.Episode file here, with metadata.json "
         "(spaces, run spec) beside them: offline data, read back by `rlgate episodes DIR` and rlgate.read_episodes.",
     )
-    spool_dir: Path = Field(
+    spool_dir: Directory = Field(
         Path("spool"),
         description="Episodes waiting for the learner's ack are kept here, so a crash loses none.",
     )

@@ -6,11 +6,50 @@ file); `ServiceSettings` adds what a gRPC + HTTP service binds to and serves wit
 
 from __future__ import annotations
 
+import re
+import ssl
 from pathlib import Path
-from typing import Self
+from typing import Annotated, Self
 
-from pydantic import Field, FilePath, SecretStr, model_validator
+from pydantic import AfterValidator, Field, FilePath, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rlgate.core.errors import UserError
+
+
+def _not_a_file(path: Path) -> Path:
+    if path.exists() and not path.is_dir():
+        raise ValueError("path points to a file, not a directory")
+    return path
+
+
+# A directory rlgate creates when missing (checkpoints, logs, spool): one that names a file is refused at
+# once, naming its flag, instead of failing with a traceback when first written.
+Directory = Annotated[Path, AfterValidator(_not_a_file)]
+
+# gRPC's own target forms (dns:///host:port, unix:path, ...) and host:port, the host a name, IPv4 or [IPv6].
+_GRPC_URI = re.compile(r"(dns|ipv4|ipv6|unix|unix-abstract|vsock|xds|google-c2p):\S+")
+_HOST_PORT = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+
+
+def grpc_target(target: str) -> str:
+    """`target` when gRPC can dial it (host:port or one of gRPC's target URIs); else ValueError, at start,
+    since a channel to a malformed target only ever retries."""
+    match = _HOST_PORT.fullmatch(target)
+    if _GRPC_URI.fullmatch(target) or (match and 0 < int(match["port"]) <= 65535):
+        return target
+    raise ValueError("not a gRPC target: write host:port (e.g. learner:50052) or a gRPC URI (dns:///learner:50052)")
+
+
+def require_device(device: str) -> None:
+    """Refuse a CUDA device this torch cannot use, at start: else the first forward pass fails deep in torch."""
+    import torch  # here only: settings load without torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(
+            f"--device {device}: CUDA is not available to this torch (a CPU-only build, or no GPU visible); "
+            "use --device cpu"
+        )
 
 
 class RlgateSettings(BaseSettings):
@@ -73,6 +112,14 @@ class ServiceSettings(RlgateSettings):
     def _tls_pair(self) -> Self:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together: set both to serve TLS, or neither")
+        if self.tls_cert is not None and self.tls_key is not None:
+            try:  # gRPC would only log it, then fail to bind: checked here, its message names the files
+                ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.tls_cert, self.tls_key, password="")
+            except ssl.SSLError:
+                raise ValueError(
+                    f"--tls-cert {self.tls_cert} and --tls-key {self.tls_key} are not a valid PEM certificate "
+                    "chain and its (unencrypted) private key"
+                ) from None
         return self
 
     def tls(self, client_ca: Path | None = None) -> tuple[Path, Path, Path | None] | None:

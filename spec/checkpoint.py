@@ -18,12 +18,16 @@ import importlib.metadata
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import gymnasium as gym
 import torch
+from google.protobuf.message import DecodeError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_torch
 from safetensors.torch import save as save_torch
 
@@ -44,6 +48,10 @@ class Optimizer(Protocol):
 
 class CheckpointNotFound(UserError, FileNotFoundError):
     """No usable checkpoint where one was asked for (e.g. `rlgate serve --checkpoint DIR`)."""
+
+
+class CorruptCheckpoint(UserError, ValueError):
+    """A checkpoint file that is missing or does not parse: the message names the file and what is wrong."""
 
 
 @dataclass
@@ -124,56 +132,95 @@ def save(
 
 
 def latest(directory: Path) -> Path | None:
-    """The newest checkpoint in `directory` (or `directory` itself if it is one), else None."""
+    """The newest checkpoint in `directory` (or `directory` itself if it is one), else None. A `latest`
+    pointer to a checkpoint that is not there raises CheckpointNotFound: resuming without it would lose it."""
     if (directory / "metadata.json").exists():
         return directory
     pointer = directory / LATEST
-    if pointer.exists() and (directory / pointer.read_text().strip() / "metadata.json").exists():
-        return directory / pointer.read_text().strip()
-    return None
+    if not pointer.exists():
+        return None
+    found = directory / pointer.read_text().strip()
+    if not (found / "metadata.json").exists():
+        raise CheckpointNotFound(f"{pointer} names {found.name}, but {found} holds no checkpoint (no metadata.json)")
+    return found
+
+
+def find(directory: Path) -> Path:
+    """The newest checkpoint in `directory`, as `latest`; none there raises CheckpointNotFound, saying why."""
+    if not directory.is_dir():
+        raise CheckpointNotFound(f"no checkpoint at {directory}: no such directory")
+    found = latest(directory)
+    if found is None:
+        raise CheckpointNotFound(f"no checkpoint in {directory}: expected metadata.json or a 'latest' pointer")
+    return found
+
+
+@contextmanager
+def _reading(file: Path) -> Iterator[None]:
+    """Turn a checkpoint file that is missing or does not parse into one CorruptCheckpoint naming it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"checkpoint file {file} is missing") from None
+    except (ValueError, KeyError, TypeError, DecodeError, SafetensorError) as exc:
+        what = f"no field {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())
+        raise CorruptCheckpoint(f"checkpoint file {file} is corrupt: {what}") from None
+
+
+def _weights(file: Path) -> bytes:
+    """The file's bytes, once its safetensors header reads: a corrupt file fails here, named, not when loaded."""
+    with _reading(file):
+        with safe_open(file, framework="pt"):
+            pass
+        return file.read_bytes()
+
+
+def _optimizer(file: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    with _reading(file):
+        return _optimizer_from_tensors(load_torch(file.read_bytes()), meta)
 
 
 def load(path: Path) -> Checkpoint:
-    """Load a checkpoint directory written by `save` (or a folder whose `latest` points to one)."""
-    found = latest(path)
-    if found is None:
-        raise CheckpointNotFound(f"no checkpoint in {path}: expected metadata.json or a 'latest' pointer")
-    metadata = json.loads((found / "metadata.json").read_text())
-    optimizer_state = None
-    if "optimizer" in metadata:
-        tensors = load_torch((found / "optimizer.safetensors").read_bytes())
-        optimizer_state = _optimizer_from_tensors(tensors, metadata["optimizer"])
+    """Load a checkpoint directory written by `save` (or a folder whose `latest` points to one). A file that
+    is missing or corrupt raises CorruptCheckpoint naming it."""
+    found = find(path)
     spec_file = found / "spec.json"
     if not spec_file.exists():
         raise CheckpointNotFound(f"{found} has no spec.json: it was written by an rlgate from before run specs")
-    modules = metadata.get("modules")
-    module_optimizers = None
-    if modules is not None:
-        module_optimizers = {
-            module_id: _optimizer_from_tensors(
-                load_torch((found / "modules" / module_id / "optimizer.safetensors").read_bytes()), entry["optimizer"]
-            )
-            for module_id, entry in modules.items()
-            if "optimizer" in entry
+    metadata_file = found / "metadata.json"
+    with _reading(metadata_file):
+        metadata = json.loads(metadata_file.read_text())
+        modules = metadata.get("modules")
+        fields = {
+            "version": int(metadata["version"]),
+            "observation_space": codec.space_from_json(metadata["observation_space"]),
+            "action_space": codec.space_from_json(metadata["action_space"]),
+            "module_versions": None if modules is None else {m: int(e["version"]) for m, e in modules.items()},
+            "trained_chunks": list(metadata.get("trained_chunks", [])),
+            "partial_chunks": {str(k): int(v) for k, v in metadata.get("partial_chunks", {}).items()},
+            "env_steps": int(metadata.get("env_steps", 0)),
         }
+    connector_file = found / "connector_state.pb"
+    with _reading(connector_file):
+        connector_state = codec.from_value(tensor_pb2.Value.FromString(connector_file.read_bytes()), "connector_state")
     return Checkpoint(
-        version=int(metadata["version"]),
         spec=RunSpec.from_json(spec_file.read_text(), str(spec_file)),
-        observation_space=codec.space_from_json(metadata["observation_space"]),
-        action_space=codec.space_from_json(metadata["action_space"]),
-        weights=b"" if modules is not None else (found / "weights.safetensors").read_bytes(),
+        weights=b"" if modules is not None else _weights(found / "weights.safetensors"),
         module_weights=None
         if modules is None
-        else {m: (found / "modules" / m / "weights.safetensors").read_bytes() for m in modules},
-        module_versions=None if modules is None else {m: int(entry["version"]) for m, entry in modules.items()},
-        module_optimizer_states=module_optimizers,
-        connector_state=codec.from_value(
-            tensor_pb2.Value.FromString((found / "connector_state.pb").read_bytes()), "connector_state"
-        ),
-        optimizer_state=optimizer_state,
-        trained_chunks=list(metadata.get("trained_chunks", [])),
-        partial_chunks={str(k): int(v) for k, v in metadata.get("partial_chunks", {}).items()},
-        env_steps=int(metadata.get("env_steps", 0)),
+        else {m: _weights(found / "modules" / m / "weights.safetensors") for m in modules},
+        module_optimizer_states=None
+        if modules is None
+        else {
+            m: _optimizer(found / "modules" / m / "optimizer.safetensors", entry["optimizer"])
+            for m, entry in modules.items()
+            if "optimizer" in entry
+        },
+        connector_state=connector_state,
+        optimizer_state=_optimizer(found / "optimizer.safetensors", metadata["optimizer"])
+        if "optimizer" in metadata
+        else None,
+        **fields,
     )
 
 

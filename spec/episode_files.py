@@ -20,6 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from rlgate.core import codec
 from rlgate.core.columns import Columns
@@ -102,8 +103,8 @@ def read_episodes(directory: str | Path) -> Iterator[SingleAgentEpisode]:
         try:
             message = episode_pb2.Episode.FromString(path.read_bytes())
             yield episode_from_proto(message, recording.observation_space, recording.action_space)
-        except ValueError as exc:  # DecodeError and CodecError included
-            raise ValueError(f"{path}: {exc}") from exc
+        except (ValueError, DecodeError) as exc:  # CodecError is a ValueError; protobuf's DecodeError is not
+            raise ValueError(f"{path}: {' '.join(str(exc).split())}") from exc
 
 
 def summarize(directory: str | Path) -> dict[str, Any]:

@@ -152,7 +152,8 @@ class ModelSpec(_Section):
             try:
                 ModelConfig.from_dict(self.config)
             except ValidationError as exc:
-                raise ValueError(f"model.config: {exc}") from None
+                errors = exc.errors(include_url=False)
+                raise ValueError("; ".join(f"model.config.{_dotted(e['loc'])}: {e['msg']}" for e in errors)) from None
         return self
 
 
@@ -288,6 +289,8 @@ def read_spec_file(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise SpecError(f"{path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
@@ -298,7 +301,20 @@ def read_spec_file(path: Path) -> dict[str, Any]:
         else:
             raise SpecError(f"{path}: a run spec is a .toml, .yaml, .yml or .json file")
     except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise SpecError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from exc
+        raise SpecError(f"{path}: not valid {path.suffix[1:].upper()}: {_parse_error(exc)}") from exc
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a run spec is a table of sections ([env], [model], ...), not {type(data).__name__}")
     return data
+
+
+def _parse_error(error: Exception) -> str:
+    """A parser's error as one line: YAML's own message quotes the text with a caret under it."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        return f"{error.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(error).split())
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    """('fcnet_hiddens', 0) -> 'fcnet_hiddens[0]'."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")

@@ -76,9 +76,7 @@ def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int,
 
 def test_user_errors_are_one_line_and_exit_2(cartpole_checkpoint, tmp_path, capsys, monkeypatch):
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(tmp_path / "nowhere"))
-    assert code == 2 and err == [
-        f"rlgate: no checkpoint in {tmp_path / 'nowhere'}: expected metadata.json or a 'latest' pointer"
-    ]
+    assert code == 2 and err == [f"rlgate: no checkpoint at {tmp_path / 'nowhere'}: no such directory"]
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--env", "MountainCar-v0")
     assert code == 2 and len(err) == 1 and "env MountainCar-v0 has observations Box(" in err[0]
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--episodes", "0")
@@ -87,3 +85,10 @@ def test_user_errors_are_one_line_and_exit_2(cartpole_checkpoint, tmp_path, caps
     monkeypatch.setitem(sys.modules, "moviepy", None)  # as without the video extra
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint), "--video", str(tmp_path))
     assert code == 2 and err == ["rlgate: --video needs moviepy: pip install 'rlgate[video]'"]
+
+    weights = checkpoint.latest(cartpole_checkpoint) / "weights.safetensors"
+    weights.write_bytes(b"garbage")
+    code, err = run_in_process(capsys, "eval", "--checkpoint", str(cartpole_checkpoint))
+    assert code == 2 and err == [
+        f"rlgate: checkpoint file {weights} is corrupt: Error while deserializing header: header too small"
+    ]

@@ -7,10 +7,14 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlgate.core.errors import UserError
 from rlgate.service.process import start_grpc_server
 from tests.support.cli import ROOT, rlgate
+
+MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"
+NO_MULTI_BINARY = "The default model does not support the action space MultiBinary(3)"
 
 
 def one_user_error(code: int, stderr: str) -> str:
@@ -34,13 +38,20 @@ def held_port() -> int:
 async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port: int) -> None:
     free = ("--port", "0", "--http-port", "0")
     nowhere = tmp_path / "nothing-here"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("neither a directory nor a certificate\n")
+    is_a_file = "path points to a file, not a directory (got"
+    bad_yaml, not_utf8, typo = tmp_path / "bad.yaml", tmp_path / "not-utf8.toml", tmp_path / "typo.toml"
+    bad_yaml.write_text("env:\n  id: CartPole-v1\n  num_envs: 2: 3\n")
+    not_utf8.write_bytes(b"\xff\xfe[env]\n")
+    typo.write_text("[model.config]\nfcnet_hidden = [64]\n")
     cases = {  # arguments -> what the line must say
         ("serve", "--env", "NoSuchEnv-v0", *free): "env.id: Environment `NoSuchEnv` doesn't exist",
         ("serve", "--max-batch-size", "0"): "--max-batch-size: input should be greater than or equal to 1 (got '0')",
         ("learn", "--spec.algorithm.train-batch-size", "x"): "--spec.algorithm.train-batch-size: input should be",
         ("serve", "--no-such-flag", "1"): "unrecognized arguments: --no-such-flag 1",
         ("serve", "--tls-cert", str(nowhere), "--tls-key", str(nowhere)): "--tls-cert: path does not point to a file",
-        ("serve", "--checkpoint", str(nowhere), *free): f"no checkpoint in {nowhere}",
+        ("serve", "--checkpoint", str(nowhere), *free): f"no checkpoint at {nowhere}: no such directory",
         ("serve", "--port", str(held_port), "--http-port", "0"): f"127.0.0.1:{held_port} (--port): Address already",
         ("serve", "--port", "0", "--http-port", str(held_port)): f"{held_port} (--http-port): Address already in use",
         ("serve", "--workers", "2", "--port", str(held_port), "--http-port", "0"): f"{held_port} (--port): Address",
@@ -58,11 +69,47 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ),
         ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
+        ("learn", "--env", MULTI_BINARY, *free, "--checkpoint-dir", str(tmp_path / "mb")): NO_MULTI_BINARY,
+        ("serve", "--env", MULTI_BINARY, "--allow-import", "tests", *free): NO_MULTI_BINARY,
+        ("learn", "--checkpoint-dir", str(a_file), *free): f"--checkpoint-dir: {is_a_file}",
+        ("learn", "--log-dir", str(a_file), "--checkpoint-dir", str(tmp_path / "ck"), *free): f"--log-dir: {is_a_file}",
+        ("serve", "--spool-dir", str(a_file), *free): f"--spool-dir: {is_a_file}",
+        ("serve", "--episode-dir", str(a_file), *free): f"--episode-dir: {is_a_file}",
+        (
+            "serve",
+            "--tls-cert",
+            str(a_file),
+            "--tls-key",
+            str(a_file),
+            *free,
+        ): f"--tls-key {a_file} are not a valid PEM",
+        ("serve", "--learner", "not a host", *free): "--learner: not a gRPC target: write host:port",
+        ("serve", "--learner", "learner:65536", *free): "--learner: not a gRPC target: write host:port",
+        ("learn", "--config", str(bad_yaml), *free): "not valid YAML: mapping values are not allowed here (line 3,",
+        ("learn", "--config", str(not_utf8), *free): f"{not_utf8}: not UTF-8 text (invalid start byte at byte 0)",
+        ("learn", "--config", str(typo), *free): "model.config.fcnet_hidden: Extra inputs are not permitted",
+        ("learn", "--spec", "{bad", *free): "--spec: not valid JSON: Expecting property name enclosed in double quotes",
+        ("learn", "--spec.env.kwargs", "notjson", *free): "--spec.env.kwargs: not valid JSON, nor key=value pairs",
+        ("eval", "--checkpoint", str(nowhere), "--bogus"): "rlgate: unrecognized arguments: --bogus",
+        ("episodes",): "rlgate: the following arguments are required: directory",
+        ("bench", "--repeats", "x"): "rlgate: argument --repeats: invalid int value: 'x'",
+        ("bench", "--quick", "--warmup-s", "-1"): "--warmup-s must be at least 0, not -1.0",
+        ("bench", "--quick", "--window-s", "nan"): "--window-s must be more than 0, not nan",
+        ("bench", "--quick", "--repeats", "0"): "--repeats must be at least 1, not 0",
+        ("bench", "--quick", "--json", str(nowhere / "x.json")): "x.json: not a file in an existing directory",
     }
     # Concurrently: each is a Python start-up, most of it waiting on imports.
     results = await asyncio.gather(*(rlgate(*args) for args in cases))
     for (args, expected), (code, stderr) in zip(cases.items(), results, strict=True):
         assert expected in one_user_error(code, stderr), (args, stderr)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
+async def test_device_cuda_without_cuda_is_one_line(tmp_path: Path) -> None:
+    serve = rlgate("serve", "--env", "CartPole-v1", "--device", "cuda", "--port", "0", "--http-port", "0")
+    evaluate = rlgate("eval", "--checkpoint", str(tmp_path), "--device", "cuda")
+    for code, stderr in await asyncio.gather(serve, evaluate):
+        assert one_user_error(code, stderr).startswith("rlgate: --device cuda: CUDA is not available"), stderr
 
 
 async def test_a_second_server_on_a_port_in_use_fails_at_once(server) -> None:
@@ -135,3 +182,9 @@ async def test_rlgate_env_names_the_env_and_what_is_wrong_with_it(server, tmp_pa
     )
     for ((env, _, _), expected), (code, stderr) in zip(cases, results, strict=True):
         assert expected in one_user_error(code, stderr), (env, stderr)
+
+
+async def test_rlgate_env_refuses_a_space_the_wire_cannot_carry(server) -> None:
+    args = ("env", "--server", f"127.0.0.1:{server.port}", "--env", "tests.support.odd_envs:SequenceObservations")
+    line = one_user_error(*await rlgate(*args, "--no-progress"))
+    assert line.startswith("rlgate: space Sequence(") and line.endswith("has no wire encoding"), line

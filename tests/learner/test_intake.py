@@ -121,6 +121,16 @@ def test_an_intake_that_does_not_resume_sets_earlier_files_aside_unread(tmp_path
     assert keys(intake_at(tmp_path).pending) == keys(second)
 
 
+def test_an_intake_file_that_does_not_decode_is_set_aside_and_the_rest_resume(tmp_path, two_batches):
+    """The learner starts (with a warning) instead of failing on a file no learner wrote; nothing is deleted."""
+    first, _ = two_batches
+    intake_at(tmp_path).accept(batch(first, seq=0))
+    junk = tmp_path / "00000000000000000001-deadbeef.pb"
+    junk.write_bytes(b"\xff junk")
+    assert keys(intake_at(tmp_path).pending) == keys(first)
+    assert not junk.exists() and junk.with_name(f"{junk.name}.unreadable").read_bytes() == b"\xff junk"
+
+
 def test_a_batch_says_which_known_space_its_observations_are_in(tmp_path, cartpole_chunks):
     """Observations stay as the servers' write-back pieces left them (a FrameStacking module input is never
     written back); the intake decodes with the space the batch names, if it is one it knows."""

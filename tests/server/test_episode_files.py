@@ -102,3 +102,12 @@ def test_a_directory_without_metadata_is_a_one_line_error(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         f"rlgate: {tmp_path} has no metadata.json: not a directory of rlgate episode files"
     ]
+
+
+def test_a_file_that_is_not_an_episode_is_a_one_line_error_naming_it(tmp_path, capsys):
+    write_metadata(tmp_path, Recording(BOX4, DISCRETE2))
+    junk = tmp_path / "zzzz-1-0.pb"
+    junk.write_bytes(b"\xff junk")
+    assert main(["episodes", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"rlgate: {junk}: Error parsing message"), line

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from safetensors import SafetensorError
 
 from rlgate.core.columns import Columns
 from rlgate.models import ModelConfig, RLModule, build_module, load_weights, weights_to_bytes
@@ -110,6 +110,16 @@ def test_latest_points_at_the_newest_checkpoint_and_old_ones_stay_loadable(tmp_p
 def test_a_directory_without_a_checkpoint_fails_with_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint in"):
         checkpoint.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at .*: no such directory"):
+        checkpoint.load(tmp_path / "nothing-here")
+
+
+def test_a_latest_pointer_to_a_missing_checkpoint_says_so(tmp_path):
+    """Not "no checkpoint": a learner resuming would start afresh and lose the run."""
+    save(tmp_path, 1, trained()[0])
+    (tmp_path / "latest").write_text("v000999")
+    with pytest.raises(checkpoint.CheckpointNotFound, match=r"latest names v000999, but .* holds no checkpoint"):
+        checkpoint.latest(tmp_path)
 
 
 class Payload:
@@ -127,7 +137,7 @@ def test_a_pickle_in_place_of_the_optimizer_state_fails_to_load_and_runs_nothing
     path = save(tmp_path, 1, module, optimizer)
     marker = tmp_path / "pwned"
     (path / "optimizer.safetensors").write_bytes(pickle.dumps(Payload(marker)))
-    with pytest.raises(SafetensorError):
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=re.escape("optimizer.safetensors is corrupt")):
         checkpoint.load(tmp_path)
     assert not marker.exists()
 
@@ -139,17 +149,30 @@ def test_foreign_weights_fail_with_a_value_error_and_run_nothing(tmp_path):
     target = build_module(OBSERVATION_SPACE, ACTION_SPACE, MODEL_CONFIG)
     for foreign in (pickle.dumps(Payload(marker)), weights_to_bytes(module)[:-10], b"\0" * 64):
         (path / "weights.safetensors").write_bytes(foreign)
+        with pytest.raises(checkpoint.CorruptCheckpoint, match=re.escape("weights.safetensors is corrupt")):
+            checkpoint.load(tmp_path)
         with pytest.raises(ValueError, match="not valid safetensors"):
-            load_weights(target, checkpoint.load(tmp_path).weights)
+            load_weights(target, foreign)
     assert not marker.exists()
 
 
-def test_corrupted_metadata_fails_to_load(tmp_path):
-    module, _ = trained()
-    path = save(tmp_path, 1, module)
-    metadata = path / "metadata.json"
-    metadata.write_text(metadata.read_text()[:-20])
-    with pytest.raises(json.JSONDecodeError):
+@pytest.mark.parametrize(
+    ("name", "junk"),
+    [
+        ("metadata.json", b'{"version": 1, "env'),
+        ("metadata.json", b"\xff not utf-8"),
+        ("metadata.json", b"{}"),
+        ("connector_state.pb", b"\xff junk"),
+        ("optimizer.safetensors", b"garbage"),
+        ("weights.safetensors", b"garbage"),
+    ],
+)
+def test_a_corrupt_file_fails_to_load_naming_it(tmp_path, name, junk):
+    """One message naming the file (the command line prints it as its one line), for any checkpoint file."""
+    module, optimizer = trained()
+    path = save(tmp_path, 1, module, optimizer)
+    (path / name).write_bytes(junk)
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=re.escape(f"checkpoint file {path / name} is corrupt: ")):
         checkpoint.load(tmp_path)
 
 
