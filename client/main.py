@@ -101,7 +101,7 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
     clients, starts faster without them.
     """
     from rlgate.client.env_client import EnvClient
-    from rlgate.service.process import on_stop_signals
+    from rlgate.service.process import ignore_stop_signals, on_stop_signals
     from rlgate.spec.env import make_agent_envs, make_env
     from rlgate.spec.imports import ImportPolicy
 
@@ -134,7 +134,10 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
 
         async def main() -> None:
             on_stop_signals(client.stop)
-            await client.run(settings.max_steps)
+            try:
+                await client.run(settings.max_steps)
+            finally:
+                ignore_stop_signals()  # done, however it ended (below)
 
         asyncio.run(main())
         error = None

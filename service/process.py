@@ -112,6 +112,18 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
         loop.add_signal_handler(signal.SIGINT, stop)
 
 
+def ignore_stop_signals() -> None:
+    """Ignore SIGTERM and Ctrl-C from now on; call it on the loop that `on_stop_signals` set up, before it ends.
+
+    The loop's handlers go while it still runs: a signal that arrives while `asyncio.run` closes the loop would
+    otherwise be written to its closed wakeup pipe, and Python prints a traceback for it to stderr.
+    """
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class Service(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -127,6 +139,7 @@ async def run_until_signal(make: Callable[[], Service]) -> None:
     stopping = asyncio.Event()
     on_stop_signals(stopping.set)
     await stopping.wait()
+    ignore_stop_signals()  # one is enough: the service stops in order
     log.info("signal received: stopping")
     await service.stop()
 
