@@ -220,6 +220,19 @@ def episode_from_proto(
     )
 
 
+@dataclass(frozen=True)
+class ChunkTable:
+    """A decoded EpisodeChunks table: each column whole (every chunk's rows one after the other, lookbacks
+    included) and the chunks, whose columns are views of these. A check of the whole columns holds for every
+    chunk: the learner checks a table once, and its chunks one by one only when the table fails."""
+
+    observations: Any
+    actions: Any
+    rewards: np.ndarray
+    extra_model_outputs: dict[str, Any]
+    chunks: list[SingleAgentEpisode]
+
+
 def episodes_from_chunks(
     msg: episode_pb2.EpisodeChunks,
     observation_space: gym.Space | None = None,
@@ -229,9 +242,18 @@ def episodes_from_chunks(
 
     Raises CodecError, for the whole table, when its per-chunk fields or its columns' rows do not add up.
     """
+    return chunk_table(msg, observation_space, action_space).chunks if msg.ids else []
+
+
+def chunk_table(
+    msg: episode_pb2.EpisodeChunks,
+    observation_space: gym.Space | None = None,
+    action_space: gym.Space | None = None,
+) -> ChunkTable:
+    """Decode a table of at least one chunk: its columns and its chunks (`episodes_from_chunks`)."""
     n = len(msg.ids)
     if not n:
-        return []
+        raise CodecError("ids: a table holds at least one chunk")
     for name in ("chunk_indices", "len_lookback_buffers", "steps", "terminated", "truncated", "t_started"):
         if len(getattr(msg, name)) != n:
             raise CodecError(f"{name}: {len(getattr(msg, name))} entries for {n} chunks")
@@ -272,7 +294,7 @@ def episodes_from_chunks(
         )
         episodes.append(_episode(chunk, observation_space, action_space))
         start = stop
-    return episodes
+    return ChunkTable(columns.observations, columns.actions, columns.rewards, columns.extra, episodes)
 
 
 class _Columns:

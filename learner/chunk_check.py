@@ -1,10 +1,12 @@
-"""What a chunk must hold for the learner to train on it, beyond decoding: data of its spaces, PPO's outputs.
+"""What a chunk must hold for the learner to train on it, beyond decoding: finite values, data of its spaces,
+PPO's outputs.
 
-A chunk that decodes can still break every update it is batched into (observations of another shape, a
-Discrete action of 5 for 2 actions, distribution inputs of another width, no `action_logp`), and with it every
-other server's steps in that batch; or be trained on quietly while meaning nothing (float actions for a
-Discrete space). The intake refuses such chunks with the reason `misfit` names. Values are not held to the
-observation space's bounds: the chunk holds what the servers' env-to-module pieces wrote back.
+A non-finite reward or model output poisons the update it is batched into. A chunk that decodes can still
+break every update it is batched into (observations of another shape, a Discrete action of 5 for 2 actions,
+distribution inputs of another width, no `action_logp`), and with it every other server's steps in that batch;
+or be trained on quietly while meaning nothing (float actions for a Discrete space). The intake refuses such
+chunks with the reason `misfit` names. Values are not held to the observation space's bounds: the chunk holds
+what the servers' env-to-module pieces wrote back.
 """
 
 from __future__ import annotations
@@ -21,24 +23,68 @@ from rlgate.core.tree import flatten
 from rlgate.episodes import SingleAgentEpisode
 
 
-def misfit(episode: SingleAgentEpisode, output_shapes: Mapping[str, tuple[int, ...]]) -> str | None:
-    """Why the chunk cannot be trained on, as a rejection reason, or None.
+def misfit(
+    observations: Any,
+    actions: Any,
+    rewards: np.ndarray,
+    outputs: Mapping[str, Any],
+    spaces: tuple[gym.Space | None, gym.Space | None],
+    output_shapes: Mapping[str, tuple[int, ...]],
+    *,
+    finite_observations: bool = True,
+) -> str | None:
+    """Why the chunk (or the table of chunks) with these columns cannot be trained on, or None.
 
-    Observations and actions are checked against the spaces the chunk was decoded in (`episode`'s), the
-    model outputs against `output_shapes` (each output's shape per step, as the learner's module makes them:
-    `models.outputs.output_shapes`).
+    The columns are arrays with a row per step (lookback included; nested for Dict and Tuple spaces).
+    Checked: every reward and model output finite (observations too, if `finite_observations`); observations
+    and actions of `spaces` (observation space, action space: those they were decoded in); model outputs of
+    `output_shapes` (each output's shape per step, as the learner's module makes them:
+    `models.outputs.output_shapes`). Each check is of all rows at once, so a table passes only if each of
+    its chunks would.
     """
-    if not _fits(episode.observations.data, episode.observation_space, _observation_fits):
+    column = _non_finite(rewards, outputs, observations if finite_observations else None)
+    if column is not None:
+        return f"non-finite {column}"
+    observation_space, action_space = spaces
+    if not _fits(observations, observation_space, _observation_fits):
         return "observations not of the observation space"
-    if not _fits(episode.actions.data, episode.action_space, _action_fits):
+    if not _fits(actions, action_space, _action_fits):
         return "actions not of the action space"
-    outputs = episode.extra_model_outputs
     if Columns.ACTION_LOGP not in outputs:
         return "no action_logp"
     for key, shape in {Columns.ACTION_LOGP: (), **output_shapes}.items():
-        buffer = outputs.get(key)
-        if buffer is not None and any(leaf.shape[1:] != shape for leaf in flatten(buffer.data)):
+        output = outputs.get(key)
+        if output is not None and any(leaf.shape[1:] != shape for leaf in flatten(output)):
             return f"{key} of another shape"
+    return None
+
+
+def episode_misfit(
+    episode: SingleAgentEpisode, output_shapes: Mapping[str, tuple[int, ...]], *, finite_observations: bool = True
+) -> str | None:
+    """`misfit` of one decoded chunk, in its own spaces."""
+    return misfit(
+        episode.observations.data,
+        episode.actions.data,
+        episode.rewards.data,
+        {key: buffer.data for key, buffer in episode.extra_model_outputs.items()},
+        (episode.observation_space, episode.action_space),
+        output_shapes,
+        finite_observations=finite_observations,
+    )
+
+
+def _non_finite(rewards: np.ndarray, outputs: Mapping[str, Any], observations: Any) -> str | None:
+    """The first of "rewards", "model outputs" (logp, values, distribution inputs) and, unless None,
+    "observations" that holds +-inf or NaN; None when all are finite."""
+    columns = {"rewards": rewards, "model outputs": tuple(outputs.values())}
+    if observations is not None:
+        columns["observations"] = observations
+    for name, data in columns.items():
+        for leaf in flatten(data):
+            array = np.asarray(leaf)
+            if array.dtype.kind in "fc" and not np.isfinite(array).all():
+                return name
     return None
 
 

@@ -24,7 +24,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -32,10 +31,9 @@ from google.protobuf.message import DecodeError
 
 from rlgate.core import codec
 from rlgate.core.columns import Columns
-from rlgate.core.tree import flatten
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto, episodes_from_chunks
-from rlgate.learner.chunk_check import misfit
+from rlgate.episodes.codec import ChunkTable, chunk_table, episode_from_proto
+from rlgate.learner.chunk_check import episode_misfit, misfit
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
@@ -222,20 +220,37 @@ class Intake:
             spaces = self._spaces(observation_space, table.module_id, None, len(table.ids), what)
             if spaces is None:
                 continue
+            if not table.ids:
+                continue
             try:
-                episodes = episodes_from_chunks(table, *spaces)
+                decoded = chunk_table(table, *spaces)
             except ValueError as exc:  # the table's rows do not add up: none of its chunks can be told apart
                 self.reject("malformed", len(table.ids), f"{what}: {exc}")
                 continue
-            for episode in episodes:
+            # One check of the whole table; only a table that fails is checked chunk by chunk, to find which.
+            fits = self._misfit_table(decoded, spaces, table.module_id or None) is None
+            for episode in decoded.chunks:
                 key = chunk_key(episode.id_, episode.chunk_index)
                 if self._duplicate(key):
                     continue
                 if self.module_spaces is not None and episode.agent_id not in self.agents:
                     self.reject("unknown agent", 1, f"{key} from server {server}: agent {episode.agent_id!r}")
                     continue
-                self._take_chunk(key, episode, server, accepted)
+                self._take_chunk(key, episode, server, accepted, checked=fits)
         return accepted
+
+    def _misfit_table(
+        self, table: ChunkTable, spaces: tuple[gym.Space | None, gym.Space], module_id: str | None
+    ) -> str | None:
+        return misfit(
+            table.observations,
+            table.actions,
+            table.rewards,
+            table.extra_model_outputs,
+            spaces,
+            self.output_shapes.get(module_id, {}),
+            finite_observations=not self.allow_nonfinite_obs,
+        )
 
     def _duplicate(self, key: str) -> bool:
         """Whether a chunk was taken before (counted as a duplicate, dropped)."""
@@ -259,17 +274,20 @@ class Intake:
             return None
         return self.module_spaces[module_id]
 
-    def _take_chunk(self, key: str, episode: SingleAgentEpisode, server: str, accepted: list[str]) -> None:
-        """A new chunk, decoded: pending for training, unless it holds what could poison training."""
-        column = nonfinite_column(episode, observations=not self.allow_nonfinite_obs)
-        reason = (
-            f"non-finite {column}"
-            if column is not None
-            else misfit(episode, self.output_shapes.get(episode.module_id, {}))
-        )
-        if reason is not None:
-            self.reject(reason, 1, f"{key} from server {server}: {reason}")
-            return
+    def _take_chunk(
+        self, key: str, episode: SingleAgentEpisode, server: str, accepted: list[str], *, checked: bool = False
+    ) -> None:
+        """A new chunk, decoded: pending for training, unless it holds what could poison training (`checked`:
+        its table was found fit as a whole)."""
+        if not checked:
+            reason = episode_misfit(
+                episode,
+                self.output_shapes.get(episode.module_id, {}),
+                finite_observations=not self.allow_nonfinite_obs,
+            )
+            if reason is not None:
+                self.reject(reason, 1, f"{key} from server {server}: {reason}")
+                return
         self._seen.add(key)
         if key in self._taken:  # split before a restart: its first steps are trained already
             episode = episode.slice(slice(self._taken[key], None), len_lookback_buffer=self.lookback)
@@ -320,23 +338,6 @@ def _newest_version(chunk: SingleAgentEpisode) -> int:
     if versions is None or not len(chunk):
         return np.iinfo(np.int64).max
     return int(np.max(versions.data[versions.lookback :]))  # the chunk's own steps (as get(), for less)
-
-
-def nonfinite_column(episode: SingleAgentEpisode, *, observations: bool = True) -> str | None:
-    """The first column of `episode` (lookback included) holding +-inf or NaN: "rewards", "model outputs"
-    (logp, values, distribution inputs) or, if `observations`, "observations"; None when all are finite."""
-    columns: dict[str, Any] = {
-        "rewards": episode.rewards.data,
-        "model outputs": tuple(buffer.data for buffer in episode.extra_model_outputs.values()),
-    }
-    if observations:
-        columns["observations"] = episode.observations.data
-    for name, data in columns.items():
-        for leaf in flatten(data):
-            array = np.asarray(leaf)
-            if array.dtype.kind in "fc" and not np.isfinite(array).all():
-                return name
-    return None
 
 
 def _set_unreadable_aside(path: Path) -> None:
