@@ -61,11 +61,15 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("learn", *free, "--checkpoint-dir", str(nowhere)): f"no checkpoint in {nowhere} and no run spec",
         ("up", "--num-clients", "0"): "--num-clients: input should be greater than or equal to 1",
         ("up", "--seed", "-1"): "--spec.seed: input should be greater than or equal to 0",
+        ("up", "--run-dir", str(a_file)): f"--run-dir: {is_a_file}",
+        ("up", "--run-dir", str(a_file / "runs")): f"--run-dir {a_file / 'runs'}/CartPole-v1-",
+        ("up", "--stop-return", "nan"): "--stop-return: input should be a finite number (got 'nan')",
+        ("up", "--stop-return", "inf"): "--stop-return: input should be a finite number (got 'inf')",
         # Found before the run starts: the module, not "no reward_threshold".
         ("up", "--env", "nosuchpkg.mod:Foo", "--run-dir", str(tmp_path)): "env.id: cannot import 'nosuchpkg.mod'",
-        # Found by a child (learner or server): its own line, with where its log is.
+        # Found by a child (learner or server): its own line.
         ("up", "--spec.model.module-class", "nosuch.mod:X", "--stop-return", "1", "--run-dir", str(tmp_path)): (
-            "model.module_class: cannot import 'nosuch.mod': No module named 'nosuch' (log: "
+            "model.module_class: cannot import 'nosuch.mod': No module named 'nosuch'"
         ),
         ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
@@ -102,6 +106,24 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
     results = await asyncio.gather(*(rlgate(*args) for args in cases))
     for (args, expected), (code, stderr) in zip(cases.items(), results, strict=True):
         assert expected in one_user_error(code, stderr), (args, stderr)
+
+
+async def test_up_failing_early_removes_only_the_run_directory_it_made(tmp_path: Path) -> None:
+    """A new --run-dir (and its parents) goes again; one that held something before stays as it was."""
+    new, existing = tmp_path / "new" / "runs", tmp_path / "mine"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("keep me\n")
+    bad_env = ("--env", "nosuchpkg.mod:Foo")
+    child_fails = ("--spec.model.module-class", "nosuch.mod:X", "--stop-return", "1")
+    results = await asyncio.gather(
+        rlgate("up", *bad_env, "--run-dir", str(new)),
+        rlgate("up", *bad_env, "--run-dir", str(existing)),
+        rlgate("up", *child_fails, "--run-dir", str(tmp_path / "child")),
+    )
+    for code, stderr in results:
+        one_user_error(code, stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    assert [p.name for p in existing.iterdir()] == ["notes.txt"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
