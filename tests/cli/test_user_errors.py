@@ -108,6 +108,25 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         assert expected in one_user_error(code, stderr), (args, stderr)
 
 
+@pytest.mark.timeout(300)
+async def test_up_refuses_spaces_the_default_model_cannot_take_in_one_line(tmp_path: Path) -> None:
+    """Huge spaces are refused before a model is built (it would take minutes and gigabytes); spaces that are not
+    numbers are named, not left to fail deep in numpy."""
+    odd = "tests.support.odd_envs"
+    cases = {
+        "HugeDiscreteActions": "would have 65,000,009,025 parameters, more than the 268,435,456 (2**28) rlgate "
+        "builds: its largest layer, pi.out.weight, is 1000000000 x 64",
+        "HugeMultiDiscreteObservations": "MultiDiscrete([1000000000 1000000000]) flattens into 2,000,000,000 values",
+        "TextObservations": "The default model does not support the observation space Text(1, 8,",
+        "GraphObservations": "The default model does not support the observation space Graph(Box(",
+    }
+    results = await asyncio.gather(
+        *(rlgate("up", "--env", f"{odd}:{env}", "--stop-return", "1", "--run-dir", str(tmp_path)) for env in cases)
+    )
+    for (env, expected), (code, stderr) in zip(cases.items(), results, strict=True):
+        assert expected in one_user_error(code, stderr), (env, stderr)
+
+
 async def test_up_failing_early_removes_only_the_run_directory_it_made(tmp_path: Path) -> None:
     """A new --run-dir (and its parents) goes again; one that held something before stays as it was."""
     new, existing = tmp_path / "new" / "runs", tmp_path / "mine"
