@@ -6,11 +6,17 @@ import asyncio
 import socket
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 
 from rlgate.core.errors import UserError
+from rlgate.models import weights_to_bytes
 from rlgate.service.process import start_grpc_server
+from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.policy import build_rl_module
+from rlgate.spec.run import RunSpec
 from tests.support.cli import ROOT, rlgate
 
 MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"
@@ -125,6 +131,37 @@ async def test_up_refuses_spaces_the_default_model_cannot_take_in_one_line(tmp_p
     )
     for (env, expected), (code, stderr) in zip(cases.items(), results, strict=True):
         assert expected in one_user_error(code, stderr), (env, stderr)
+
+
+async def test_a_checkpoint_whose_weights_are_another_models_is_one_line_wherever_it_is_loaded(
+    tmp_path: Path,
+) -> None:
+    """Weights of a 64-unit model under a spec.json that says 32 units: eval, serve and a resuming learner
+    name the weights file and the first tensor that differs."""
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    wide = RunSpec.model_validate({"env": {"id": "CartPole-v1"}, "seed": 0})
+    narrow = wide.model_copy(update={"model": wide.model.model_copy(update={"config": {"fcnet_hiddens": [32, 32]}})})
+    directory = checkpoint.save(
+        tmp_path / "checkpoints",
+        version=3,
+        spec=narrow,
+        observation_space=spaces[0],
+        action_space=spaces[1],
+        weights=weights_to_bytes(build_rl_module(wide, *spaces, ImportPolicy())),
+    )
+    free = ("--port", "0", "--http-port", "0")
+    results = await asyncio.gather(
+        rlgate("eval", "--checkpoint", str(tmp_path / "checkpoints"), "--episodes", "1"),
+        rlgate("serve", "--checkpoint", str(tmp_path / "checkpoints"), *free),
+        rlgate("learn", "--checkpoint-dir", str(tmp_path / "checkpoints"), *free),
+    )
+    for code, stderr in results:
+        assert one_user_error(code, stderr) == (
+            f"rlgate: checkpoint file {directory / 'weights.safetensors'} does not fit the model its spec.json "
+            "builds: Weights do not fit the module: 'encoder.hidden.0.weight' is torch.float32[64, 4], the module "
+            "has torch.float32[32, 4]"
+        ), stderr
 
 
 async def test_up_failing_early_removes_only_the_run_directory_it_made(tmp_path: Path) -> None:
