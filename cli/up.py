@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from tqdm import tqdm
 from rlgate.cli.main import USAGE_ERROR
 from rlgate.core.errors import UserError
 from rlgate.service.process import process_started
+from rlgate.service.settings import Directory
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
 from rlgate.spec.run import RunSpec
 from rlgate.spec.settings import SpecSettings
@@ -60,6 +62,7 @@ class UpSettings(SpecSettings):
     envs_per_client: int | None = Field(None, ge=1, description="Shorthand for --spec.env.num-envs.")
     stop_return: float | None = Field(
         None,
+        allow_inf_nan=False,  # a NaN goal is never reached and an infinite one never met: a typo, not a run
         description="Stop when the mean return of the last 20 episodes reaches this (default: the env's "
         "reward_threshold, 475 for CartPole-v1).",
     )
@@ -70,7 +73,9 @@ class UpSettings(SpecSettings):
         description="Env client processes, each stepping the spec's env.num_envs sub-envs. One is fastest where "
         "the learner, the server and the clients share a few cores: fewer, larger messages.",
     )
-    run_dir: Path = Field(Path("runs"), description="Logs, the run spec and checkpoints go to run_dir/<env>-<time>.")
+    run_dir: Directory = Field(
+        Path("runs"), description="Logs, the run spec and checkpoints go to run_dir/<env>-<time>."
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -96,11 +101,43 @@ class SpecVariables(EnvSettingsSource):
 
 
 def run(settings: UpSettings) -> int:
-    """Start everything, show progress, stop at the goal or the step budget; returns the exit code."""
+    """Start everything, show progress, stop at the goal or the step budget; returns the exit code.
+
+    A user error that ends the run removes the run directory again when this invocation created it and it
+    holds nothing worth keeping (no checkpoint, no spooled episodes): a typo leaves no empty runs behind."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", settings.spec.env.id)
+    run_dir = settings.run_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    created = _make_directory(run_dir, "--run-dir")
+    try:
+        return _run(settings, run_dir)
+    except UserError:
+        if created and not _worth_keeping(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            for parent in created[1:]:  # the ancestors made for it, deepest first, while empty
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+        raise
+
+
+def _make_directory(path: Path, flag: str) -> list[Path]:
+    """Create `path` and its missing parents; returns the directories created, deepest first (none when it
+    existed). A path through a file, or one that cannot be made, is a UserError naming `flag`."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot create it: {exc.strerror}") from None
+    return missing
+
+
+def _worth_keeping(run_dir: Path) -> bool:
+    """Whether a run directory holds what a run produced: a checkpoint or spooled episodes (logs alone are not)."""
+    return any(p.is_file() for sub in ("checkpoints", "spool") for p in (run_dir / sub).rglob("*"))
+
+
+def _run(settings: UpSettings, run_dir: Path) -> int:
+    """The run itself, in `run_dir`: processes, progress, shutdown."""
     s, spec = settings, settings.spec
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.env.id)
-    run_dir = s.run_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
     spec_file = run_dir / "spec.json"  # the one run spec every process reads (the server gets it from the learner)
     spec_file.write_text(spec.model_dump_json(indent=2))
     learner_port, learner_http, server_port, server_http = _free_ports(4)
@@ -219,13 +256,14 @@ class Progress(contextlib.AbstractContextManager):
 
 
 def _child_failed(name: str, code: int, log: Path) -> NoReturn:
-    """End `up` with the child's own `rlgate: ...` line (else its log's last line) and where its log is; exit 2
-    for a child's user error (its exit 2), so a mistake in the spec reads and ends as if `up` had found it."""
+    """End `up` with the child's own `rlgate: ...` line (else its log's last line); exit 2 for a child's user
+    error (its exit 2), so a mistake in the spec reads and ends as if `up` had found it. Any other failure
+    also says where the child's log is (the run directory is kept then)."""
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     said = [line.removeprefix("rlgate: ") for line in lines if line.startswith("rlgate: ")]
     reason = said[-1] if said else lines[-1].strip() if lines else "no output"
-    if code == USAGE_ERROR:
-        raise UserError(f"{name}: {reason} (log: {log})")
+    if code == USAGE_ERROR:  # the child's own line says it all; its log may go with an empty run directory
+        raise UserError(f"{name}: {reason}")
     raise SystemExit(f"rlgate: {name} exited with {code}: {reason} (log: {log})")
 
 

@@ -55,16 +55,24 @@ def one_hot(data: Any, struct: Any) -> Any:
 
     def convert(value: Any, sub: gym.Space) -> Any:
         if isinstance(sub, gym.spaces.Discrete):
-            return np.eye(int(sub.n), dtype=np.float32)[np.asarray(value) - sub.start]
+            return _one_hot_rows(np.asarray(value) - sub.start, int(sub.n))
         if isinstance(sub, gym.spaces.MultiDiscrete):
             value = np.asarray(value) - sub.start
             flat_nvec = sub.nvec.reshape(-1)
             flat = value.reshape(*value.shape[: value.ndim - sub.nvec.ndim], flat_nvec.size)
-            parts = [np.eye(int(n), dtype=np.float32)[flat[..., i]] for i, n in enumerate(flat_nvec)]
+            parts = [_one_hot_rows(flat[..., i], int(n)) for i, n in enumerate(flat_nvec)]
             return np.concatenate(parts, axis=-1)
         return value
 
     return map_structure(convert, data, struct)
+
+
+def _one_hot_rows(indices: np.ndarray, depth: int) -> np.ndarray:
+    """float32 [..., depth] with a 1 at each index: the rows of np.eye(depth) without its depth x depth matrix,
+    which for Discrete(30000) alone is 3.6 GB per call."""
+    out = np.zeros((*indices.shape, depth), np.float32)
+    out.reshape(-1, depth)[np.arange(indices.size), indices.reshape(-1)] = 1.0  # a view: writes into `out`
+    return out
 
 
 def _one_hot_depth(space: gym.spaces.Discrete | gym.spaces.MultiDiscrete) -> int:

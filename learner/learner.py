@@ -76,7 +76,8 @@ class Learner:
             self.connectors.set_state(ckpt.connector_state)
         module = build_rl_module(self.spec, self.connectors.observation_space, self.action_space, self.imports)
         if ckpt is not None:
-            load_weights(module, ckpt.weights)
+            with ckpt.loading_weights():
+                load_weights(module, ckpt.weights)
         module.eval()
         self.trainer = Trainer(
             module,
@@ -118,7 +119,8 @@ class Learner:
         }
         module = build_multi_rl_module(spec, modules, self.imports)
         for module_id, weights in ((ckpt.module_weights or {}) if ckpt else {}).items():
-            load_weights(module[module_id], weights)
+            with ckpt.loading_weights():
+                load_weights(module[module_id], weights)
         module.eval()
         self.trainer = MultiAgentTrainer(
             module,

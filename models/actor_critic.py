@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from rlgate.core.columns import Columns
-from rlgate.models.catalog import action_distribution, build_encoder
+from rlgate.models.catalog import MAX_PARAMETERS, UnsupportedSpace, action_distribution, build_encoder
 from rlgate.models.config import ModelConfig
 from rlgate.models.distributions import DiagGaussian, Distribution
 from rlgate.models.networks import MLP, LSTMEncoder, run_layers
@@ -113,5 +113,19 @@ class ActorCriticModule(RLModule):
 def build_module(
     observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig | None = None
 ) -> RLModule:
-    """Build the default actor-critic for these spaces; unsupported spaces raise ValueError."""
-    return ActorCriticModule(observation_space, action_space, model_config or ModelConfig())
+    """Build the default actor-critic for these spaces; unsupported spaces raise ValueError (UnsupportedSpace),
+    as do spaces that would make it larger than MAX_PARAMETERS: that is found from a build on torch's meta
+    device (shapes only, ~1 ms), before any memory is allocated or initialised."""
+    config = model_config or ModelConfig()
+    with torch.device("meta"):
+        shapes = dict(ActorCriticModule(observation_space, action_space, config).named_parameters())
+    size = sum(p.numel() for p in shapes.values())
+    if size > MAX_PARAMETERS:
+        name, largest = max(shapes.items(), key=lambda item: item[1].numel())
+        raise UnsupportedSpace(
+            f"The default model for observations {observation_space} and actions {action_space} would have "
+            f"{size:,} parameters, more than the {MAX_PARAMETERS:,} (2**28) rlgate builds: its largest layer, "
+            f"{name}, is {' x '.join(map(str, largest.shape))}. Use smaller spaces or model.config "
+            f"(fcnet_hiddens), or a module of your own (model.module_class)."
+        )
+    return ActorCriticModule(observation_space, action_space, config)

@@ -4,6 +4,8 @@ import gymnasium as gym
 import numpy as np
 
 from rlgate.core.errors import UserError
+from rlgate.core.spaces import flat_size, space_struct
+from rlgate.core.tree import flatten
 from rlgate.models.config import ConvFilter, ModelConfig
 from rlgate.models.distributions import Categorical, DiagGaussian, Distribution, MultiCategorical
 from rlgate.models.networks import CNN, MLP
@@ -18,6 +20,14 @@ DEFAULT_CONV_FILTERS: dict[int, tuple[ConvFilter, ...]] = {
     10: ((16, 5, 2), (32, 5, 2)),
 }
 
+# The most parameters a default model may have. 2**28 float32 values are 1 GiB, some 30,000 times CartPole's
+# model and more than any policy served here needs: past it, a space is the mistake (Discrete(10**9) actions,
+# observations that one-hot into millions of values), and building the model would take minutes and gigabytes.
+MAX_PARAMETERS = 2**28
+
+# The leaf spaces FlattenObservations turns into numbers for the default model (inside Dicts and Tuples).
+_FLATTENED_LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
 
 class UnsupportedSpace(UserError, ValueError):
     """A space the default model cannot take: the env's, so the person running rlgate can fix it (a
@@ -27,6 +37,27 @@ class UnsupportedSpace(UserError, ValueError):
 def encodes(observation_space: gym.Space) -> bool:
     """Whether the default encoders take this space as it is (else: add FlattenObservations first)."""
     return isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) in (1, 3)
+
+
+def check_flattenable(observation_space: gym.Space) -> None:
+    """UnsupportedSpace unless FlattenObservations can make these observations a 1-D Box for the default model:
+    leaves it flattens (Text, Graph, Sequence are not numbers), and no more values than the model may have
+    parameters (its first layer has one per value at least; flattening a sample would allocate them all)."""
+    for leaf in flatten(space_struct(observation_space)):
+        if not isinstance(leaf, _FLATTENED_LEAVES):
+            inside = "" if leaf is observation_space else f" (in {observation_space})"
+            raise UnsupportedSpace(
+                f"The default model does not support the observation space {leaf}{inside}: it takes Box, Discrete, "
+                f"MultiDiscrete and MultiBinary observations, and Dicts and Tuples of them. Turn them into numbers "
+                f"with an env wrapper, or name a module of your own (model.module_class)."
+            )
+    size = flat_size(observation_space)
+    if size > MAX_PARAMETERS:
+        raise UnsupportedSpace(
+            f"The observation space {observation_space} flattens into {size:,} values (Discrete one-hot): the "
+            f"default model's first layer would have more than the {MAX_PARAMETERS:,} (2**28) parameters rlgate "
+            f"builds. Encode the observations more compactly (e.g. integers as a Box, not one-hot)."
+        )
 
 
 def build_encoder(observation_space: gym.Space, config: ModelConfig) -> MLP | CNN:

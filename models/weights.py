@@ -12,11 +12,15 @@ def weights_to_bytes(module: nn.Module) -> bytes:
     return save_safetensors(tensors)
 
 
+class WeightsMismatch(ValueError):
+    """Weights whose tensors are not the module's (names, shapes or dtypes): another model's weights."""
+
+
 def load_weights(module: nn.Module, data: bytes) -> None:
     """Load safetensors bytes into the module in place.
 
-    Raises ValueError, naming the tensors, unless the bytes hold exactly the module's tensors with the
-    same shapes and dtypes; the module is left untouched then.
+    Raises WeightsMismatch (a ValueError), naming the tensors, unless the bytes hold exactly the module's
+    tensors with the same shapes and dtypes; the module is left untouched then.
     """
     try:
         tensors = load_safetensors(data)
@@ -26,11 +30,12 @@ def load_weights(module: nn.Module, data: bytes) -> None:
     missing = sorted(expected.keys() - tensors.keys())
     unexpected = sorted(tensors.keys() - expected.keys())
     if missing or unexpected:
-        raise ValueError(f"Weights do not fit the module: missing keys {missing}, unexpected {unexpected}")
+        said = [f"missing {missing}" if missing else "", f"unexpected {unexpected}" if unexpected else ""]
+        raise WeightsMismatch(f"Weights do not fit the module: tensors {', '.join(filter(None, said))}")
     for name, want in expected.items():  # the module's order: the first mismatch named is deterministic
         tensor = tensors[name]
         if tensor.shape != want.shape or tensor.dtype != want.dtype:
-            raise ValueError(
+            raise WeightsMismatch(
                 f"Weights do not fit the module: {name!r} is {tensor.dtype}{list(tensor.shape)}, "
                 f"the module has {want.dtype}{list(want.shape)}"
             )

@@ -125,17 +125,18 @@ class Policy:
         """The policy in a checkpoint directory (or the newest in a folder of them). Code its run spec names
         (connector pieces, a model class) is imported only from the modules in `allow_import`."""
         found = checkpoint.load(Path(path))
-        return cls(
-            found.spec,
-            found.observation_space,
-            found.action_space,
-            weights=found.weights,
-            connector_state=found.connector_state,
-            version=found.version,
-            imports=ImportPolicy(allow_import),
-            device=device,
-            seed=seed,
-        )
+        with found.loading_weights():
+            return cls(
+                found.spec,
+                found.observation_space,
+                found.action_space,
+                weights=found.weights,
+                connector_state=found.connector_state,
+                version=found.version,
+                imports=ImportPolicy(allow_import),
+                device=device,
+                seed=seed,
+            )
 
     @classmethod
     def from_learner(

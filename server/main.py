@@ -115,8 +115,8 @@ class InferenceServer:
                 if found.spec.multi_agent
                 else {"weights": found.weights}
             )
-            self._set_policy(
-                await self._new_policy(
+            with found.loading_weights():
+                policy = await self._new_policy(
                     found.spec,
                     found.observation_space,
                     found.action_space,
@@ -124,7 +124,7 @@ class InferenceServer:
                     version=found.version,
                     **weights,
                 )
-            )
+            self._set_policy(policy)
         elif self.spec is not None and "env" in self.spec.model_fields_set:
             if self.spec.multi_agent:
                 spaces = _agent_dicts(agent_spaces(self.spec.env, self.imports))

@@ -33,6 +33,7 @@ from safetensors.torch import save as save_torch
 
 from rlgate.core import codec
 from rlgate.core.errors import UserError
+from rlgate.models.weights import WeightsMismatch
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import tensor_pb2
 
@@ -54,11 +55,17 @@ class CorruptCheckpoint(UserError, ValueError):
     """A checkpoint file that is missing or does not parse: the message names the file and what is wrong."""
 
 
+class CheckpointMismatch(UserError, ValueError):
+    """A checkpoint's weights that do not fit the model its run spec builds here (weights copied from another
+    run, an edited spec.json): the message names the file and the first tensor that differs."""
+
+
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: plain data, from which a server or learner builds its module."""
 
     version: int
+    directory: Path  # the checkpoint's own folder (v000042), to name its files in errors
     spec: RunSpec
     observation_space: gym.Space  # the env's spaces (the module's follow from the env-to-module pipeline)
     action_space: gym.Space
@@ -71,6 +78,19 @@ class Checkpoint:
     module_weights: dict[str, bytes] | None = None  # multi-agent: per module (weights is then empty)
     module_versions: dict[str, int] | None = None
     module_optimizer_states: dict[str, dict[str, Any]] | None = None
+
+    @contextmanager
+    def loading_weights(self) -> Iterator[None]:
+        """Weights of this checkpoint loaded inside that do not fit their module (load_weights' WeightsMismatch)
+        end as one CheckpointMismatch naming the weights file and what differs."""
+        try:
+            yield
+        except WeightsMismatch as exc:
+            files = "modules/*/weights.safetensors" if self.module_weights is not None else "weights.safetensors"
+            raise CheckpointMismatch(
+                f"checkpoint file {self.directory / files} does not fit the model its spec.json builds: "
+                f"{' '.join(str(exc).split())}"
+            ) from None
 
 
 def save(
@@ -204,6 +224,7 @@ def load(path: Path) -> Checkpoint:
     with _reading(connector_file):
         connector_state = codec.from_value(tensor_pb2.Value.FromString(connector_file.read_bytes()), "connector_state")
     return Checkpoint(
+        directory=found,
         spec=RunSpec.from_json(spec_file.read_text(), str(spec_file)),
         weights=b"" if modules is not None else _weights(found / "weights.safetensors"),
         module_weights=None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -61,12 +62,13 @@ def checked_env(factory: Callable[[], Any], env_id: str) -> CheckedEnv:
 
 class CheckedEnv(gym.Wrapper):
     """An env whose failures say which env and method failed: its own exceptions, results that are not
-    gymnasium's (reset: (obs, info), step: (obs, reward, terminated, truncated, info)), and a Box observation
-    of another shape than its space's (which a vector env would only call "the wrong shape")."""
+    gymnasium's (reset: (obs, info), step: (obs, reward, terminated, truncated, info)), and observations that
+    do not fit its observation space (which a vector env or the server would only call "the wrong shape")."""
 
     def __init__(self, env: gym.Env, env_id: str) -> None:
         super().__init__(env)
         self.env_id = env_id
+        self._misfit = observation_misfit(env.observation_space)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         return self._checked("reset", 2, seed=seed, options=options)
@@ -85,13 +87,78 @@ class CheckedEnv(gym.Wrapper):
                 f"env {self.env_id}: {method}() returned {got}, not the {length} values of gymnasium's API "
                 "(an env written for gym before 0.26?)"
             )
-        space = self.observation_space
-        if isinstance(space, gym.spaces.Box) and np.shape(result[0]) != space.shape:
+        misfit = self._misfit(result[0])
+        if misfit is not None:
             raise EnvError(
-                f"env {self.env_id}: {method}() returned an observation of shape {np.shape(result[0])}, "
-                f"but its observation space is {space}"
+                f"env {self.env_id}: {method}() returned an observation {misfit}, but its observation space is "
+                f"{self.observation_space}"
             )
         return result
+
+
+# What a checker says of an observation: None when it fits, else what is wrong ("of shape (5,)").
+Misfit = Callable[[Any], str | None]
+
+
+def observation_misfit(space: gym.Space, path: str = "") -> Misfit:
+    """A checker of observations of `space`, prepared once: the structure (a Dict's keys, a Tuple's length),
+    each array's shape and a Discrete's value. Cheap enough for every env step (a shape comparison per leaf);
+    bounds and dtypes are the server's to check, where values arrive anyway. Other spaces pass unchecked."""
+    at = f"whose {path} is" if path else "that is"
+    if isinstance(space, gym.spaces.Dict):
+        items = {key: observation_misfit(sub, f"{path}[{key!r}]") for key, sub in space.spaces.items()}
+        keys = set(items)
+
+        def check_dict(value: Any) -> str | None:
+            if not isinstance(value, Mapping):
+                return f"{at} a {type(value).__name__}, not a dict"
+            if value.keys() != keys:
+                return f"{at} a dict of keys {sorted(map(str, value))}, not {sorted(keys)}"
+            for key, check in items.items():
+                misfit = check(value[key])
+                if misfit is not None:
+                    return misfit
+            return None
+
+        return check_dict
+    if isinstance(space, gym.spaces.Tuple):
+        parts = [observation_misfit(sub, f"{path}[{i}]") for i, sub in enumerate(space.spaces)]
+
+        def check_tuple(value: Any) -> str | None:
+            if not isinstance(value, tuple | list) or len(value) != len(parts):
+                got = (
+                    f"{type(value).__name__} of {len(value)}"
+                    if isinstance(value, tuple | list)
+                    else type(value).__name__
+                )
+                return f"{at} a {got}, not a tuple of {len(parts)}"
+            for check, item in zip(parts, value, strict=True):
+                misfit = check(item)
+                if misfit is not None:
+                    return misfit
+            return None
+
+        return check_tuple
+    if isinstance(space, gym.spaces.Discrete):
+        low, high = int(space.start), int(space.start + space.n)
+
+        def check_discrete(value: Any) -> str | None:
+            try:
+                number = operator.index(value)  # int, numpy integers and 0-d integer arrays; not floats
+            except TypeError:
+                return f"{at} {value!r}, not an integer"
+            return None if low <= number < high else f"{at} {number}, outside {space}"
+
+        return check_discrete
+    if isinstance(space, gym.spaces.Box | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        shape, has = space.shape, f"whose {path} has shape" if path else "of shape"
+
+        def check_shape(value: Any) -> str | None:
+            got = np.shape(value)
+            return None if got == shape else f"{has} {got}"
+
+        return check_shape
+    return lambda _value: None
 
 
 def _raised(method: str, error: Exception) -> str:

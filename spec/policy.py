@@ -23,7 +23,7 @@ from rlgate.connectors.builders import (
 )
 from rlgate.connectors.env_to_module import FlattenObservations
 from rlgate.models import ModelConfig, RLModule, build_module, dist_inputs_misfit, load_weights
-from rlgate.models.catalog import encodes
+from rlgate.models.catalog import check_flattenable, encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.run import PieceSpec, RunSpec
 
@@ -100,6 +100,7 @@ def build_env_to_module(
         if spec.model.module_class is None:
             output = ConnectorPipelineV2(obs, act, connectors=list(user)).observation_space
             if not encodes(output):
+                check_flattenable(output)
                 user.append(FlattenObservations())
         return user
 

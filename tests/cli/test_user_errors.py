@@ -6,11 +6,17 @@ import asyncio
 import socket
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 
 from rlgate.core.errors import UserError
+from rlgate.models import weights_to_bytes
 from rlgate.service.process import start_grpc_server
+from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.policy import build_rl_module
+from rlgate.spec.run import RunSpec
 from tests.support.cli import ROOT, rlgate
 
 MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"
@@ -61,11 +67,15 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("learn", *free, "--checkpoint-dir", str(nowhere)): f"no checkpoint in {nowhere} and no run spec",
         ("up", "--num-clients", "0"): "--num-clients: input should be greater than or equal to 1",
         ("up", "--seed", "-1"): "--spec.seed: input should be greater than or equal to 0",
+        ("up", "--run-dir", str(a_file)): f"--run-dir: {is_a_file}",
+        ("up", "--run-dir", str(a_file / "runs")): f"--run-dir {a_file / 'runs'}/CartPole-v1-",
+        ("up", "--stop-return", "nan"): "--stop-return: input should be a finite number (got 'nan')",
+        ("up", "--stop-return", "inf"): "--stop-return: input should be a finite number (got 'inf')",
         # Found before the run starts: the module, not "no reward_threshold".
         ("up", "--env", "nosuchpkg.mod:Foo", "--run-dir", str(tmp_path)): "env.id: cannot import 'nosuchpkg.mod'",
-        # Found by a child (learner or server): its own line, with where its log is.
+        # Found by a child (learner or server): its own line.
         ("up", "--spec.model.module-class", "nosuch.mod:X", "--stop-return", "1", "--run-dir", str(tmp_path)): (
-            "model.module_class: cannot import 'nosuch.mod': No module named 'nosuch' (log: "
+            "model.module_class: cannot import 'nosuch.mod': No module named 'nosuch'"
         ),
         ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
@@ -102,6 +112,74 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
     results = await asyncio.gather(*(rlgate(*args) for args in cases))
     for (args, expected), (code, stderr) in zip(cases.items(), results, strict=True):
         assert expected in one_user_error(code, stderr), (args, stderr)
+
+
+@pytest.mark.timeout(300)
+async def test_up_refuses_spaces_the_default_model_cannot_take_in_one_line(tmp_path: Path) -> None:
+    """Huge spaces are refused before a model is built (it would take minutes and gigabytes); spaces that are not
+    numbers are named, not left to fail deep in numpy."""
+    odd = "tests.support.odd_envs"
+    cases = {
+        "HugeDiscreteActions": "would have 65,000,009,025 parameters, more than the 268,435,456 (2**28) rlgate "
+        "builds: its largest layer, pi.out.weight, is 1000000000 x 64",
+        "HugeMultiDiscreteObservations": "MultiDiscrete([1000000000 1000000000]) flattens into 2,000,000,000 values",
+        "TextObservations": "The default model does not support the observation space Text(1, 8,",
+        "GraphObservations": "The default model does not support the observation space Graph(Box(",
+    }
+    results = await asyncio.gather(
+        *(rlgate("up", "--env", f"{odd}:{env}", "--stop-return", "1", "--run-dir", str(tmp_path)) for env in cases)
+    )
+    for (env, expected), (code, stderr) in zip(cases.items(), results, strict=True):
+        assert expected in one_user_error(code, stderr), (env, stderr)
+
+
+async def test_a_checkpoint_whose_weights_are_another_models_is_one_line_wherever_it_is_loaded(
+    tmp_path: Path,
+) -> None:
+    """Weights of a 64-unit model under a spec.json that says 32 units: eval, serve and a resuming learner
+    name the weights file and the first tensor that differs."""
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    wide = RunSpec.model_validate({"env": {"id": "CartPole-v1"}, "seed": 0})
+    narrow = wide.model_copy(update={"model": wide.model.model_copy(update={"config": {"fcnet_hiddens": [32, 32]}})})
+    directory = checkpoint.save(
+        tmp_path / "checkpoints",
+        version=3,
+        spec=narrow,
+        observation_space=spaces[0],
+        action_space=spaces[1],
+        weights=weights_to_bytes(build_rl_module(wide, *spaces, ImportPolicy())),
+    )
+    free = ("--port", "0", "--http-port", "0")
+    results = await asyncio.gather(
+        rlgate("eval", "--checkpoint", str(tmp_path / "checkpoints"), "--episodes", "1"),
+        rlgate("serve", "--checkpoint", str(tmp_path / "checkpoints"), *free),
+        rlgate("learn", "--checkpoint-dir", str(tmp_path / "checkpoints"), *free),
+    )
+    for code, stderr in results:
+        assert one_user_error(code, stderr) == (
+            f"rlgate: checkpoint file {directory / 'weights.safetensors'} does not fit the model its spec.json "
+            "builds: Weights do not fit the module: 'encoder.hidden.0.weight' is torch.float32[64, 4], the module "
+            "has torch.float32[32, 4]"
+        ), stderr
+
+
+async def test_up_failing_early_removes_only_the_run_directory_it_made(tmp_path: Path) -> None:
+    """A new --run-dir (and its parents) goes again; one that held something before stays as it was."""
+    new, existing = tmp_path / "new" / "runs", tmp_path / "mine"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("keep me\n")
+    bad_env = ("--env", "nosuchpkg.mod:Foo")
+    child_fails = ("--spec.model.module-class", "nosuch.mod:X", "--stop-return", "1")
+    results = await asyncio.gather(
+        rlgate("up", *bad_env, "--run-dir", str(new)),
+        rlgate("up", *bad_env, "--run-dir", str(existing)),
+        rlgate("up", *child_fails, "--run-dir", str(tmp_path / "child")),
+    )
+    for code, stderr in results:
+        one_user_error(code, stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    assert [p.name for p in existing.iterdir()] == ["notes.txt"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")

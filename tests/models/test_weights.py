@@ -60,7 +60,7 @@ def test_rejects_shape_mismatch_naming_the_key() -> None:
 def test_rejects_missing_and_unexpected_keys() -> None:
     shared = build_module(OBS, DISCRETE, ModelConfig(vf_share_layers=True))
     separate = build_module(OBS, DISCRETE)
-    _rejects(separate, weights_to_bytes(shared), r"missing keys \['vf_encoder\.hidden\.0\.bias'")
+    _rejects(separate, weights_to_bytes(shared), r"tensors missing \['vf_encoder\.hidden\.0\.bias'")
     _rejects(shared, weights_to_bytes(separate), r"unexpected \['vf_encoder\.hidden\.0\.bias'")
 
 

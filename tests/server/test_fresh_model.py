@@ -71,6 +71,29 @@ async def test_a_hello_whose_spaces_no_model_can_serve_is_invalid_argument_and_b
         await ok.close()
 
 
+@pytest.mark.parametrize(
+    ("observation_space", "action_space", "what"),
+    [
+        (BOX4, gym.spaces.Discrete(10**9), "would have 65,000,009,025 parameters, more than the 268,435,456"),
+        (gym.spaces.MultiDiscrete([10**9, 10**9]), DISCRETE2, "flattens into 2,000,000,000 values"),
+    ],
+)
+async def test_a_hello_whose_model_would_be_too_large_is_invalid_argument_at_once(
+    server_factory, observation_space, action_space, what
+):
+    """Past --max-fresh-space-size's guard (raised here), the model's own bound refuses it before building."""
+    server = await server_factory(max_fresh_space_size=10**12)
+    raw = RawStream(server)
+    try:
+        await raw.send(hello(observation_space, action_space))
+        code, details = await asyncio.wait_for(raw.status(), 30)
+    finally:
+        await raw.close()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("no model for the hello's spaces: ") and what in details, details
+    assert server.policy is None
+
+
 async def test_the_server_stays_responsive_while_a_fresh_model_builds(server_factory, http_get):
     slow_module.BUILDING.clear()
     slow_module.GO.clear()

@@ -50,3 +50,20 @@ class OldGymApi(Steps):
 
 class NotAnEnv:
     """A class that is no gymnasium env."""
+
+
+class Returns(gym.Env):
+    """An env of `space` whose reset() returns `reset_obs` and whose step() returns `step_obs`."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, space: gym.Space, reset_obs: Any, step_obs: Any) -> None:
+        self.observation_space = space
+        self.reset_obs, self.step_obs = reset_obs, step_obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        return self.reset_obs, {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        return self.step_obs, 0.0, False, False, {}

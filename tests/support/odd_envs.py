@@ -35,3 +35,27 @@ class SequenceObservations(_OddEnv):
     """Observations the wire has no encoding for."""
 
     observation_space = gym.spaces.Sequence(gym.spaces.Box(-1, 1, (2,), np.float32))
+
+
+class HugeDiscreteActions(_OddEnv):
+    """A billion actions: the default model's policy head alone would have 64e9 weights."""
+
+    action_space = gym.spaces.Discrete(10**9)
+
+
+class HugeMultiDiscreteObservations(_OddEnv):
+    """Observations that one-hot into 2e9 values: the model's first layer would be far too large."""
+
+    observation_space = gym.spaces.MultiDiscrete([10**9, 10**9])
+
+
+class TextObservations(_OddEnv):
+    """Observations that are strings: no model of rlgate's takes them."""
+
+    observation_space = gym.spaces.Text(8)
+
+
+class GraphObservations(_OddEnv):
+    """Observations that are graphs: no model of rlgate's takes them."""
+
+    observation_space = gym.spaces.Graph(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(3))
