@@ -22,8 +22,8 @@ $(VENV)/.dev: $(BIN)/python pyproject.toml constraints.txt
 run: $(VENV)/.run
 	$(BIN)/rlgate up --env CartPole-v1
 
-# First the system packages some tests need (.ci/system-packages: chromium, promtool), where this user may
-# install them; without them those tests skip, saying why.
+# First the system packages some tests need (.ci/system-packages: chromium, promtool, node, npm), where this
+# user may install them; without them those tests skip, saying why.
 test:
 	@.ci/system-packages
 	@$(MAKE) --no-print-directory $(VENV)/.dev

@@ -1,4 +1,4 @@
-"""Commands some tests need from the system (chromium, promtool): `.ci/system-packages` installs them."""
+"""Commands some tests need from the system (chromium, promtool, node, npm): `.ci/system-packages` installs them."""
 
 from __future__ import annotations
 
