@@ -20,6 +20,11 @@ from rlgate.learner.learner import Learner
 from rlgate.v1 import learner_pb2
 
 BATCH = 200  # not a multiple of the chunk length: batches split chunks
+# Epochs per update: enough that an update outlasts sampling and shipping much of the next batch (the spool
+# sends every 20 ms), so that sampling during updates shows in the lag on fast cores too. With 2, an update
+# took ~12 ms on a fast Xeon core and the median lag was ~0.33 with overlap or without; with 6, ~30 ms and
+# ~1.0 (with 12, ~1.35: a longer update holds more of the batch after next).
+EPOCHS = 6
 
 
 def get(port: int, path: str) -> dict | None:
@@ -58,7 +63,7 @@ def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(proce
         "learner",
         *("learn", "--env", "CartPole-v1", "--port", learner_port, "--http-port", learner_http),
         *("--checkpoint-dir", tmp_path / "checkpoints", "--spec.algorithm.train-batch-size", BATCH),
-        *("--spec.algorithm.minibatch-size", 100, "--spec.algorithm.num-epochs", 2),
+        *("--spec.algorithm.minibatch-size", 100, "--spec.algorithm.num-epochs", EPOCHS),
         *("--spec.sampling.rollout-fragment-length", 16),
         "--spec.algorithm.overlap-sampling" if overlap else "--no-spec.algorithm.overlap-sampling",
     )
