@@ -55,6 +55,10 @@ class MultiAgentEnvError(ValueError):
     """A multi-agent env step that breaks the episode's rules (e.g. data for an agent that is done)."""
 
 
+class RewardSumNotFinite(MultiAgentEnvError):
+    """An agent's rewards between two of its steps sum to more than float32 holds: a non-finite reward."""
+
+
 def default_agent_to_module_mapping_fn(agent_id: AgentID, episode: MultiAgentEpisode) -> ModuleID:
     """RLlib's default mapping: every agent acts with the one shared module, "default_policy"."""
     return DEFAULT_MODULE_ID
@@ -806,7 +810,7 @@ def _summed(agent_id: AgentID, total: float, reward: float) -> float:
     rewards in, cannot hold the sum (two rewards of 3e38 each would train on inf)."""
     summed = total + reward
     if not finite_as_float32(summed):
-        raise MultiAgentEnvError(
+        raise RewardSumNotFinite(
             f"agent {agent_id!r}: its rewards since its last step sum to {summed:g}, not finite as float32"
         )
     return summed

@@ -22,8 +22,9 @@ import gymnasium as gym
 from rlgate.core.agents_step import AgentsStep
 from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
+from rlgate.core.space_check import NonFiniteError
 from rlgate.episodes import MultiAgentEpisode
-from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEnvError
+from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEnvError, RewardSumNotFinite
 from rlgate.server.session import RECORDED_OUTPUTS
 from rlgate.server.shipping import Chunk, encoded
 
@@ -95,7 +96,7 @@ class MultiAgentSession:
                         extra_model_outputs=self._outputs[i],
                     )
                 except MultiAgentEnvError as exc:
-                    raise CodecError(f"agents[{i}]: {exc}") from exc
+                    raise _step_error(i, exc) from exc
                 completed += episode.agent_steps() - before if self._agent_steps else 1
                 if episode.is_done:
                     self._done.append(episode)
@@ -179,3 +180,13 @@ def _agent_chunks(episode: MultiAgentEpisode) -> list[Chunk]:
     if chunks:
         chunks[0].multi_agent_env_steps = len(episode)
     return encoded(chunks)
+
+
+def _step_error(i: int, exc: MultiAgentEnvError) -> CodecError:
+    """Sub-env i's step that broke its episode's rules, as the stream's error. A reward sum float32 cannot hold
+    is a non-finite reward, counted as one (rlgate_non_finite_rejected_total{field="reward"})."""
+    if not isinstance(exc, RewardSumNotFinite):
+        return CodecError(f"agents[{i}]: {exc}")
+    error = NonFiniteError(f"agents[{i}]: {exc}")
+    error.field = "reward"
+    return error

@@ -201,9 +201,11 @@ async def test_bad_multi_agent_steps_name_the_agent(server_factory, messages, ex
 
 
 async def test_non_finite_agent_values_are_counted_as_single_agent_ones(server_factory):
+    """A NaN observation, an infinite reward, and a reward sum float32 cannot hold (inf once stored)."""
     server = await ma_server(server_factory)
+    overflow = [agents_step({"a": OBS, "b": OBS}), *[agents_step({"b": OBS}, {"a": 3e38, "b": 0.0})] * 2]
     for messages in ([agents_step({"a": np.full(4, np.nan, np.float32)})], [agents_step({"a": OBS}),
-                     agents_step({"a": OBS}, {"a": float("inf")})]):  # fmt: skip
+                     agents_step({"a": OBS}, {"a": float("inf")})], overflow):  # fmt: skip
         stream = RawStream(server)
         for message in [agents_hello(), *messages[:-1]]:
             await stream.send(message)
@@ -212,7 +214,7 @@ async def test_non_finite_agent_values_are_counted_as_single_agent_ones(server_f
         code, _ = await stream.status()
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         await stream.close()
-    assert server.status()["non_finite_rejected"] == {"obs": 1, "reward": 1}
+    assert server.status()["non_finite_rejected"] == {"obs": 1, "reward": 2}
 
 
 async def test_agent_infos_keep_nan_and_infinities_to_the_shipped_chunk(server_factory, tmp_path):
