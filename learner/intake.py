@@ -216,11 +216,11 @@ class Intake:
                 continue
             self._take_chunk(key, episode, server, accepted)
         for table in batch.chunks:
+            if not table.ids:  # an empty table: nothing in it
+                continue
             what = f"a table of {len(table.ids)} chunks from server {server}"
             spaces = self._spaces(observation_space, table.module_id, None, len(table.ids), what)
             if spaces is None:
-                continue
-            if not table.ids:
                 continue
             try:
                 decoded = chunk_table(table, *spaces)
