@@ -93,7 +93,7 @@ class InferenceServer:
             self.metrics,
             self._policy_for,
             self._ship,
-            ships=self.files is not None or self.learner is not None,
+            ships=self._ships,
         )
         self.policy: Policy | MultiAgentPolicy | None = None
         self.batcher: Batcher | None = None
@@ -387,6 +387,10 @@ class InferenceServer:
     def _flush_sessions(self) -> None:
         for session in self.service.sessions.values():
             self._ship(session.flush(), session.spec.explore)
+
+    def _ships(self, explore: bool) -> bool:
+        """Whether anything takes the chunks of a session that explores or not (see `_ship`)."""
+        return self.files is not None or (explore and self.learner is not None)
 
     def _ship(self, chunks: list[Chunk], explored: bool) -> None:
         """Chunks to the episode files, and those sampled exploring to the learner: a greedy session's actions

@@ -67,11 +67,11 @@ class PolicyService:
         get_policy: Callable[[SessionSpec | MultiAgentSessionSpec], Awaitable[tuple[Policy, Batcher]]],
         ship: Callable[[list[Chunk], bool], None],
         *,
-        ships: bool = True,
+        ships: Callable[[bool], bool] = lambda explore: True,
     ) -> None:
         """`ship(chunks, explored)` takes the episode chunks a session produces, and whether it samples exploring
-        (greedy sessions' chunks are no training data); `ships=False`: there is nowhere to ship them, so
-        single-agent sessions build none."""
+        (greedy sessions' chunks are no training data); `ships(explore)` says whether anything takes the chunks
+        of a session that explores or not: where nothing does, single-agent sessions build none."""
         self.settings = settings
         self.metrics = metrics
         self.sessions: dict[str, Session | MultiAgentSession] = {}
@@ -224,7 +224,7 @@ class PolicyService:
             if sampling.batch_mode == "truncate_episodes"
             else None,
             lookback=sampling.episode_lookback_horizon,
-            ships=self._ships,
+            ships=self._ships(spec.explore),
         )
         self.sessions[session.id] = session
         self.metrics.sessions.set(len(self.sessions))

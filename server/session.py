@@ -65,8 +65,9 @@ class Session:
         self, spec: SessionSpec, *, rollout_fragment_length: int | None, lookback: int, ships: bool = True
     ) -> None:
         """`rollout_fragment_length`: cut running episodes every this many steps; None: never (whole episodes).
-        `ships=False` (a server with nowhere to ship to: no learner, no episode files): the cuts are made but
-        no chunk is built, since building one costs more than the step that fills it."""
+        `ships=False` (nothing takes this session's chunks: no episode files, and no learner or a greedy
+        session): the cuts are made but no chunk is built, since building one costs more than the step that
+        fills it."""
         self.id = uuid.uuid4().hex
         self.spec = spec
         self.observation_space = spec.observation_space  # what episodes hold: changed by write-backs

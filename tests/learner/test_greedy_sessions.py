@@ -36,3 +36,27 @@ async def test_a_greedy_clients_episodes_go_to_the_episode_files_but_never_to_th
     assert recorded == {sessions["greedy"], sessions["exploring"]}  # both are in the episode files
     taken = learner.intake.trained | intake_chunks(tmp_path / "checkpoints")  # trained, or kept to train
     assert {key.partition(":")[0].rpartition("-")[0] for key in taken} == {sessions["exploring"]}
+
+
+async def test_without_episode_files_a_greedy_session_builds_no_chunks(learner_settings, server_factory):
+    """Its chunks could only go to the learner, which must not get them: none is built (nor counted shipped)."""
+    learner_server = LearnerServer(learner_settings())
+    await learner_server.start()
+    try:
+        server = await server_factory(learner=f"127.0.0.1:{learner_server.port}", episode_dir=None)
+        greedy = EnvClient(gym.make(ENV), target(server), seed=1, client_id="greedy", explore=False)
+        async with running_client(greedy):
+            await until(lambda: greedy.stats.episodes >= 3, timeout=60)
+        await server.stop()  # would ship the running episode's steps
+        shipped_total = sum(
+            sample.value
+            for metric in server.metrics.registry.collect()
+            if metric.name == "rlgate_episodes"
+            for sample in metric.samples
+            if sample.name == "rlgate_episodes_total"
+        )
+    finally:
+        await learner_server.stop()
+    assert greedy.stats.episodes >= 3
+    assert shipped_total == 0
+    assert learner_server.learner.chunks_accepted == 0
