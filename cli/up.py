@@ -103,15 +103,14 @@ class SpecVariables(EnvSettingsSource):
 def run(settings: UpSettings) -> int:
     """Start everything, show progress, stop at the goal or the step budget; returns the exit code.
 
-    A user error that ends the run removes the run directory again when this invocation created it and it
-    holds nothing worth keeping (no checkpoint, no spooled episodes): a typo leaves no empty runs behind."""
+    A user error that ends the run removes its run directory (always its own) again when it holds nothing worth
+    keeping (no checkpoint, no spooled episodes): a typo leaves no empty runs behind."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", settings.spec.env.id)
-    run_dir = settings.run_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    created = _make_directory(run_dir, "--run-dir")
+    run_dir, created = _new_run_directory(settings.run_dir, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         return _run(settings, run_dir)
     except UserError:
-        if created and not _worth_keeping(run_dir):
+        if not _worth_keeping(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
             for parent in created[1:]:  # the ancestors made for it, deepest first, while empty
                 with contextlib.suppress(OSError):
@@ -119,15 +118,22 @@ def run(settings: UpSettings) -> int:
         raise
 
 
-def _make_directory(path: Path, flag: str) -> list[Path]:
-    """Create `path` and its missing parents; returns the directories created, deepest first (none when it
-    existed). A path through a file, or one that cannot be made, is a UserError naming `flag`."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
+def _new_run_directory(parent: Path, name: str) -> tuple[Path, list[Path]]:
+    """A new directory of this run's own: parent/name, or name-2, name-3, ... where another `up` started in the
+    same second (two runs never share one, and one that fails removes only its own). Returns it and the
+    directories created for it, deepest first. A parent through a file, or one that cannot be made, is a
+    UserError naming --run-dir."""
+    missing = [p for p in (parent, *parent.parents) if not p.exists()]
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            path = parent / (name if n == 1 else f"{name}-{n}")
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
+                return path, [path, *missing]
     except OSError as exc:
-        raise UserError(f"{flag} {path}: cannot create it: {exc.strerror}") from None
-    return missing
+        raise UserError(f"--run-dir {parent / name}: cannot create it: {exc.strerror}") from None
+    raise UserError(f"--run-dir {parent}: 999 runs named {name} already")
 
 
 def _worth_keeping(run_dir: Path) -> bool:

@@ -10,6 +10,7 @@ import gymnasium as gym
 import pytest
 import torch
 
+from rlgate.cli.up import _new_run_directory
 from rlgate.core.errors import UserError
 from rlgate.models import weights_to_bytes
 from rlgate.service.process import start_grpc_server
@@ -180,6 +181,15 @@ async def test_up_failing_early_removes_only_the_run_directory_it_made(tmp_path:
         one_user_error(code, stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
     assert [p.name for p in existing.iterdir()] == ["notes.txt"]
+
+
+def test_runs_started_in_the_same_second_never_share_a_directory(tmp_path: Path) -> None:
+    """Two `up`s of one env in one second: each its own folder (one that fails removes only its own)."""
+    name = "CartPole-v1-20260101-120000"
+    first, created = _new_run_directory(tmp_path / "runs", name)
+    second, created_second = _new_run_directory(tmp_path / "runs", name)
+    assert (first.name, second.name) == (name, f"{name}-2")
+    assert created == [first, tmp_path / "runs"] and created_second == [second]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
