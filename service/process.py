@@ -116,7 +116,10 @@ def ignore_stop_signals() -> None:
     """Ignore SIGTERM and Ctrl-C from now on; call it on the loop that `on_stop_signals` set up, before it ends.
 
     The loop's handlers go while it still runs: a signal that arrives while `asyncio.run` closes the loop would
-    otherwise be written to its closed wakeup pipe, and Python prints a traceback for it to stderr.
+    otherwise be written to its closed wakeup pipe, and Python prints a traceback for it to stderr. Between
+    asyncio's removal (which restores the default action) and SIG_IGN a signal still ends the process, as it
+    did anywhere in the loop's close before: a window of two calls, where a process being stopped has nothing
+    left to lose but its exit status.
     """
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -125,12 +125,10 @@ def observation_misfit(space: gym.Space, path: str = "") -> Misfit:
         parts = [observation_misfit(sub, f"{path}[{i}]") for i, sub in enumerate(space.spaces)]
 
         def check_tuple(value: Any) -> str | None:
-            if not isinstance(value, tuple | list) or len(value) != len(parts):
-                got = (
-                    f"{type(value).__name__} of {len(value)}"
-                    if isinstance(value, tuple | list)
-                    else type(value).__name__
-                )
+            # As gymnasium's Tuple.contains: a tuple, or a list or array of the parts.
+            sequence = isinstance(value, tuple | list) or (isinstance(value, np.ndarray) and value.ndim >= 1)
+            if not sequence or len(value) != len(parts):
+                got = f"{type(value).__name__} of {len(value)}" if sequence else type(value).__name__
                 return f"{at} a {got}, not a tuple of {len(parts)}"
             for check, item in zip(parts, value, strict=True):
                 misfit = check(item)

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -51,8 +52,8 @@ def node_client() -> tuple[str, Path]:
     folder = CACHE / key
     if not (folder / ".installed").exists():
         CACHE.mkdir(parents=True, exist_ok=True)
-        for stale in CACHE.iterdir():  # installs of earlier locks
-            if stale.is_dir() and not stale.name.startswith("."):
+        for stale in CACHE.iterdir():  # installs of earlier locks, and installs cut short over an hour ago
+            if stale.is_dir() and stale != folder and (not stale.name.startswith(".") or _older_than_an_hour(stale)):
                 shutil.rmtree(stale, ignore_errors=True)
         # Installed beside the target, then renamed into place: a cut-short `npm ci` leaves no half install.
         work = Path(tempfile.mkdtemp(prefix=".install-", dir=CACHE))
@@ -72,11 +73,23 @@ def node_client() -> tuple[str, Path]:
                     pytest.skip(f"`npm ci` in clients/node cannot reach the npm registry: {said}")
                 pytest.fail(f"`npm ci` in clients/node failed: {output[-3000:]}")
             (work / ".installed").touch()
-            work.rename(folder)
+            try:
+                work.rename(folder)
+            except OSError:  # another pytest run in this checkout installed the same lock meanwhile
+                if not (folder / ".installed").exists():
+                    raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    shutil.copy(CLIENT / "client.mjs", folder / "client.mjs")  # beside its node_modules, as ES imports need
+    # Beside its node_modules, as ES imports need; replaced whole, so a client another run has started reads
+    # the file it started with.
+    copy = folder / f".client-{os.getpid()}.mjs"
+    shutil.copy(CLIENT / "client.mjs", copy)
+    os.replace(copy, folder / "client.mjs")
     return node, folder
+
+
+def _older_than_an_hour(path: Path) -> bool:
+    return time.time() - path.stat().st_mtime > 3600
 
 
 async def run_client(node_client: tuple[str, Path], port: int, *args: str) -> dict:

@@ -60,3 +60,19 @@ def test_observations_that_fit_pass_unchanged() -> None:
     env = checked_env(lambda: Returns(NESTED, nested(), nested(kind=np.int64(2))), "x")
     assert env.reset(seed=0)[0]["parts"][0] == 1
     assert env.step(0)[0]["parts"][0] == 2
+
+
+@pytest.mark.parametrize(
+    ("space", "observation"),
+    [
+        (gym.spaces.Tuple([gym.spaces.Discrete(3)] * 2), np.array([0, 2])),  # gymnasium's Tuple takes arrays
+        (gym.spaces.Tuple([BOX2, BOX2]), [np.zeros(2, np.float32), np.ones(2, np.float32)]),
+        (gym.spaces.Discrete(2), np.array(1)),
+        (gym.spaces.Discrete(2), True),
+        (BOX2, [0.5, -0.5]),
+    ],
+)
+def test_what_gymnasiums_spaces_contain_passes(space, observation) -> None:
+    assert space.contains(observation)
+    env = checked_env(lambda: Returns(space, observation, observation), "x")
+    assert env.step(0)[0] is observation
