@@ -20,11 +20,12 @@ from rlgate.learner.learner import Learner
 from rlgate.v1 import learner_pb2
 
 BATCH = 200  # not a multiple of the chunk length: batches split chunks
-# Epochs per update: enough that an update outlasts sampling and shipping much of the next batch (the spool
-# sends every 20 ms), so that sampling during updates shows in the lag on fast cores too. With 2, an update
-# took ~12 ms on a fast Xeon core and the median lag was ~0.33 with overlap or without; with 6, ~30 ms and
-# ~1.0 (with 12, ~1.35: a longer update holds more of the batch after next).
-EPOCHS = 6
+# Epochs per update: enough that an update outlasts sampling and shipping the next batch (the spool sends
+# every 20 ms) on a fast core too, so that sampling during updates shows in the lag. With 2, an update took
+# ~12 ms on a fast Xeon core and the median lag was ~0.33 with overlap or without; with 4, 0.48 or 1.0; with 6,
+# ~1.0. Longer updates only approach the lag's ceiling, ~1.35 (12 epochs here, and 24, 48: what the server holds
+# past the batch's room trains one update later), so slow machines stay under 1.5.
+EPOCHS = 12
 UPDATES = 12  # the lags' median is over the updates after the first two
 
 
