@@ -45,7 +45,9 @@ class NonFiniteError(CodecError):
     `field` is the column it was found in (the SpaceCheck's path: "obs", "reward").
     """
 
-    field = ""
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class SpaceCheck:

@@ -185,8 +185,6 @@ def _agent_chunks(episode: MultiAgentEpisode) -> list[Chunk]:
 def _step_error(i: int, exc: MultiAgentEnvError) -> CodecError:
     """Sub-env i's step that broke its episode's rules, as the stream's error. A reward sum float32 cannot hold
     is a non-finite reward, counted as one (rlgate_non_finite_rejected_total{field="reward"})."""
-    if not isinstance(exc, RewardSumNotFinite):
-        return CodecError(f"agents[{i}]: {exc}")
-    error = NonFiniteError(f"agents[{i}]: {exc}")
-    error.field = "reward"
-    return error
+    if isinstance(exc, RewardSumNotFinite):
+        return NonFiniteError(f"agents[{i}]: {exc}", "reward")
+    return CodecError(f"agents[{i}]: {exc}")

@@ -87,6 +87,4 @@ class StepDecoder:
 
 
 def _with_hint(exc: NonFiniteError) -> NonFiniteError:
-    hinted = NonFiniteError(str(exc) + _INFINITE_HINT)
-    hinted.field = exc.field
-    return hinted
+    return NonFiniteError(str(exc) + _INFINITE_HINT, exc.field)
