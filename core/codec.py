@@ -105,7 +105,17 @@ def from_tensor(tensor: pb.Tensor, path: str = "tensor") -> np.ndarray:
         raise CodecError(
             f"{path}: {len(data)} data bytes != {count * dtype.itemsize} for shape {shape} of {dtype.name}"
         )
+    if dtype.kind == "b":
+        check_bool_bytes(data, path)
     return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def check_bool_bytes(data: bytes, path: str) -> None:
+    """The contract's bool is one byte, 0 or 1. numpy reads any other byte as True, but keeps it: it would
+    travel on into episodes, episode files and other languages' readers as itself, so it is refused here."""
+    if data.translate(None, b"\x00\x01"):
+        index = next(i for i, byte in enumerate(data) if byte > 1)
+        raise CodecError(f"{path}: bool byte {data[index]} at byte {index}: a bool is one byte, 0 or 1")
 
 
 # --- nested values ----------------------------------------------------------------------------------

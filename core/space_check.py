@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlgate.core.codec import DTYPES, CodecError, wire_code
+from rlgate.core.codec import DTYPES, CodecError, check_bool_bytes, wire_code
 from rlgate.v1 import tensor_pb2 as pb
 
 # Leaves with at most this many elements are tested in Python (see the module docstring).
@@ -101,6 +101,7 @@ class FlagsCheck:
         if len(data) != rows:
             raise CodecError(f"{path}: {len(data)} data bytes != {rows} for shape ({rows},) of bool")
         if data != self._last_data:
+            check_bool_bytes(data, path)
             self._last_data, self._last = data, np.ndarray((rows,), np.bool_, data)
         return self._last
 
@@ -200,6 +201,8 @@ class _Leaf:
             )
         if data == self._last_data and code == self._last_code:  # as the previous message's (rewards, often)
             return self._last
+        if dtype.kind == "b":
+            check_bool_bytes(data, self._path)
         array = np.ndarray(shape, dtype, data)  # read-only, on the message's bytes
         if dtype is self.dtype:
             if not self._unbounded:

@@ -128,6 +128,7 @@ def test_big_endian_and_non_contiguous_input_encode_as_little_endian_c_order():
         (pb.Tensor(dtype=pb.DTYPE_INT8, shape=[1 << 20, 1 << 20], data=b""), "more than"),
         (pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[0, 2**62], data=b""), "more than"),  # numpy: "array is too big"
         (pb.Tensor(dtype=pb.DTYPE_INT8, shape=[1] * 33, data=b"\0"), "33 dimensions"),
+        (pb.Tensor(dtype=pb.DTYPE_BOOL, shape=[3], data=b"\1\0\2"), "bool byte 2 at byte 2: a bool is one byte"),
     ],
 )
 def test_malformed_tensors_are_rejected_with_a_reason(tensor, message):

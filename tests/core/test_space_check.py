@@ -136,6 +136,21 @@ def test_flags_must_be_bool_of_one_per_row():
         flags.decode_tensor(codec.to_tensor(np.zeros(3, bool)), 2)
     with pytest.raises(CodecError, match=r"^terminated: 1 data bytes != 2"):
         flags.decode_tensor(pb.Tensor(dtype=pb.DTYPE_BOOL, shape=[2], data=b"\1"), 2)
+    with pytest.raises(CodecError, match=r"^terminated: bool byte 255 at byte 1: a bool is one byte, 0 or 1$"):
+        flags.decode_tensor(pb.Tensor(dtype=pb.DTYPE_BOOL, shape=[2], data=b"\1\xff"), 2)
+
+
+@pytest.mark.parametrize(
+    "space", [gym.spaces.MultiBinary(3), gym.spaces.Box(0, 1, (3,), np.bool_)], ids=["multibinary", "bool-box"]
+)
+def test_bool_values_must_be_bytes_0_or_1(space):
+    """numpy reads a byte of 2 as True but keeps it: it would reach episodes as itself."""
+    check = SpaceCheck(space)
+    good = pb.Value(tensor=pb.Tensor(dtype=pb.DTYPE_BOOL, shape=[1, 3], data=b"\1\0\1"))
+    np.testing.assert_array_equal(check.decode(good, 1), [[1, 0, 1]])
+    bad = pb.Value(tensor=pb.Tensor(dtype=pb.DTYPE_BOOL, shape=[1, 3], data=b"\1\2\1"))
+    with pytest.raises(CodecError, match=r"^obs: bool byte 2 at byte 1: a bool is one byte, 0 or 1$"):
+        check.decode(bad, 1)
 
 
 def test_space_differences_name_only_the_differing_fields():

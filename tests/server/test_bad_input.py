@@ -89,6 +89,15 @@ CASES = {
         INVALID,
         "reward: dtype unset (DTYPE_UNSPECIFIED) does not fit Box of float32 (send a float)",
     ),
+    "terminated byte neither 0 nor 1": (
+        [
+            hello(),
+            step(GOOD_OBS),
+            step(GOOD_OBS, terminated=tensor_pb2.Tensor(dtype=tensor_pb2.DTYPE_BOOL, shape=[1], data=b"\x02")),
+        ],
+        INVALID,
+        "terminated: bool byte 2 at byte 0: a bool is one byte, 0 or 1",
+    ),
     "step before hello": ([step(GOOD_OBS)], PRECONDITION, "step before hello"),
     "close before hello": ([pb.ClientMessage(close=pb.Close())], PRECONDITION, "close before hello"),
     "hello twice": ([hello(), hello()], PRECONDITION, "hello sent twice"),

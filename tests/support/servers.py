@@ -131,14 +131,16 @@ def hello(
 
 
 def step(obs: Any, n: int = 1, reward: Any = None, terminated: Any = None) -> pb.ClientMessage:
-    """A step message; `reward` may be an array or a ready Tensor message (to send malformed ones)."""
+    """A step message; `reward` and `terminated` may be arrays or ready Tensor messages (to send malformed ones)."""
     if not isinstance(reward, tensor_pb2.Tensor):
         reward = codec.to_tensor(np.zeros(n) if reward is None else reward)
+    if not isinstance(terminated, tensor_pb2.Tensor):
+        terminated = codec.to_tensor(np.zeros(n, bool) if terminated is None else terminated)
     return pb.ClientMessage(
         step=pb.Step(
             obs=codec.to_value(obs),
             reward=reward,
-            terminated=codec.to_tensor(np.zeros(n, bool) if terminated is None else terminated),
+            terminated=terminated,
             truncated=codec.to_tensor(np.zeros(n, bool)),
         )
     )
