@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -212,10 +213,8 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
                 if learner["mean_return"] is not None:
                     mean_return = float(learner["mean_return"])
                 by_module = "".join(f", {m} {r:.2f}" for m, r in learner.get("module_mean_returns", {}).items())
-                version = learner["model_version"]
-                progress.show(
-                    steps, elapsed, f"mean return {mean_return:.1f}{by_module} ({episodes} episodes), model v{version}"
-                )
+                returns = f"mean return {mean_return:.1f}{by_module} ({episodes} episodes)" if episodes else None
+                progress.show(steps, elapsed, f"{returns or 'no episode ended yet'}, model v{learner['model_version']}")
                 if episodes >= WINDOW and mean_return >= stop_return:
                     code = 0
                     break
@@ -232,6 +231,8 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
     print(f"checkpoint: {run_dir / 'checkpoints'}")
     if code == 0:
         print(f"reached return {mean_return:.1f} at {steps} env steps in {elapsed:.1f} s")
+    elif math.isnan(mean_return):
+        print(f"stopped after {steps} env steps in {elapsed:.1f} s, before any episode ended")
     else:
         print(f"stopped at return {mean_return:.1f} after {steps} env steps in {elapsed:.1f} s")
     return code

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,23 @@ class InfObs(gym.Env):
     def step(self, action):
         self.t += 1
         return np.array([np.inf, self.t], np.float32), float(action), False, self.t >= 10, {}
+"""
+
+NEVER_ENDS = """
+import gymnasium as gym
+import numpy as np
+
+
+class NeverEnds(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, {}
 """
 
 
@@ -81,6 +99,15 @@ def test_a_spec_that_allows_infinite_observations_lets_them_through_the_server(t
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert code == 1 and "stopped at return" in out, out + err  # the step budget, not a client refused
     assert "is not finite" not in (run_dir / "envs.log").read_text()
+
+
+def test_a_run_stopped_before_any_episode_ended_says_so(tmp_path: Path) -> None:
+    """Not "return nan": no return was measured."""
+    (tmp_path / "never.py").write_text(NEVER_ENDS)
+    code, out, err = up(tmp_path, "--env", "never:NeverEnds", "--stop-return", "1", "--max-steps", "300")
+    assert code == 1, out + err
+    assert re.search(r"^stopped after \d+ env steps in [\d.]+ s, before any episode ended$", out, re.M), out
+    assert "nan" not in out, out
 
 
 def test_spec_variables_set_the_run_spec_of_up_and_of_every_process(tmp_path: Path) -> None:
