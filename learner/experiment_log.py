@@ -44,6 +44,7 @@ COLUMNS: dict[str, str | None] = {
     "staleness": "data/staleness",
     "stale_steps": "data/stale_steps",
     "stale_steps_total": "data/stale_steps_total",
+    "steps_in_during_update": "data/steps_in_during_update",
 }
 
 PROGRESS = "progress.csv"

@@ -162,6 +162,7 @@ class Learner:
         self.progress.episodes_finished(self.intake.take_finished(), self.env_steps_received())
         self.servers = Servers()  # the inference servers that report to this learner
         self.updating_since: float | None = None  # when the update in progress started (time.time())
+        self._steps_in_while_updating = 0  # env steps the intake took while the update in progress trained
         self._published = asyncio.Condition()
         # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
         self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-trainer")
@@ -191,7 +192,10 @@ class Learner:
         """
         async with self._intake_changed:
             await self._intake_changed.wait_for(lambda: self._room() > 0)
+            pending = self.intake.pending_steps
             ack = self.intake.accept(batch)
+            if self.updating_since is not None:
+                self._steps_in_while_updating += self.intake.pending_steps - pending
             ack.room = self._room()
             self._intake_changed.notify_all()
         if batch.HasField("connector_state"):
@@ -274,7 +278,7 @@ class Learner:
             self._intake_changed.notify_all()  # room for the next batch, sampled while this one trains
         self.metrics.pending_steps.set(self.intake.pending_steps)
         started = time.perf_counter()
-        self.updating_since = time.time()
+        self.updating_since, self._steps_in_while_updating = time.time(), 0
         try:
             stats = await self._in_trainer_thread(self.trainer.update, episodes)
         except Exception:  # e.g. a user's learner piece failing: say so, keep the service (and the rest) alive
@@ -288,6 +292,8 @@ class Learner:
                 self._intake_changed.notify_all()
         self.failed_updates_in_a_row = 0
         seconds = time.perf_counter() - started
+        # With overlap_sampling, the next batch's sampling overlapping this update; 0 without (nothing is taken).
+        stats["steps_in_during_update"] = self._steps_in_while_updating
         self.last_update = {**stats, "seconds": seconds, "version": self.trainer.version}
         if "skipped" in stats:
             self.skipped_updates += 1
