@@ -18,6 +18,9 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
   successor (RLlib drops the step and restarts the agent as if it had just appeared). Each agent's
   successor SingleAgentEpisode keeps its id and takes `chunk_index + 1`.
 - `get_truncateds()["__all__"]` is `is_truncated` (RLlib reports `is_terminated` there).
+- When the last agents leave, each keeps its own flags (and gets those of `"__all__"` the env sent): RLlib
+  also marks the episode terminated then, and passes that on to every agent in the step, so an agent only
+  truncated (a time limit) became terminated as well, and its value was not bootstrapped.
 - With `env_steps=False` the hanging value counts for every index form (RLlib drops it for indices=None).
 - The constructor takes no per-env-step lists (build episodes with `add_env_reset` / `add_env_step`, or
   from agent episodes); `slice()` works per agent on env-step boundaries (see its docstring).
@@ -141,8 +144,8 @@ class MultiAgentEpisode:
         infos, extra_model_outputs = infos or {}, extra_model_outputs or {}
         terminateds, truncateds = terminateds or {}, truncateds or {}
         self.env_t += 1
-        self.is_terminated = bool(terminateds.get(ALL, False))
-        self.is_truncated = bool(truncateds.get(ALL, False))
+        all_terminated, all_truncated = bool(terminateds.get(ALL, False)), bool(truncateds.get(ALL, False))
+        self.is_terminated, self.is_truncated = all_terminated, all_truncated
         done = {a for a, e in self.agent_episodes.items() if e.is_done}
         done |= {a for flags in (terminateds, truncateds) for a, flag in flags.items() if flag and a != ALL}
         if self.agent_episodes and all(a in done for a in self.agent_episodes):
@@ -160,8 +163,10 @@ class MultiAgentEpisode:
                 actions,
                 rewards,
                 infos.get(agent_id),
-                bool(terminateds.get(agent_id, False)) or self.is_terminated,
-                bool(truncateds.get(agent_id, False)) or self.is_truncated,
+                # The env's "__all__" flags, not the episode's: an agent truncated as the last ones leave stays
+                # truncated (RLlib would mark it terminated too, and its value would not be bootstrapped).
+                bool(terminateds.get(agent_id, False)) or all_terminated,
+                bool(truncateds.get(agent_id, False)) or all_truncated,
                 extra_model_outputs.get(agent_id),
             )
         self._last_step_time = time.perf_counter()

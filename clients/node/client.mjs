@@ -7,6 +7,17 @@
 // sub-env, plays --episodes CartPole-v1 episodes on its own JavaScript CartPole, sends Close and prints a
 // JSON summary on stdout. "wrong-spaces" mode sends a hello whose observation space is float64 (a common
 // JavaScript slip: numbers are doubles) and prints the final status the server ends the stream with.
+//
+//   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game cartpole --envs 2 --episodes 6
+//   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game tictactoe --envs 3 --episodes 6
+//   node client.mjs --server 127.0.0.1:50051 --mode multi-agent-script --case no-all
+//
+// "multi-agent" mode opens a multi-agent session (README, "Multi-agent sessions") on a server whose run spec
+// has a [multi_agent] section and plays until --episodes episodes ended in its --envs sub-envs: "cartpole"
+// is examples/multi_agent_cartpole.py's game (two poles, agents leave as their poles fall or time out,
+// --max-episode-steps), "tictactoe" PettingZoo's tictactoe_v3 (examples/tictactoe.toml), turn by turn. Its
+// summary holds each agent's actions, rewards and flags per episode. "multi-agent-script" sends one of a few
+// fixed step sequences on multi-agent CartPole, most of them malformed, and prints the final status.
 // Exit status: 0 when the run went as the README says, 1 otherwise (the reason on stderr).
 
 import path from "node:path";
@@ -21,8 +32,12 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 const { values: args } = parseArgs({
   options: {
     server: { type: "string", default: "127.0.0.1:50051" },
-    mode: { type: "string", default: "run" }, // run | wrong-spaces
+    mode: { type: "string", default: "run" }, // run | wrong-spaces | multi-agent | multi-agent-script
     episodes: { type: "string", default: "3" },
+    game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
+    envs: { type: "string", default: "2" }, // multi-agent modes: sub-envs in the stream
+    "max-episode-steps": { type: "string", default: "500" }, // multi-agent cartpole: each pole's time limit
+    case: { type: "string" }, // multi-agent-script: which messages to send
     seed: { type: "string", default: "0" },
     token: { type: "string" }, // the server's --token, sent as `authorization: Bearer <token>`
     "proto-dir": { type: "string", default: path.join(HERE, "..", "..", "proto") },
@@ -342,9 +357,426 @@ async function wrongSpaces() {
   return { code: answer.code, code_name: grpc.status[answer.code], details: answer.details };
 }
 
-const modes = { run, "wrong-spaces": wrongSpaces };
+// ===================================================================================================
+// Multi-agent sessions (README, "Multi-agent sessions"): the hello declares every agent with its spaces
+// (`agents`, no observation_space/action_space); each step carries one AgentsStep per sub-env, keyed by
+// agent id; each answer one AgentActions per sub-env, with exactly the agents that observed and are not
+// done. Values are unbatched: one agent's observation or action, without the leading axis N.
+// ===================================================================================================
+
+function int8Tensor(values, shape) {
+  const view = new DataView(new ArrayBuffer(values.length));
+  values.forEach((v, i) => view.setInt8(i, v));
+  return { dtype: "DTYPE_INT8", shape, data: Buffer.from(view.buffer) };
+}
+
+// One agent's action from an answer: an integer tensor of shape [] (a Discrete action, unbatched).
+function readAction(value, agent) {
+  if (value.kind !== "tensor") throw new Error(`the action of ${agent} is a ${value.kind}, not a tensor`);
+  const shape = value.tensor.shape.map(Number);
+  if (shape.length !== 0) throw new Error(`the action of ${agent} has shape [${shape}], not [] (unbatched)`);
+  return readIntegers(value.tensor)[0];
+}
+
+// Multi-agent CartPole, the repository's examples/multi_agent_cartpole.py as its ParallelEnv behaves: one
+// CartPole-v1 per agent ("agent_0", "agent_1", ...), all acting every step; an agent whose pole falls
+// (terminated) or reaches the time limit (truncated) leaves, and the episode ends when every agent has left.
+class MultiAgentCartPole {
+  constructor(seed, { numAgents = 2, maxSteps = CartPole.MAX_STEPS } = {}) {
+    this.possibleAgents = Array.from({ length: numAgents }, (_, i) => `agent_${i}`);
+    this.poles = Object.fromEntries(this.possibleAgents.map((a, i) => [a, new CartPole(seed + i)]));
+    this.maxSteps = maxSteps;
+    this.agents = [];
+  }
+
+  static spaces() {
+    return cartpoleSpaces(float32Tensor);
+  }
+
+  value(obs) {
+    return { tensor: float32Tensor(obs, [4]) }; // unbatched: [4], not [1, 4]
+  }
+
+  reset() {
+    this.agents = [...this.possibleAgents];
+    const obs = {};
+    const infos = {};
+    for (const agent of this.agents) {
+      obs[agent] = this.value(this.poles[agent].reset());
+      infos[agent] = { steps: 0 };
+    }
+    return { obs, infos };
+  }
+
+  // actions: agent -> action for every agent still in the env. Like a ParallelEnv's step: every such agent's
+  // observation, reward and flags (a leaving agent's observation is its final one).
+  step(actions) {
+    const out = { obs: {}, rewards: {}, terminateds: {}, truncateds: {}, infos: {} };
+    for (const agent of this.agents) {
+      const pole = this.poles[agent];
+      const { obs, reward, terminated } = pole.step(actions[agent]);
+      out.obs[agent] = this.value(obs);
+      out.rewards[agent] = reward;
+      out.terminateds[agent] = terminated;
+      out.truncateds[agent] = pole.steps >= this.maxSteps; // gymnasium's TimeLimit (both may be true)
+      out.infos[agent] = { steps: pole.steps };
+    }
+    this.agents = this.agents.filter((a) => !(out.terminateds[a] || out.truncateds[a]));
+    return out;
+  }
+}
+
+// Tic-tac-toe as PettingZoo's classic tictactoe_v3 plays it (an AEC env: the players take turns), sent as the
+// README says turn-based envs are: one acting agent per step. "player_1" (X) opens. Each player observes a
+// Dict {action_mask: int8 [9], observation: int8 [3, 3, 2]} (plane 0 its own marks, plane 1 the opponent's;
+// the mask holds the empty squares for the player whose turn it is, zeros for the other) and plays
+// Discrete(9), the square's index. A win pays +1 to the winner and -1 to the loser, a draw 0 to both, a move
+// otherwise 0.
+const LINES = [
+  [0, 1, 2],
+  [3, 4, 5],
+  [6, 7, 8],
+  [0, 3, 6],
+  [1, 4, 7],
+  [2, 5, 8],
+  [0, 4, 8],
+  [2, 4, 6],
+];
+
+class TicTacToe {
+  constructor() {
+    this.possibleAgents = ["player_1", "player_2"];
+    this.agents = [];
+  }
+
+  static spaces() {
+    const box = (shape) => {
+      const size = shape.reduce((n, d) => n * d, 1);
+      const filled = (v) => int8Tensor(new Array(size).fill(v), shape);
+      return { box: { low: filled(0), high: filled(1) } }; // int8 bounds of the full shape
+    };
+    // A Dict's entries in gymnasium's order: its keys sorted.
+    const dict = { entries: [{ key: "action_mask", space: box([9]) }, { key: "observation", space: box([3, 3, 2]) }] };
+    return { observation_space: { dict }, action_space: { discrete: { n: 9, start: 0 } } };
+  }
+
+  observe(agent) {
+    const me = this.possibleAgents.indexOf(agent) + 1;
+    const planes = [];
+    for (let square = 0; square < 9; square++) {
+      // [3, 3, 2] in C order: square (row, column) = (square / 3, square % 3) as PettingZoo reshapes its board.
+      planes.push(this.board[square] === me ? 1 : 0, this.board[square] === 3 - me ? 1 : 0);
+    }
+    const toMove = this.possibleAgents[this.turn % 2]; // also once the game is over, as PettingZoo's does
+    const mask = this.board.map((mark) => (agent === toMove && mark === 0 ? 1 : 0));
+    return {
+      dict: {
+        items: {
+          action_mask: { tensor: int8Tensor(mask, [9]) },
+          observation: { tensor: int8Tensor(planes, [3, 3, 2]) },
+        },
+      },
+    };
+  }
+
+  reset() {
+    this.board = new Array(9).fill(0);
+    this.turn = 0;
+    this.agents = [...this.possibleAgents];
+    return { obs: { player_1: this.observe("player_1") }, infos: { player_1: { turn: 0 } } };
+  }
+
+  winner() {
+    for (const [a, b, c] of LINES) {
+      const mark = this.board[a];
+      if (mark !== 0 && this.board[b] === mark && this.board[c] === mark) return mark;
+    }
+    return 0;
+  }
+
+  // actions: {player to move: square}. The mover's reward (0 unless the move ends the game) goes with the next
+  // player's observation, so that no player observes again with no reward since its move (README).
+  step(actions) {
+    const mover = this.possibleAgents[this.turn % 2];
+    const square = actions[mover];
+    if (Object.keys(actions).length !== 1 || square === undefined) {
+      throw new Error(`actions for ${Object.keys(actions)}, not for ${mover} alone`);
+    }
+    if (!(square >= 0 && square < 9 && this.board[square] === 0)) throw new Error(`${mover} played ${square}: illegal`);
+    this.board[square] = this.turn % 2 === 0 ? 1 : 2;
+    this.turn += 1;
+    const won = this.winner();
+    const next = this.possibleAgents[this.turn % 2];
+    if (won === 0 && this.turn < 9) {
+      return {
+        obs: { [next]: this.observe(next) },
+        rewards: { [mover]: 0 },
+        terminateds: {},
+        truncateds: {},
+        infos: { [next]: { turn: this.turn } },
+      };
+    }
+    // Game over: both players' final observations, rewards and terminated flags.
+    const out = { obs: {}, rewards: {}, terminateds: {}, truncateds: {}, infos: {} };
+    for (const [i, agent] of this.possibleAgents.entries()) {
+      out.obs[agent] = this.observe(agent);
+      out.rewards[agent] = won === 0 ? 0 : won === i + 1 ? 1 : -1;
+      out.terminateds[agent] = true;
+      out.truncateds[agent] = false;
+      out.infos[agent] = { turn: this.turn };
+    }
+    this.agents = [];
+    return out;
+  }
+}
+
+const GAMES = {
+  cartpole: {
+    type: MultiAgentCartPole,
+    make: (seed) => new MultiAgentCartPole(seed, { maxSteps: Number(args["max-episode-steps"]) }),
+    maxLength: () => Number(args["max-episode-steps"]),
+  },
+  tictactoe: { type: TicTacToe, make: () => new TicTacToe(), maxLength: () => 9 },
+};
+
+function agentSpaces(game, agents) {
+  return agents.map((agent_id) => ({ agent_id, ...game.type.spaces() }));
+}
+
+// One sub-env's AgentsStep. "__all__" is in both flag maps of every AgentsStep, reset ones too (required).
+// When the episode is over it says how, as RLlib's ParallelPettingZooEnv does: terminated when every agent
+// that ends in this step ended terminated, truncated when every one ended truncated. Where they ended
+// differently (a pole falls as the other one's time runs out) both are false: every agent is done, which
+// ends the episode too, and each agent keeps its own flags.
+function agentsStep({ obs, rewards = {}, terminateds = {}, truncateds = {}, infos = {} }, over) {
+  const ending = Object.keys(obs).filter((agent) => terminateds[agent] || truncateds[agent]);
+  return {
+    obs,
+    rewards,
+    terminateds: { ...terminateds, __all__: over && ending.every((agent) => terminateds[agent]) },
+    truncateds: { ...truncateds, __all__: over && ending.every((agent) => truncateds[agent]) },
+    infos: Object.fromEntries(Object.entries(infos).map(([agent, numbers]) => [agent, struct(numbers)])),
+  };
+}
+
+async function multiAgent() {
+  const game = GAMES[args.game];
+  if (game === undefined) fail(`--game is one of ${Object.keys(GAMES).join(", ")}`);
+  const numEnvs = Number(args.envs);
+  const health = await checkHealth(args.server);
+  if (Object.values(health).some((s) => s !== "SERVING")) fail(`health: ${JSON.stringify(health)}`);
+
+  const seed = Number(args.seed);
+  const slots = Array.from({ length: numEnvs }, (_, i) => ({ index: i, env: game.make(seed + 1000 * i) }));
+  const client = new PolicyService(args.server, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+  const stream = openStream(client);
+  stream.write({
+    hello: {
+      client_id: `node-${args.game}`,
+      agents: agentSpaces(game, slots[0].env.possibleAgents),
+      num_envs: numEnvs,
+      explore: true,
+    },
+  });
+  const welcome = await stream.read();
+  if (welcome.kind !== "welcome") fail(`the first answer is ${welcome.kind}, not welcome`);
+  const versions = new Set([welcome.welcome.model_version]);
+
+  const finished = []; // the episodes that ended, in the order they ended
+  let envSteps = 0;
+
+  // A new episode in a slot. Its agents' records start when they first observe.
+  function reset(slot) {
+    const { obs, infos } = slot.env.reset();
+    slot.episode = { sub_env: slot.index, env_steps: 0, agents: {}, over: false };
+    observed(slot, { obs });
+    return agentsStep({ obs, infos }, false); // a reset step: rewards and flags ignored, "__all__" still there
+  }
+
+  // Per agent: its actions, and one reward per completed step (an action and the agent's next observation):
+  // the rewards it got between the two, summed, as the server records them (README).
+  function observed(slot, { obs, rewards = {}, terminateds = {}, truncateds = {} }) {
+    const records = slot.episode.agents;
+    for (const [agent, reward] of Object.entries(rewards)) records[agent].pending += reward;
+    slot.expecting = new Set(); // the agents that must get an action in the answer, and only they
+    for (const agent of Object.keys(obs)) {
+      records[agent] ??= { actions: [], rewards: [], observations: 0, pending: 0, terminated: false, truncated: false };
+      const record = records[agent];
+      record.observations += 1;
+      if (record.actions.length > record.rewards.length) {
+        record.rewards.push(record.pending);
+        record.pending = 0;
+      }
+      record.terminated = Boolean(terminateds[agent]);
+      record.truncated = Boolean(truncateds[agent]);
+      if (!(record.terminated || record.truncated)) slot.expecting.add(agent);
+    }
+  }
+
+  function advance(slot, actions) {
+    const out = slot.env.step(actions);
+    envSteps += 1;
+    const episode = slot.episode;
+    episode.env_steps += 1;
+    for (const [agent, action] of Object.entries(actions)) episode.agents[agent].actions.push(action);
+    observed(slot, out);
+    episode.over = slot.env.agents.length === 0;
+    if (episode.over) finished.push(episode);
+    return agentsStep(out, episode.over);
+  }
+
+  // What the summary says of an episode: per agent its actions, rewards, return, observations and flags.
+  function report({ sub_env, env_steps, agents }) {
+    const plain = Object.entries(agents).map(([agent, { pending, ...record }]) => [
+      agent,
+      { ...record, return: record.rewards.reduce((a, b) => a + b, 0) },
+    ]);
+    return { sub_env, env_steps, agents: Object.fromEntries(plain) };
+  }
+
+  stream.write({ step: { agents: slots.map(reset) } }); // the first step: every sub-env's reset observations
+  const limit = EPISODES * (game.maxLength() + 1) + 1; // every answer moves the episodes on
+  let answers = 0;
+  for (; answers < limit; answers++) {
+    const answer = await stream.read();
+    if (answer.kind !== "actions") fail(`an answer of kind ${answer.kind}`);
+    versions.add(answer.actions.model_version);
+    const perEnv = answer.actions.agents;
+    if (perEnv.length !== numEnvs) fail(`an answer for ${perEnv.length} sub-envs, not ${numEnvs}`);
+    const actions = slots.map((slot, i) => {
+      const got = Object.entries(perEnv[i].actions).map(([agent, value]) => [agent, readAction(value, agent)]);
+      const agents = got.map(([agent]) => agent).sort();
+      const expected = [...slot.expecting].sort();
+      if (agents.join() !== expected.join()) fail(`sub-env ${i}: actions for [${agents}], expected [${expected}]`);
+      return Object.fromEntries(got);
+    });
+    if (finished.length >= EPISODES) break;
+    // An ended episode's slot starts the next one; the others play the actions.
+    const agents = slots.map((slot, i) => (slot.episode.over ? reset(slot) : advance(slot, actions[i])));
+    stream.write({ step: { agents } });
+  }
+  if (finished.length < EPISODES) fail(`only ${finished.length} of ${EPISODES} episodes ended in ${answers} answers`);
+
+  // Close: the episodes still running (in the other sub-envs) are shipped as truncated.
+  stream.write({ close: {} });
+  const { code, details } = await stream.status;
+  client.close();
+  if (code !== grpc.status.OK) fail(`the stream ended with ${grpc.status[code]}: ${details}`);
+
+  return {
+    session_id: welcome.welcome.session_id,
+    health,
+    episodes: finished.map(report),
+    // The episodes Close ended, as the server ships them: truncated, each agent at its last observation.
+    running: slots.filter((slot) => !slot.episode.over).map((slot) => report(slot.episode)),
+    env_steps: envSteps,
+    model_versions: [...versions].map(Number).sort((a, b) => a - b),
+    status: grpc.status[code],
+  };
+}
+
+// Scripted multi-agent messages (--mode multi-agent-script --case NAME), on multi-agent CartPole with two
+// sub-envs: each case sends a hello and fixed steps, reading each answer; the summary has the agents each
+// answer acted for (per sub-env) and the stream's final status: the error a malformed message gets (README,
+// "Multi-agent sessions" and "Errors"), or OK after Close when every step was answered.
+function scriptedStep(obs, { rewards = {}, terminateds = { __all__: false }, truncateds = { __all__: false } } = {}) {
+  const values = Object.fromEntries(
+    Object.entries(obs).map(([agent, o]) => [agent, { tensor: float32Tensor(o, [4]) }]),
+  );
+  return { obs: values, rewards, terminateds, truncateds };
+}
+
+const OBS = [0.01, -0.02, 0.03, -0.04];
+const BOTH = { agent_0: OBS, agent_1: OBS };
+const PAID = { rewards: { agent_0: 1, agent_1: 1 } };
+const SCRIPTS = {
+  // In sub-env 0 one pole falls (terminated) as the other one's time runs out (truncated): every agent is
+  // done with its own flag and "__all__" is false in both maps, which ends the episode too (no actions for
+  // sub-env 0 in the answer); its next step starts a new episode. Valid throughout: ends with OK.
+  "leave-differently": () => [
+    [scriptedStep(BOTH), scriptedStep(BOTH)],
+    [
+      scriptedStep(BOTH, {
+        ...PAID,
+        terminateds: { agent_0: true, agent_1: false, __all__: false },
+        truncateds: { agent_0: false, agent_1: true, __all__: false },
+      }),
+      scriptedStep(BOTH, PAID),
+    ],
+    [scriptedStep(BOTH), scriptedStep(BOTH, PAID)],
+  ],
+  // The first step's sub-env 0 has no "__all__" in terminateds: required in every AgentsStep, reset ones too.
+  "no-all": () => [[{ ...scriptedStep(BOTH), terminateds: {} }, scriptedStep(BOTH)]],
+  // Sub-env 1 observes an agent the hello did not declare.
+  "unknown-agent": () => [[scriptedStep(BOTH), scriptedStep({ agent_0: OBS, agent_7: OBS })]],
+  // Both agents acted and observe again, but sub-env 0 sends no reward for agent_1 (RLlib's rule).
+  "no-reward": () => [
+    [scriptedStep(BOTH), scriptedStep(BOTH)],
+    [scriptedStep(BOTH, { rewards: { agent_0: 1 } }), scriptedStep(BOTH, PAID)],
+  ],
+  // agent_1 leaves (terminated) in sub-env 0's second step and observes again in the third.
+  "done-agent": () => [
+    [scriptedStep(BOTH), scriptedStep(BOTH)],
+    [scriptedStep(BOTH, { ...PAID, terminateds: { agent_1: true, __all__: false } }), scriptedStep(BOTH, PAID)],
+    [scriptedStep(BOTH, PAID), scriptedStep(BOTH, PAID)],
+  ],
+  // agent_1 is truncated without a last observation: the server needs one to bootstrap its value.
+  "truncated-without-observation": () => [
+    [scriptedStep(BOTH), scriptedStep(BOTH)],
+    [
+      scriptedStep({ agent_0: OBS }, { ...PAID, truncateds: { agent_1: true, __all__: false } }),
+      scriptedStep(BOTH, PAID),
+    ],
+  ],
+  // A step with one AgentsStep where the hello said two sub-envs.
+  "too-few-sub-envs": () => [[scriptedStep(BOTH)]],
+};
+
+async function multiAgentScript() {
+  const hellos = {
+    // The single-agent CartPole hello on a multi-agent server.
+    "single-agent-hello": { ...cartpoleSpaces(float32Tensor) },
+    // A hello declaring an agent the served model does not know.
+    "unknown-agent-hello": { agents: agentSpaces(GAMES.cartpole, ["agent_0", "agent_7"]) },
+  };
+  const script = SCRIPTS[args.case];
+  if (script === undefined && !(args.case in hellos)) {
+    fail(`--case is one of ${[...Object.keys(SCRIPTS), ...Object.keys(hellos)].join(", ")}`);
+  }
+  const spaces = hellos[args.case] ?? { agents: agentSpaces(GAMES.cartpole, ["agent_0", "agent_1"]) };
+  const client = new PolicyService(args.server, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+  const stream = openStream(client);
+  stream.write({ hello: { client_id: `node-script-${args.case}`, ...spaces, num_envs: 2, explore: true } });
+  const answers = [];
+  try {
+    const welcome = await stream.read();
+    if (welcome.kind !== "welcome") fail(`the first answer is ${welcome.kind}, not welcome`);
+    for (const agents of script ? script() : []) {
+      stream.write({ step: { agents } });
+      const answer = await stream.read();
+      if (answer.kind !== "actions") fail(`an answer of kind ${answer.kind}`);
+      answers.push(answer.actions.agents.map((perEnv) => Object.keys(perEnv.actions).sort()));
+    }
+    stream.write({ close: {} });
+    const { code, details } = await stream.status;
+    return { code, code_name: grpc.status[code], details, answers, session_id: welcome.welcome.session_id };
+  } catch (error) {
+    if (error.code === undefined) throw error;
+    return { code: error.code, code_name: grpc.status[error.code], details: error.details, answers };
+  } finally {
+    client.close();
+  }
+}
+
+const modes = {
+  run,
+  "wrong-spaces": wrongSpaces,
+  "multi-agent": multiAgent,
+  "multi-agent-script": multiAgentScript,
+};
 if (!(args.mode in modes)) fail(`--mode is one of ${Object.keys(modes).join(", ")}`);
 if (!(Number.isInteger(EPISODES) && EPISODES > 0)) fail("--episodes is a positive integer");
+if (!(Number(args.envs) >= 1 && Number.isInteger(Number(args.envs)))) fail("--envs is a positive integer");
 modes[args.mode]()
   .then((summary) => {
     console.log(JSON.stringify(summary));

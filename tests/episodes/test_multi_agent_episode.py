@@ -59,6 +59,27 @@ def test_terminated_without_observation_repeats_the_last_one() -> None:
     assert episode.is_terminated and episode.get_terminateds() == {"a": True, "b": True, "__all__": True}
 
 
+@pytest.mark.parametrize("truncated_all", [False, True])
+def test_agents_keep_their_own_flags_when_the_last_ones_leave(truncated_all: bool) -> None:
+    """Multi-agent CartPole: a's pole falls, b reaches its time limit, in the same step. b stays truncated and
+    not terminated (RLlib 2.60 marks it terminated too, and PPO would then not bootstrap its value), whether
+    or not the env says `"__all__"` truncated; the episode is over either way. `"__all__"`'s flags are added
+    to each agent's own (RLlib's rule), so a is truncated too where the env says all are."""
+    episode = MultiAgentEpisode()
+    episode.add_env_reset(observations={"a": 0, "b": 0})
+    episode.add_env_step(
+        {"a": 1, "b": 1},
+        {"a": 0, "b": 0},
+        {"a": 1.0, "b": 1.0},
+        terminateds={"a": True, "b": False, "__all__": False},
+        truncateds={"a": False, "b": True, "__all__": truncated_all},
+    )
+    a, b = episode.agent_episodes["a"], episode.agent_episodes["b"]
+    assert (a.is_terminated, a.is_truncated) == (True, truncated_all)
+    assert (b.is_terminated, b.is_truncated) == (False, True)
+    assert episode.is_done and episode.is_truncated == truncated_all
+
+
 @pytest.mark.parametrize(
     ("step", "message"),
     [

@@ -1,6 +1,9 @@
 """The Node.js client of clients/node, written from proto/README.md and the .proto files alone, against a real
 server: it plays CartPole episodes on its own JavaScript CartPole, and the server's episode files must hold
-exactly the episodes it reports; a hello with wrong spaces gets the status the README promises.
+exactly the episodes it reports; a hello with wrong spaces gets the status the README promises. In multi-agent
+sessions it plays examples/multi_agent_cartpole.py's game and PettingZoo's tic-tac-toe against the examples'
+run specs, and the per-agent chunks must hold each agent's steps, rewards and flags as it reports them; its
+malformed multi-agent messages get the statuses and messages the README gives.
 
 Its npm dependencies (package-lock.json) are installed once per session with `npm ci` into .cache/node-client/
 (gitignored), under a key of the lock, so later runs with the same lock install nothing. Without node or npm
@@ -17,14 +20,18 @@ import shutil
 import subprocess
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from support.servers import shipped
 from support.tools import required_command
 
+from rlgate.episodes.codec import episode_from_proto
 from rlgate.spec.episode_files import read_episodes
+from rlgate.spec.run import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CLIENT = ROOT / "clients" / "node"
@@ -173,3 +180,232 @@ async def test_a_node_hello_with_wrong_spaces_gets_failed_precondition_naming_th
         "details": "the hello's spaces must equal the served model's; they differ in (server != client): "
         "observation_space.dtype: float32 != float64",
     }
+
+
+# --- multi-agent sessions (proto/README.md, "Multi-agent sessions") ------------------------------------------
+
+
+def recorded_agents(directory: Path, session_id: str) -> dict[str, dict[str, list]]:
+    """The server's episode files as {multi-agent episode id: {agent id: its chunks, in order}}."""
+    episodes: dict[str, dict[str, list]] = {}
+    for message in shipped(directory):
+        assert message.multi_agent_episode_id.startswith(session_id)
+        agents = episodes.setdefault(message.multi_agent_episode_id, {})
+        agents.setdefault(message.agent_id, []).append((message, episode_from_proto(message)))
+    for agents in episodes.values():
+        for chunks in agents.values():
+            chunks.sort(key=lambda chunk: chunk[1].chunk_index)
+            assert [episode.chunk_index for _, episode in chunks] == list(range(len(chunks)))
+    return episodes
+
+
+def match_reported(summary: dict, recorded: dict[str, dict[str, list]]) -> list[tuple[dict, dict, bool]]:
+    """Each episode the client reports (ended, or running when it closed) with the recorded one that holds the
+    same agents with the same actions, as (reported, {agent: its chunks}, closed): every recorded episode once."""
+
+    def key(agents: dict) -> tuple:
+        return tuple(sorted((agent, tuple(actions)) for agent, actions in agents.items()))
+
+    by_actions = {
+        key({agent: [int(a) for _, e in chunks for a in e.get_actions()] for agent, chunks in agents.items()}): agents
+        for agents in recorded.values()
+    }
+    assert len(by_actions) == len(recorded)
+    matched = []
+    for closed, episodes in ((False, summary["episodes"]), (True, summary["running"])):
+        for episode in episodes:
+            # An agent's steps are recorded up to its last observation (Close drops an action still waiting
+            # for one); an agent with no step yet has no chunk.
+            agents = {a: r["actions"][: len(r["rewards"])] for a, r in episode["agents"].items() if r["rewards"]}
+            matched.append((episode, by_actions.pop(key(agents)), closed))
+    assert not by_actions, f"recorded episodes the client did not report: {list(by_actions)}"
+    return matched
+
+
+def check_agents(reported: dict, agents: dict[str, list], closed: bool, env_steps: bool = True) -> None:
+    """One agent's recorded chunks hold what the client sent for it: rewards, flags, infos, env steps."""
+    assert set(agents) == {a for a, r in reported["agents"].items() if r["rewards"]}
+    for agent, chunks in agents.items():
+        record = reported["agents"][agent]
+        rewards = [float(r) for _, e in chunks for r in e.get_rewards()]
+        assert rewards == record["rewards"] and sum(rewards) == record["return"]
+        assert sum(len(e) for _, e in chunks) == len(record["rewards"])
+        last = chunks[-1][1]
+        assert not any(e.is_done for _, e in chunks[:-1])
+        if closed:  # Close ships the running episodes as truncated
+            assert (last.is_terminated, last.is_truncated) == (False, True)
+        else:  # each agent keeps the flags the client sent for it
+            assert (last.is_terminated, last.is_truncated) == (record["terminated"], record["truncated"])
+    if env_steps:  # the episode's env steps ride on its first agent chunk
+        assert sum(m.multi_agent_env_steps for chunks in agents.values() for m, _ in chunks) == reported["env_steps"]
+
+
+@pytest.mark.usefixtures("examples_importable")
+async def test_node_multi_agent_cartpole_is_recorded_per_agent_as_the_client_reports(
+    server_factory, tmp_path, node_client
+):
+    """examples/multi_agent_cartpole.toml's server, the client's own two-pole CartPole in 2 sub-envs with a
+    20-step time limit: poles fall (terminated) or time out (truncated), agents leave while the other one
+    plays on, a sub-env starts its next episode while the other's goes on, and Close ends the one running."""
+    server = await server_factory(spec=RunSpec.load(ROOT / "examples" / "multi_agent_cartpole.toml"))
+    args = ["--mode", "multi-agent", "--game", "cartpole", "--envs", "2", "--episodes", "6", "--seed", "1"]
+    summary = await run_client(node_client, server.port, *args, "--max-episode-steps", "20")
+    await server.stop()
+
+    assert summary["health"] == {"": "SERVING", "rlgate.v1.PolicyService": "SERVING"}
+    assert summary["status"] == "OK" and summary["model_versions"] == [0]
+    assert len(summary["episodes"]) >= 6
+    records = [r for e in summary["episodes"] for r in e["agents"].values()]
+    # What this seed covers: both ways of leaving, agents of one episode leaving at different steps, and an
+    # episode still running at the Close.
+    assert any(r["terminated"] for r in records) and any(r["truncated"] for r in records)
+    assert any(len({len(r["actions"]) for r in e["agents"].values()}) > 1 for e in summary["episodes"])
+    assert summary["running"]
+
+    recorded = recorded_agents(tmp_path / "episodes", summary["session_id"])
+    matched = match_reported(summary, recorded)
+    assert {m.module_id for agents in recorded.values() for chunks in agents.values() for m, _ in chunks} == {
+        "default_policy"
+    }
+    env = gym.make("CartPole-v1").unwrapped
+    env.reset(seed=0)
+    for reported, agents, closed in matched:
+        check_agents(reported, agents, closed)
+        assert set(reported["agents"]) == {"agent_0", "agent_1"}
+        for ((_, episode),) in agents.values():  # one chunk each: no episode reaches rollout_fragment_length (32)
+            # Every observation with its info (the pole's step count), and each step replayed by gymnasium's
+            # CartPole from the recorded observation and action lands on the next one.
+            observations, actions = episode.get_observations(), episode.get_actions()
+            assert [info["steps"] for info in episode.get_infos()] == list(range(len(actions) + 1))
+            assert observations.dtype == np.float32
+            for t, action in enumerate(actions):
+                env.state, env.steps_beyond_terminated = observations[t].astype(np.float64), None
+                obs, _, _, _, _ = env.step(int(action))
+                np.testing.assert_allclose(obs, observations[t + 1], rtol=0, atol=1e-5)
+
+
+def flat_observation(env, agent: str) -> np.ndarray:
+    """A PettingZoo env's observation for `agent`, flattened as the spec's FlattenObservations stores it."""
+    return gym.spaces.flatten(env.observation_space(agent), env.observe(agent)).astype(np.float32)
+
+
+@pytest.mark.usefixtures("examples_importable")
+async def test_node_tictactoe_players_take_turns_and_the_loser_is_paid_without_acting(
+    server_factory, tmp_path, node_client
+):
+    """examples/tictactoe.toml's server (its action-masking module, "main" against "random"), the client's own
+    tic-tac-toe in 3 sub-envs, sent as a turn-based env: one player observes per step, player_2 joins at the
+    second step, and the game's last step pays both players, the one that did not just move too; Close ends
+    the games still running. PettingZoo's tictactoe_v3 replays every recorded game: the same observations
+    (flattened by the spec's FlattenObservations connector)."""
+    tictactoe = pytest.importorskip("pettingzoo.classic.tictactoe_v3")
+    server = await server_factory(spec=RunSpec.load(ROOT / "examples" / "tictactoe.toml"))
+    args = ["--mode", "multi-agent", "--game", "tictactoe", "--envs", "3", "--episodes", "7", "--seed", "0"]
+    summary = await run_client(node_client, server.port, *args)
+    await server.stop()
+    assert summary["status"] == "OK" and summary["model_versions"] == [0] and len(summary["episodes"]) >= 7
+    # Games still running at the Close: each player's chunk ends at its last observation, truncated (the move
+    # a player made after it, waiting for its next observation, is not recorded).
+    assert summary["running"]
+
+    recorded = recorded_agents(tmp_path / "episodes", summary["session_id"])
+    matched = match_reported(summary, recorded)
+    losers = 0
+    for reported, agents, closed in matched:
+        check_agents(reported, agents, closed)
+        moves = {agent: list(record["actions"]) for agent, record in reported["agents"].items()}
+        env = tictactoe.raw_env()
+        env.reset()
+        observe = partial(flat_observation, env)
+        expected = {"player_1": [observe("player_1")], "player_2": []}
+        turns = {"player_1": [0], "player_2": []}  # the infos the client sends: moves made so far
+        for turn in range(1, sum(len(m) for m in moves.values()) + 1):
+            env.step(moves[env.agent_selection].pop(0))
+            over = all(env.terminations.values())
+            for agent in env.possible_agents if over else [env.agent_selection]:
+                expected[agent].append(observe(agent))
+                turns[agent].append(turn)
+        assert not any(moves.values())
+        for agent, ((message, episode),) in agents.items():
+            assert message.module_id in ("main", "random")
+            np.testing.assert_array_equal(episode.get_observations(), expected[agent][: len(episode) + 1])
+            assert [info["turn"] for info in episode.get_infos()] == turns[agent][: len(episode) + 1]
+        if not closed:
+            assert over and {a: r["return"] for a, r in reported["agents"].items()} == env.rewards
+            assert all(r["terminated"] and not r["truncated"] for r in reported["agents"].values())
+            losers += -1 in env.rewards.values()
+    assert losers  # a game won: its loser was paid -1 in a step where it did not act
+
+
+async def test_node_agents_that_leave_differently_in_one_step_end_the_episode_with_their_own_flags(
+    server_factory, tmp_path, node_client
+):
+    """Sub-env 0's agent_0 is terminated and agent_1 truncated in the same step, "__all__" false in both maps:
+    every agent is done, so the episode is over (no actions for it, the next step starts a new one), and each
+    agent's chunk keeps its own flag (a truncated agent is not marked terminated)."""
+    server = await server_factory(spec=RunSpec.parse({"multi_agent": {"policy_mapping_fn": "shared"}}, "test"))
+    answer = await run_client(node_client, server.port, "--mode", "multi-agent-script", "--case", "leave-differently")
+    await server.stop()
+    assert (answer["code_name"], answer["details"]) == ("OK", "")
+    both = ["agent_0", "agent_1"]
+    assert answer["answers"] == [[both, both], [[], both], [both, both]]
+    recorded = recorded_agents(tmp_path / "episodes", answer["session_id"])
+    by_length = {
+        len(next(iter(agents.values()))[0][1]): {
+            agent: (e.is_terminated, e.is_truncated) for agent, ((_, e),) in agents.items()
+        }
+        for agents in recorded.values()
+    }
+    # Sub-env 0's first episode (1 step) and sub-env 1's (2 steps, truncated by Close); sub-env 0's second
+    # episode has no step yet, so no chunk.
+    assert by_length == {
+        1: {"agent_0": (True, False), "agent_1": (False, True)},
+        2: {"agent_0": (False, True), "agent_1": (False, True)},
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "details", "answers"),
+    [
+        (
+            "no-all",
+            "INVALID_ARGUMENT",
+            "agents[0].terminateds: no '__all__': say whether the episode is over for all agents",
+            0,
+        ),
+        (
+            "unknown-agent",
+            "INVALID_ARGUMENT",
+            "agents[1].obs: unknown agent 'agent_7' (the hello declared agent_0, agent_1)",
+            0,
+        ),
+        ("no-reward", "INVALID_ARGUMENT", "agents[0]: agent 'agent_1' acted and observed again but got no reward", 1),
+        ("done-agent", "INVALID_ARGUMENT", "agents[0]: agent 'agent_1' is done but got data in a later step", 2),
+        (
+            "truncated-without-observation",
+            "INVALID_ARGUMENT",
+            "agents[0]: agent 'agent_1' acted and was truncated without a last observation (needed to bootstrap)",
+            1,
+        ),
+        ("too-few-sub-envs", "INVALID_ARGUMENT", "agents: 1 sub-env steps != num_envs 2", 0),
+        (
+            "single-agent-hello",
+            "FAILED_PRECONDITION",
+            "this server serves a multi-agent run: declare the env's agents in hello.agents",
+            0,
+        ),
+        (
+            "unknown-agent-hello",
+            "FAILED_PRECONDITION",
+            "agent 'agent_7': the served model has no such agent (agents: agent_0, agent_1)",
+            0,
+        ),
+    ],
+)
+@pytest.mark.usefixtures("examples_importable")
+async def test_a_malformed_node_multi_agent_message_gets_the_documented_status(
+    server_factory, node_client, case, code, details, answers
+):
+    server = await server_factory(spec=RunSpec.load(ROOT / "examples" / "multi_agent_cartpole.toml"))
+    answer = await run_client(node_client, server.port, "--mode", "multi-agent-script", "--case", case)
+    assert (answer["code_name"], answer["details"], len(answer["answers"])) == (code, details, answers)

@@ -230,7 +230,7 @@ class Welcome(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
-    """Prefix of the ids of this stream's episodes."""
+    """Prefix of the ids of this stream's episodes (of a multi-agent session: of their multi_agent_episode_id)."""
     model_version: _builtins.int
     def __init__(
         self,
@@ -290,20 +290,23 @@ class AgentSpaces(_message.Message):
     A hello with `agents` opens a multi-agent session on a server whose run spec has a [multi_agent]
     section (else FAILED_PRECONDITION). Every declared agent must be one the server's model knows, with the
     same spaces. Each step carries one AgentsStep per sub-env, shaped like a PettingZoo ParallelEnv step
-    (or RLlib's MultiAgentEnv.step()): the observations of the agents that act next, rewards for any agent
-    (an agent's rewards between two of its actions are summed into its next step), per-agent
-    terminated/truncated and the env's "__all__". An agent that observes and is not done gets exactly one
-    action in the answer's AgentActions for that sub-env; no other agent does. Turn-based (AEC) envs send
-    one acting agent per step. The first step after hello carries the reset observations; after a sub-env's
-    episode ends ("__all__"), its next AgentsStep carries its reset observations (rewards and flags there
-    are ignored), as single-agent sub-envs do. INVALID_ARGUMENT, naming the agent: an agent not declared in
-    the hello, a missing "__all__" in terminateds or truncateds, an observation outside the agent's space,
-    a reward not finite as float32 (1e300 is not), rewards summed between two of an agent's actions that
-    are not, data for an agent that is already done, an agent that observes twice without an action between,
-    an agent that observes again after acting with no reward for it (RLlib's rule), no acting agent while the
-    episode goes on. Observations follow the single-agent rules (any float dtype for
-    a float Box, any integer dtype for Discrete; NaN never, +-inf only on a server that allows them). proto/README.md,
-    "Multi-agent sessions", says the same at more length.
+    (or RLlib's MultiAgentEnv.step()): the observations of the agents that act next and the last ones of the
+    agents that leave, rewards for any agent (an agent's rewards between two of its actions are summed into
+    that action's step), per-agent terminated/truncated and the env's "__all__", in every AgentsStep. An
+    agent that observes and is not done gets exactly one action in the answer's AgentActions for that
+    sub-env; no other agent does (the step that ends the episode gets none). The episode ends when "__all__"
+    is true in either map or every agent is done; each agent ends with its own flags or "__all__"'s.
+    Turn-based (AEC) envs send one acting agent per step. The first step after hello carries the reset
+    observations; after a sub-env's episode ends, its next AgentsStep carries its reset observations
+    (rewards and flags there are ignored), as single-agent sub-envs do. INVALID_ARGUMENT, naming the agent:
+    an agent not declared in the hello, a missing "__all__" in terminateds or truncateds, an observation
+    outside the agent's space, a reward not finite as float32 (1e300 is not), rewards summed between two of an
+    agent's actions that are not, data for an agent that is already done, an agent that observes twice
+    without an action between, an agent that observes again after acting with no reward for it (RLlib's
+    rule), an agent truncated without a last observation, no acting agent while the episode goes on.
+    Observations follow the single-agent rules (any float dtype for a float Box, any integer dtype for
+    Discrete; NaN never, +-inf only on a server that allows them). proto/README.md, "Multi-agent sessions",
+    says the same at more length.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -446,15 +449,19 @@ class AgentsStep(_message.Message):
     INFOS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def obs(self) -> _containers.MessageMap[_builtins.str, _tensor_pb2.Value]:
-        """The agents that act next (unbatched observations in each agent's space)."""
+        """The agents that act next, and the last observation of each agent that leaves in this step (unbatched
+        observations in each agent's space).
+        """
 
     @_builtins.property
     def rewards(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """Rewards since the last step, for any agent."""
+        """What each agent got in this env step, for any agent, acting or not."""
 
     @_builtins.property
     def terminateds(self) -> _containers.ScalarMap[_builtins.str, _builtins.bool]:
-        """Per agent, and "__all__" (required) for the whole episode."""
+        """True for the agents that leave in this step, and "__all__" for the whole episode: required in every
+        AgentsStep, reset ones too.
+        """
 
     @_builtins.property
     def truncateds(self) -> _containers.ScalarMap[_builtins.str, _builtins.bool]: ...
