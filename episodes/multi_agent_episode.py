@@ -36,6 +36,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -138,26 +139,46 @@ class MultiAgentEpisode:
     ) -> None:
         """Record one `env.step()`: the actions the agents took (those that observed last time), then the
         env's observations (agents that act next), rewards (any agent), infos and done flags (per agent
-        and `"__all__"`). Raises MultiAgentEnvError for data that breaks the rules."""
+        and `"__all__"`). Raises MultiAgentEnvError for data that breaks the rules, having changed nothing."""
+        self.check_env_step(
+            observations,
+            actions,
+            rewards,
+            infos,
+            terminateds=terminateds,
+            truncateds=truncateds,
+            extra_model_outputs=extra_model_outputs,
+        ).record()
+
+    def check_env_step(
+        self,
+        observations: dict[AgentID, Any],
+        actions: dict[AgentID, Any],
+        rewards: dict[AgentID, float],
+        infos: dict[AgentID, dict] | None = None,
+        *,
+        terminateds: dict[AgentID, bool] | None = None,
+        truncateds: dict[AgentID, bool] | None = None,
+        extra_model_outputs: dict[AgentID, dict] | None = None,
+    ) -> CheckedEnvStep:
+        """`add_env_step`'s checks alone (MultiAgentEnvError), changing nothing: the step, to `record()` later.
+
+        So a caller can check the steps of several episodes (a message's sub-envs) and record all or none.
+        Nothing else may change this episode between the check and the record."""
         if self.is_done:
             raise MultiAgentEnvError(f"episode {self.id_} is done: add_env_step() cannot continue it")
         infos, extra_model_outputs = infos or {}, extra_model_outputs or {}
         terminateds, truncateds = terminateds or {}, truncateds or {}
-        self.env_t += 1
         all_terminated, all_truncated = bool(terminateds.get(ALL, False)), bool(truncateds.get(ALL, False))
-        self.is_terminated, self.is_truncated = all_terminated, all_truncated
         done = {a for a, e in self.agent_episodes.items() if e.is_done}
         done |= {a for flags in (terminateds, truncateds) for a, flag in flags.items() if flag and a != ALL}
-        if self.agent_episodes and all(a in done for a in self.agent_episodes):
-            self.is_terminated = True  # RLlib: all agents done, some terminated and some truncated
-
-        for agent_id, mapping in self.env_t_to_agent_t.items():
-            if agent_id not in observations:
-                mapping.append(self.SKIP_ENV_TS_TAG)
-        everyone = set(self.agent_episodes) if self.is_done else set()
+        # RLlib: all agents done, some terminated and some truncated, ends the episode as terminated.
+        every_agent_done = bool(self.agent_episodes) and all(a in done for a in self.agent_episodes)
+        ends = all_terminated or all_truncated or every_agent_done
+        everyone = set(self.agent_episodes) if ends else set()
         with_data = set(observations) | set(actions) | set(rewards) | set(terminateds) | set(truncateds) | everyone
-        for agent_id in sorted(with_data - {ALL}, key=str):
-            self._add_agent_step(
+        agent_steps = [
+            self._check_agent_step(
                 agent_id,
                 observations,
                 actions,
@@ -169,11 +190,17 @@ class MultiAgentEpisode:
                 bool(truncateds.get(agent_id, False)) or all_truncated,
                 extra_model_outputs.get(agent_id),
             )
-        self._last_step_time = time.perf_counter()
-        if self._start_time is None:
-            self._start_time = self._last_step_time
+            for agent_id in sorted(with_data - {ALL}, key=str)
+        ]
+        return CheckedEnvStep(
+            self,
+            observations,
+            terminated=all_terminated or every_agent_done,
+            truncated=all_truncated,
+            agent_steps=[step for step in agent_steps if step is not None],
+        )
 
-    def _add_agent_step(
+    def _check_agent_step(
         self,
         agent_id: AgentID,
         observations: dict,
@@ -183,35 +210,36 @@ class MultiAgentEpisode:
         terminated: bool,
         truncated: bool,
         outputs: dict | None,
-    ) -> None:
-        """One agent's part of `add_env_step` (RLlib's four cases)."""
+    ) -> _AgentStep | None:
+        """One agent's part of an env step (RLlib's four cases), checked: what recording it does (None:
+        nothing). Reads this episode, changes nothing."""
         episode = self.agent_episodes.get(agent_id)
         observation, action, reward = observations.get(agent_id), actions.get(agent_id), rewards.get(agent_id)
         if episode is not None and episode.is_done:
             if any(v is not None for v in (observation, action, reward, info, outputs)):
                 raise MultiAgentEnvError(f"agent {agent_id!r} is done but got data in a later step")
-            return
+            return None
         reward = float(reward or 0.0)
+        flags = {"terminated": terminated, "truncated": truncated}
+        hanging = self._hanging_actions_end.get(agent_id)
         if observation is not None and action is not None:  # case 1: a whole step in one env step
             if episode is None:
                 raise MultiAgentEnvError(f"agent {agent_id!r} acted before it ever observed")
             if agent_id not in rewards:
                 raise MultiAgentEnvError(f"agent {agent_id!r} acted and observed again but got no reward")
-        elif observation is not None:  # case 2: completes a hanging action, or the agent's first observation
-            action = self._hanging_actions_end.pop(agent_id, None)
-            if action is not None:
-                outputs = self._hanging_extra_model_outputs_end.pop(agent_id, None)
-                reward = _summed(agent_id, self._hanging_rewards_end.pop(agent_id, 0.0), reward)
-            else:
-                if terminated or truncated:  # appears and leaves at once: never part of the episode
-                    self._del_hanging(agent_id)
-                    return
-                if episode is not None:
-                    raise MultiAgentEnvError(f"agent {agent_id!r} observed twice without acting in between")
-                self._join(agent_id, observation, info)
-                self._hanging_rewards_begin[agent_id] = _summed(agent_id, self._hanging_rewards_begin[agent_id], reward)
-                return
-        elif action is not None:  # case 3: acted, no next observation yet
+            return _AgentStep(agent_id, "step", observation, action, reward, info, outputs, **flags)
+        if observation is not None:  # case 2: completes a hanging action, or the agent's first observation
+            if hanging is not None:
+                reward = _summed(agent_id, self._hanging_rewards_end.get(agent_id, 0.0), reward)
+                outputs = self._hanging_extra_model_outputs_end.get(agent_id)
+                return _AgentStep(agent_id, "step", observation, hanging, reward, info, outputs, settles=True, **flags)
+            if terminated or truncated:  # appears and leaves at once: never part of the episode
+                return _AgentStep(agent_id, "forget")
+            if episode is not None:
+                raise MultiAgentEnvError(f"agent {agent_id!r} observed twice without acting in between")
+            reward = _summed(agent_id, self._hanging_rewards_begin.get(agent_id, 0.0), reward)
+            return _AgentStep(agent_id, "join", observation, reward=reward, info=info)
+        if action is not None:  # case 3: acted, no next observation yet
             if episode is None:
                 raise MultiAgentEnvError(f"agent {agent_id!r} acted before it ever observed")
             if truncated:
@@ -219,42 +247,80 @@ class MultiAgentEpisode:
                     f"agent {agent_id!r} acted and was truncated without a last observation (needed to bootstrap)"
                 )
             if terminated:
-                observation, info = episode.get_observations(-1), episode.get_infos(-1)
-            else:
-                self._hanging_actions_end[agent_id] = action
-                self._hanging_rewards_end[agent_id] = reward
-                self._hanging_extra_model_outputs_end[agent_id] = outputs or {}
-        else:  # case 4: only a reward and/or done flags
-            action = self._hanging_actions_end.get(agent_id)
-            if terminated or truncated:
-                if action is None:  # never acted: not part of this episode
-                    self._del_hanging(agent_id)
-                    return
-                if truncated:
-                    raise MultiAgentEnvError(
-                        f"agent {agent_id!r} acted and was truncated without a last observation (needed to bootstrap)"
-                    )
-                observation, info = episode.get_observations(-1), episode.get_infos(-1)
-                outputs = self._hanging_extra_model_outputs_end.pop(agent_id, None)
-                reward = _summed(agent_id, self._hanging_rewards_end.pop(agent_id, 0.0), reward)
-            elif episode is None:
-                self._hanging_rewards_begin[agent_id] = _summed(agent_id, self._hanging_rewards_begin[agent_id], reward)
-            else:
-                self._hanging_rewards_end[agent_id] = _summed(agent_id, self._hanging_rewards_end[agent_id], reward)
+                last, last_info = episode.get_observations(-1), episode.get_infos(-1)
+                return _AgentStep(agent_id, "step", last, action, reward, last_info, outputs, **flags)
+            return _AgentStep(agent_id, "hang", action=action, reward=reward, outputs=outputs or {})
+        # case 4: only a reward and/or done flags
+        if terminated or truncated:
+            if hanging is None:  # never acted: not part of this episode
+                return _AgentStep(agent_id, "forget")
+            if truncated:
+                raise MultiAgentEnvError(
+                    f"agent {agent_id!r} acted and was truncated without a last observation (needed to bootstrap)"
+                )
+            last, last_info = episode.get_observations(-1), episode.get_infos(-1)
+            outputs = self._hanging_extra_model_outputs_end.get(agent_id)
+            reward = _summed(agent_id, self._hanging_rewards_end.get(agent_id, 0.0), reward)
+            return _AgentStep(agent_id, "step", last, hanging, reward, last_info, outputs, settles=True, **flags)
+        if episode is None:
+            reward = _summed(agent_id, self._hanging_rewards_begin.get(agent_id, 0.0), reward)
+            return _AgentStep(agent_id, "reward_begin", reward=reward)
+        return _AgentStep(
+            agent_id, "reward_end", reward=_summed(agent_id, self._hanging_rewards_end.get(agent_id, 0.0), reward)
+        )
 
-        if observation is not None:
+    def _record_env_step(
+        self, observations: dict[AgentID, Any], terminated: bool, truncated: bool, agent_steps: list[_AgentStep]
+    ) -> None:
+        """Record a checked env step (`CheckedEnvStep.record`)."""
+        self.env_t += 1
+        self.is_terminated, self.is_truncated = terminated, truncated
+        for agent_id, mapping in self.env_t_to_agent_t.items():
+            if agent_id not in observations:
+                mapping.append(self.SKIP_ENV_TS_TAG)
+        for step in agent_steps:
+            self._record_agent_step(step)
+        self._last_step_time = time.perf_counter()
+        if self._start_time is None:
+            self._start_time = self._last_step_time
+
+    def _record_agent_step(self, step: _AgentStep) -> None:
+        """Record one agent's checked part of an env step (`_check_agent_step`)."""
+        agent_id = step.agent_id
+        if step.kind == "step":
+            if step.settles:  # the hanging action it completes
+                for cache in (
+                    self._hanging_actions_end,
+                    self._hanging_extra_model_outputs_end,
+                    self._hanging_rewards_end,
+                ):
+                    cache.pop(agent_id, None)
+            episode = self.agent_episodes[agent_id]
             episode.add_env_step(
-                observation,
-                action,
-                reward,
-                info,
-                terminated=terminated,
-                truncated=truncated,
-                extra_model_outputs=outputs or None,
+                step.observation,
+                step.action,
+                step.reward,
+                step.info,
+                terminated=step.terminated,
+                truncated=step.truncated,
+                extra_model_outputs=step.outputs or None,
             )
             self.env_t_to_agent_t[agent_id].append(episode.t)
-        if terminated or truncated:
+            if step.terminated or step.truncated:
+                self._del_hanging(agent_id)
+        elif step.kind == "forget":
             self._del_hanging(agent_id)
+        elif step.kind == "join":
+            self._join(agent_id, step.observation, step.info)
+            self._hanging_rewards_begin[agent_id] = step.reward
+        elif step.kind == "hang":
+            self._hanging_actions_end[agent_id] = step.action
+            self._hanging_rewards_end[agent_id] = step.reward
+            self._hanging_extra_model_outputs_end[agent_id] = step.outputs
+        elif step.kind == "reward_begin":
+            self._hanging_rewards_begin[agent_id] = step.reward
+        else:  # "reward_end"
+            self._hanging_rewards_end[agent_id] = step.reward
 
     def _join(self, agent_id: AgentID, observation: Any, info: dict | None) -> None:
         """An agent's first observation, mid-episode: skip tags for every env step before this one."""
@@ -786,6 +852,53 @@ class MultiAgentEpisode:
             self._hanging_rewards_end,
         ):
             cache.pop(agent_id, None)
+
+
+@dataclass(frozen=True)
+class _AgentStep:
+    """What recording one agent's part of an env step does: "step" (a step of its episode; `settles`: completing
+    its hanging action), "join" (its first observation), "hang" (an action waiting for its next observation),
+    "reward_begin" / "reward_end" (its summed rewards before its first observation / since its last action),
+    "forget" (it leaves having never acted)."""
+
+    agent_id: AgentID
+    kind: str
+    observation: Any = None
+    action: Any = None
+    reward: float = 0.0
+    info: dict | None = None
+    outputs: dict | None = None
+    terminated: bool = False
+    truncated: bool = False
+    settles: bool = False
+
+
+class CheckedEnvStep:
+    """An env step that `MultiAgentEpisode.check_env_step` found within the rules, not recorded yet."""
+
+    def __init__(
+        self,
+        episode: MultiAgentEpisode,
+        observations: dict[AgentID, Any],
+        *,
+        terminated: bool,
+        truncated: bool,
+        agent_steps: list[_AgentStep],
+    ) -> None:
+        self._episode = episode
+        self._observations = observations
+        self._agent_steps = agent_steps
+        self.terminated, self.truncated = terminated, truncated  # the episode's, once recorded
+        # The agents that act next once it is recorded (what `get_agents_to_act()` will say then).
+        self.agents_to_act = (
+            {s.agent_id for s in agent_steps if s.kind in ("step", "join") and not (s.terminated or s.truncated)}
+            if not (terminated or truncated)
+            else set()
+        )
+
+    def record(self) -> None:
+        """Record it in its episode (as `add_env_step` would have)."""
+        self._episode._record_env_step(self._observations, self.terminated, self.truncated, self._agent_steps)
 
 
 class _Skip:

@@ -24,7 +24,7 @@ from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.episodes import MultiAgentEpisode
-from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEnvError, RewardSumNotFinite
+from rlgate.episodes.multi_agent_episode import CheckedEnvStep, MappingFn, MultiAgentEnvError, RewardSumNotFinite
 from rlgate.server.session import RECORDED_OUTPUTS
 from rlgate.server.shipping import Chunk, encoded
 
@@ -71,41 +71,52 @@ class MultiAgentSession:
     def observe(self, steps: list[AgentsStep]) -> tuple[list[MultiAgentEpisode], int]:
         """Record one message (a step per sub-env); returns every sub-env's episode (the batch's rows, ended
         ones included so that env-to-module pieces see their last observations) and the env or agent steps
-        it completed. Raises CodecError naming the sub-env and agent when a step breaks the episode's rules."""
+        it completed. Raises CodecError naming the sub-env and agent when a step breaks the episode's rules,
+        having recorded none of the message: every sub-env's step is checked before any is recorded."""
         if self._pending:
             raise RuntimeError("observe() twice: record() the previous step's outputs first")
+        checked = [self._check(i, step) for i, step in enumerate(steps)]
         completed = 0
-        for i, step in enumerate(steps):
-            episode = self._episodes[i]
-            if episode is None or episode.is_done:  # a reset observation starts the sub-env's next episode
+        for i, (step, env_step) in enumerate(zip(steps, checked, strict=True)):
+            if env_step is None:  # a reset observation starts the sub-env's next episode
                 episode = self._episodes[i] = self._new_episode(i)
-                try:
-                    episode.add_env_reset(observations=step.observations, infos=step.infos)
-                except (MultiAgentEnvError, RuntimeError) as exc:
-                    raise CodecError(f"agents[{i}]: {exc}") from exc
-            else:
-                before = episode.agent_steps()
-                try:
-                    episode.add_env_step(
-                        step.observations,
-                        self._actions[i],
-                        step.rewards,
-                        step.infos,
-                        terminateds=step.terminateds,
-                        truncateds=step.truncateds,
-                        extra_model_outputs=self._outputs[i],
-                    )
-                except MultiAgentEnvError as exc:
-                    raise _step_error(i, exc) from exc
-                completed += episode.agent_steps() - before if self._agent_steps else 1
-                if episode.is_done:
-                    self._done.append(episode)
-            if not episode.is_done and not episode.get_agents_to_act():
-                raise CodecError(f"agents[{i}]: no agent observes and the episode is not over: no one could act")
+                episode.add_env_reset(observations=step.observations, infos=step.infos)
+                continue
+            episode = self._episodes[i]
+            before = episode.agent_steps()
+            env_step.record()
+            completed += episode.agent_steps() - before if self._agent_steps else 1
+            if episode.is_done:
+                self._done.append(episode)
+        for i in range(len(steps)):
             self._actions[i], self._outputs[i] = {}, {}
         self._pending = True
         # The list itself, not a copy: a flush() before the batch runs swaps in the successor chunks.
         return self._episodes, completed
+
+    def _check(self, i: int, step: AgentsStep) -> CheckedEnvStep | None:
+        """Sub-env i's step checked against its episode's rules (CodecError), recording nothing; None for a reset
+        step (one that starts the sub-env's next episode)."""
+        episode = self._episodes[i]
+        if episode is None or episode.is_done:
+            env_step, over, acting = None, False, set(step.observations)
+        else:
+            try:
+                env_step = episode.check_env_step(
+                    step.observations,
+                    self._actions[i],
+                    step.rewards,
+                    step.infos,
+                    terminateds=step.terminateds,
+                    truncateds=step.truncateds,
+                    extra_model_outputs=self._outputs[i],
+                )
+            except MultiAgentEnvError as exc:
+                raise _step_error(i, exc) from exc
+            over, acting = env_step.terminated or env_step.truncated, env_step.agents_to_act
+        if not over and not acting:
+            raise CodecError(f"agents[{i}]: no agent observes and the episode is not over: no one could act")
+        return env_step
 
     def record(self, outputs: dict[str, list[dict[str, Any]]]) -> list[Chunk]:
         """Keep this step's actions and outputs (one {agent: value} dict per sub-env); the chunks now due."""

@@ -303,3 +303,48 @@ def test_flush_while_a_step_waits_ships_every_env_step_once(examples_importable)
     shipped += decoded(session.close())
     assert sum(chunk.multi_agent_env_steps for chunk in shipped) == taken
     assert sum(len(chunk) for chunk in shipped) >= taken  # two agents per env step while both balance
+
+
+@pytest.mark.parametrize("bad_env", [0, 1], ids=["first-sub-env", "last-sub-env"])
+def test_a_refused_message_records_nothing_of_any_sub_env(examples_importable, bad_env):
+    """A message is recorded whole or not at all, as a single-agent one: every sub-env's step is checked before
+    any is recorded, and within a sub-env every agent's. Here agent_1 (sorted after agent_0, whose step is fine)
+    observes again with no reward for its action in one sub-env; the other sub-env's step is fine."""
+    from dataclasses import replace
+
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+    from rlgate.client.agent_envs import AgentEnvs
+    from rlgate.core.codec import CodecError
+    from rlgate.core.columns import Columns
+    from rlgate.server.metrics import ServerMetrics
+    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+
+    envs = AgentEnvs([MultiAgentCartPole() for _ in range(2)])
+    policy = MultiAgentPolicy.create(multi_agent_spec(), envs.agent_spaces, metrics=ServerMetrics())
+    session = MultiAgentSession(
+        MultiAgentSessionSpec("test", envs.agent_spaces, 2, True),
+        mapping_fn=policy.mapping_fn,
+        rollout_fragment_length=None,
+        count_steps_by="env_steps",
+        lookback=1,
+        write_back=policy.write_back,
+    )
+    steps = envs.reset(seed=0)
+    for _ in range(3):
+        episodes, _ = session.observe(steps)
+        outputs = policy.compute(episodes, explore=True)
+        session.record(outputs)
+        steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
+    assert all(set(step.observations) == {"agent_0", "agent_1"} for step in steps)  # no pole fell in 4 steps
+    before = [{a: len(e) for a, e in episode.agent_episodes.items()} for episode in session._episodes]
+    env_ts = [episode.env_t for episode in session._episodes]
+    rewards = {a: r for a, r in steps[bad_env].rewards.items() if a != "agent_1"}
+    steps[bad_env] = replace(steps[bad_env], rewards=rewards)
+    with pytest.raises(CodecError, match=rf"^agents\[{bad_env}\]: agent 'agent_1' acted and observed again but got no"):
+        session.observe(steps)
+    after = [{a: len(e) for a, e in episode.agent_episodes.items()} for episode in session._episodes]
+    assert after == before and [episode.env_t for episode in session._episodes] == env_ts
+    shipped_chunks = decoded(session.close())  # what the stream's end ships: the steps before the refused message
+    assert sum(chunk.multi_agent_env_steps for chunk in shipped_chunks) == sum(env_ts)
+    assert sorted(len(chunk) for chunk in shipped_chunks) == [2, 2, 2, 2]  # the third actions had no next obs
