@@ -21,6 +21,7 @@ from rlgate.spec.run import RunSpec
 from tests.support.cli import ROOT, rlgate
 
 MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"
+BAD = "tests.support.bad_envs"
 NO_MULTI_BINARY = "The default model does not support the action space MultiBinary(3)"
 
 
@@ -82,6 +83,17 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
         ("learn", "--env", MULTI_BINARY, *free, "--checkpoint-dir", str(tmp_path / "mb")): NO_MULTI_BINARY,
         ("serve", "--env", MULTI_BINARY, "--allow-import", "tests", *free): NO_MULTI_BINARY,
+        # An env that raises when made, found by the process that makes it for its spaces (was a traceback).
+        (
+            "learn",
+            "--env",
+            f"{BAD}:Steps",
+            "--spec.env.kwargs",
+            '{"nope": 1}',
+            *free,
+            "--checkpoint-dir",
+            str(tmp_path / "raises"),
+        ): f"env {BAD}:Steps: __init__() raised TypeError: ",
         ("learn", "--checkpoint-dir", str(a_file), *free): f"--checkpoint-dir: {is_a_file}",
         ("learn", "--log-dir", str(a_file), "--checkpoint-dir", str(tmp_path / "ck"), *free): f"--log-dir: {is_a_file}",
         ("serve", "--spool-dir", str(a_file), *free): f"--spool-dir: {is_a_file}",
