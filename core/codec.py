@@ -228,8 +228,8 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
             high = from_tensor(msg.box.high, f"{path}.high")
             if low.shape != high.shape or low.dtype != high.dtype:
                 raise CodecError(f"{path}: low {low.dtype}{low.shape} and high {high.dtype}{high.shape} differ")
-            if low.dtype == np.bool_ or np.any(low > high):
-                raise CodecError(f"{path}: Box needs a numeric dtype and low <= high")
+            if np.any(low > high):  # bool Boxes included (gymnasium's, Go's board planes): False < True
+                raise CodecError(f"{path}: Box needs low <= high")
             return gym.spaces.Box(low=low, high=high, dtype=low.dtype)
         if kind == "discrete":
             if msg.discrete.n <= 0:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rlgate.core.columns import Columns
+from rlgate.core.tree import map_structure
 from rlgate.learner.adam import Adam
 from rlgate.models import RLModule
 from rlgate.spec.algorithm import PPOConfig
@@ -107,7 +108,7 @@ def ppo_update(
     if not module.is_stateful():
         mask = batch[Columns.LOSS_MASK]
         if not bool(mask.all()):
-            batch = {key: value[mask] for key, value in batch.items()}
+            batch = {key: _rows(value, mask) for key, value in batch.items()}
     proximal = action_logp(module, batch) if config.proximal_clip else batch[Columns.ACTION_LOGP]
     batch[Columns.PROXIMAL_ACTION_LOGP] = proximal
     size = len(batch[Columns.ADVANTAGES])
@@ -118,7 +119,7 @@ def ppo_update(
         order = torch.from_numpy(rng.permutation(size))
         for start in range(0, size, config.minibatch_size):
             rows = order[start : start + config.minibatch_size]
-            minibatch = {k: v[rows] for k, v in batch.items()}
+            minibatch = {k: _rows(v, rows) for k, v in batch.items()}
             loss, parts = ppo_loss(module, minibatch, config)
             optimizer.zero_grad()
             loss.backward()
@@ -128,3 +129,9 @@ def ppo_update(
                 stats.setdefault(key, []).append(value)
     module.eval()
     return {key: float(np.mean(values)) for key, values in stats.items()}
+
+
+def _rows(value: Any, rows: torch.Tensor) -> Any:
+    """The rows `rows` (indices or a mask) of a batch column: a tensor, or a dict of them, as a stateful module's
+    STATE_IN is (and a user's module's Dict observations, which no piece flattened), indexed leaf by leaf."""
+    return value[rows] if isinstance(value, torch.Tensor) else map_structure(lambda leaf: leaf[rows], value)

@@ -299,7 +299,8 @@ class InferenceServer:
                 if isinstance(session, MultiAgentSessionSpec) != bool(self.spec.multi_agent):
                     raise RequestError(
                         grpc.StatusCode.FAILED_PRECONDITION,
-                        "this server serves a multi-agent run: declare the env's agents in hello.agents"
+                        "this server serves a multi-agent run: declare the env's agents in hello.agents (rlgate env: a "
+                        "PettingZoo env and a run spec with [multi_agent])"
                         if self.spec.multi_agent
                         else "this server serves a single-agent run: a multi-agent client needs a run spec with "
                         "[multi_agent]",

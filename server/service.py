@@ -206,7 +206,8 @@ class PolicyService:
         if getattr(policy, "multi_agent", False):
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                "this server serves a multi-agent run: declare the env's agents in hello.agents",
+                "this server serves a multi-agent run: declare the env's agents in hello.agents (rlgate env: a "
+                "PettingZoo env and a run spec with [multi_agent])",
             )
         differences = space_differences(
             policy.observation_space, spec.observation_space, "observation_space"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -46,12 +46,12 @@ class EnvError(UserError):
 
 def checked_env(factory: Callable[[], Any], env_id: str) -> CheckedEnv:
     """`factory()`, which must make a gymnasium env with spaces; EnvError, naming `env_id`, if it raises or does not."""
-    try:
-        env = factory()
-    except UserError:
-        raise
-    except Exception as exc:
-        raise EnvError(f"env {env_id}: {_raised('__init__', exc)}") from exc
+    env = _made(factory, env_id)
+    if is_multi_agent_env(env):
+        raise EnvError(
+            f"env {env_id}: made a PettingZoo env ({type(env).__name__}), which runs with a [multi_agent] section in "
+            'the run spec (e.g. policy_mapping_fn = "shared"; README, "Multi-agent envs")'
+        )
     if not isinstance(env, gym.Env):
         raise EnvError(f"env {env_id}: made {type(env).__name__!r}, which is not a gymnasium.Env")
     for name in ("observation_space", "action_space"):
@@ -93,7 +93,31 @@ class CheckedEnv(gym.Wrapper):
                 f"env {self.env_id}: {method}() returned an observation {misfit}, but its observation space is "
                 f"{self.observation_space}"
             )
+        if method == "step" and (misfit := _reward_misfit(result[1])) is not None:
+            raise EnvError(f"env {self.env_id}: step() returned {misfit}")
         return result
+
+
+def _made(factory: Callable[[], Any], env_id: str) -> Any:
+    """`factory()`; EnvError naming `env_id` and what it raised, if it raises."""
+    try:
+        return factory()
+    except UserError:
+        raise
+    except Exception as exc:
+        raise EnvError(f"env {env_id}: {_raised('__init__', exc)}") from exc
+
+
+def _reward_misfit(reward: Any) -> str | None:
+    """None for a reward that is one number (Python's or numpy's, a 0-d array too), else what it is: a vector
+    env, or rlgate's multi-agent client, would only fail on it with numpy's "setting an array element..."."""
+    if type(reward) is float or type(reward) is int:  # the common case, before numpy's look
+        return None
+    array = np.asarray(reward)
+    if array.ndim == 0 and array.dtype.kind in "biuf":
+        return None
+    shape = f" of shape {array.shape}" if array.ndim else ""
+    return f"a reward {reward!r} ({type(reward).__name__}{shape}), not a number"
 
 
 # What a checker says of an observation: None when it fits, else what is wrong ("of shape (5,)").
@@ -163,15 +187,92 @@ def _raised(method: str, error: Exception) -> str:
     return f"{method}() raised {type(error).__name__}: {error}"
 
 
-def make_agent_envs(spec: EnvSpec, imports: ImportPolicy, num_envs: int | None = None) -> list:
+def make_agent_envs(spec: EnvSpec, imports: ImportPolicy, num_envs: int | None = None) -> list[CheckedAgentEnv]:
     """`num_envs` (spec.num_envs) multi-agent (PettingZoo) envs, the sub-envs of one multi-agent client."""
     factory = env_factory(spec, imports)
-    return [factory() for _ in range(spec.num_envs if num_envs is None else num_envs)]
+    return [checked_agent_env(factory, spec.id) for _ in range(spec.num_envs if num_envs is None else num_envs)]
+
+
+def checked_agent_env(factory: Callable[[], Any], env_id: str) -> CheckedAgentEnv:
+    """`factory()`, which must make a PettingZoo ParallelEnv or AECEnv; EnvError, naming `env_id`, if it raises
+    or makes something else (a gymnasium env, an env without `possible_agents`)."""
+    env = _made(factory, env_id)
+    if not is_multi_agent_env(env):
+        if isinstance(env, gym.Env):
+            what = "a gymnasium env, not a PettingZoo ParallelEnv or AECEnv, but [multi_agent] is set"
+        elif callable(getattr(env, "observation_space", None)) and hasattr(env, "reset"):
+            what = (
+                f"{type(env).__name__} has no possible_agents: rlgate declares every agent the env can have, with "
+                "its spaces, when a session opens (PettingZoo's possible_agents), so it needs them up front"
+            )
+        else:
+            what = f"made {type(env).__name__!r}, which is not a PettingZoo ParallelEnv or AECEnv"
+        raise EnvError(f"env {env_id}: {what}")
+    return CheckedAgentEnv(env, env_id)
+
+
+class CheckedAgentEnv:
+    """A PettingZoo env whose failures say which env and method failed, as CheckedEnv's do: its own exceptions,
+    a ParallelEnv's results that are not PettingZoo's (reset: (observations, infos), step: five dicts by agent),
+    and rewards that are not numbers. Observations are the server's to check (it names the agent). Everything
+    else is the env's own: its attributes (`agents`, `agent_selection`, the space methods) are forwarded."""
+
+    def __init__(self, env: Any, env_id: str) -> None:
+        self.env = env
+        self.env_id = env_id
+        self._aec = hasattr(env, "agent_iter") and hasattr(env, "last")  # as client.agent_envs.is_aec
+
+    def __getattr__(self, name: str) -> Any:  # only for names this class does not have
+        if name == "env":  # not set yet (a copy being built): no endless recursion through self.env
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> Any:
+        result = self._call("reset", seed=seed, options=options)
+        if not self._aec and not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Mapping)):
+            self._not_pettingzoos("reset", result, "(observations, infos)")
+        return result
+
+    def step(self, actions: Any) -> Any:
+        result = self._call("step", actions)
+        if self._aec:
+            return result
+        if not (isinstance(result, tuple) and len(result) == 5 and all(isinstance(x, Mapping) for x in result)):
+            self._not_pettingzoos("step", result, "(observations, rewards, terminations, truncations, infos)")
+        self._check_rewards("step", result[1])
+        return result
+
+    def last(self, observe: bool = True) -> Any:
+        result = self._call("last", observe)
+        if isinstance(result, tuple) and len(result) == 5:
+            self._check_rewards("last", {self.env.agent_selection: result[1]})
+        return result
+
+    def observe(self, agent: str) -> Any:
+        return self._call("observe", agent)
+
+    def close(self) -> None:
+        self.env.close()
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.env, method)(*args, **kwargs)
+        except Exception as exc:
+            raise EnvError(f"env {self.env_id}: {_raised(method, exc)}") from exc
+
+    def _not_pettingzoos(self, method: str, result: Any, expected: str) -> NoReturn:
+        got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+        raise EnvError(f"env {self.env_id}: {method}() returned {got}, not PettingZoo's {expected}")
+
+    def _check_rewards(self, method: str, rewards: Mapping) -> None:
+        for agent, reward in rewards.items():
+            if (misfit := _reward_misfit(reward)) is not None:
+                raise EnvError(f"env {self.env_id}: {method}() returned, for agent {agent!r}, {misfit}")
 
 
 def env_spaces(spec: EnvSpec, imports: ImportPolicy) -> tuple[gym.Space, gym.Space]:
     """The observation and action space of one env (made once and closed)."""
-    env = env_factory(spec, imports)()
+    env = checked_env(env_factory(spec, imports), spec.id)
     try:
         return env.observation_space, env.action_space
     finally:
@@ -197,10 +298,8 @@ def is_multi_agent_env(env: object) -> bool:
 def agent_spaces(spec: EnvSpec, imports: ImportPolicy) -> dict[str, tuple[gym.Space, gym.Space]]:
     """agent id -> (observation space, action space) of a multi-agent env (made once and closed), in the
     order of its `possible_agents`."""
-    env = env_factory(spec, imports)()
+    env = checked_agent_env(env_factory(spec, imports), spec.id)
     try:
-        if not is_multi_agent_env(env):
-            raise SpecError(f"env.id: {spec.id!r} is not a PettingZoo ParallelEnv or AECEnv, but [multi_agent] is set")
         return {agent: (env.observation_space(agent), env.action_space(agent)) for agent in env.possible_agents}
     finally:
         env.close()

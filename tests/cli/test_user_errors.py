@@ -21,6 +21,7 @@ from rlgate.spec.run import RunSpec
 from tests.support.cli import ROOT, rlgate
 
 MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"
+BAD = "tests.support.bad_envs"
 NO_MULTI_BINARY = "The default model does not support the action space MultiBinary(3)"
 
 
@@ -82,6 +83,17 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
         ("learn", "--env", MULTI_BINARY, *free, "--checkpoint-dir", str(tmp_path / "mb")): NO_MULTI_BINARY,
         ("serve", "--env", MULTI_BINARY, "--allow-import", "tests", *free): NO_MULTI_BINARY,
+        # An env that raises when made, found by the process that makes it for its spaces (was a traceback).
+        (
+            "learn",
+            "--env",
+            f"{BAD}:Steps",
+            "--spec.env.kwargs",
+            '{"nope": 1}',
+            *free,
+            "--checkpoint-dir",
+            str(tmp_path / "raises"),
+        ): f"env {BAD}:Steps: __init__() raised TypeError: ",
         ("learn", "--checkpoint-dir", str(a_file), *free): f"--checkpoint-dir: {is_a_file}",
         ("learn", "--log-dir", str(a_file), "--checkpoint-dir", str(tmp_path / "ck"), *free): f"--log-dir: {is_a_file}",
         ("serve", "--spool-dir", str(a_file), *free): f"--spool-dir: {is_a_file}",
@@ -262,6 +274,7 @@ async def test_rlgate_env_names_the_env_and_what_is_wrong_with_it(server, tmp_pa
         ((f"{envs}:NotAnEnv", "{}", ROOT), f"env {envs}:NotAnEnv: made 'NotAnEnv', which is not a gymnasium.Env"),
         ((f"{envs}:OldGymApi", "{}", ROOT), "reset() returned ndarray, not the 2 values of gymnasium's API"),
         ((f"{envs}:WrongShape", "{}", ROOT), "step() returned an observation of shape (5,), but its observation space"),
+        ((f"{envs}:VectorReward", "{}", ROOT), "step() returned a reward array([1.]) (ndarray of shape (1,)), not a"),
         (("broken_syntax:Env", "{}", tmp_path), "env.id: cannot import 'broken_syntax': SyntaxError: invalid syntax"),
         (("broken_raise:Env", "{}", tmp_path), "env.id: cannot import 'broken_raise': RuntimeError: needs MUJOCO_KEY"),
     ]
@@ -276,3 +289,46 @@ async def test_rlgate_env_refuses_a_space_the_wire_cannot_carry(server) -> None:
     args = ("env", "--server", f"127.0.0.1:{server.port}", "--env", "tests.support.odd_envs:SequenceObservations")
     line = one_user_error(*await rlgate(*args, "--no-progress"))
     assert line.startswith("rlgate: space Sequence(") and line.endswith("has no wire encoding"), line
+
+
+async def test_rlgate_env_names_the_multi_agent_env_and_what_is_wrong_with_it(server_factory) -> None:
+    """A PettingZoo env that raises or breaks PettingZoo's contract: one line naming env and method, as a
+    gymnasium env's (was "envs exited with 1" and a traceback); and an env of the other kind than the spec says."""
+    pytest.importorskip("pettingzoo")
+    envs = "tests.support.bad_agent_envs"
+    spec = RunSpec.parse({"env": {"id": f"{envs}:ParallelSteps"}, "multi_agent": {}}, "test")
+    server = await server_factory(spec=spec)
+    run = ("--server", f"127.0.0.1:{server.port}", "--max-steps", "100", "--no-progress")
+    multi = ("--spec.multi-agent", "{}")
+    cases = {  # arguments -> what the line must say
+        ("--env", f"{envs}:ParallelSteps", "--spec.env.kwargs", '{"fail_at": 5}', *multi): (
+            f"env {envs}:ParallelSteps: step() raised RuntimeError: simulator crashed"
+        ),
+        ("--env", f"{envs}:TurnSteps", "--spec.env.kwargs", '{"fail_at": 5}', *multi): (
+            f"env {envs}:TurnSteps: step() raised ValueError: illegal state"
+        ),
+        ("--env", f"{envs}:ParallelSteps", "--spec.env.kwargs", '{"nope": 1}', *multi): (
+            f"env {envs}:ParallelSteps: __init__() raised TypeError: "
+        ),
+        ("--env", f"{envs}:VectorRewards", *multi): (
+            f"env {envs}:VectorRewards: step() returned, for agent 'a0', a reward array([1.]) (ndarray of shape "
+            "(1,)), not a number"
+        ),
+        ("--env", f"{envs}:FourValues", *multi): (
+            f"env {envs}:FourValues: step() returned a tuple of 4, not PettingZoo's (observations, rewards, "
+            "terminations, truncations, infos)"
+        ),
+        ("--env", f"{envs}:NoPossibleAgents", *multi): (
+            f"env {envs}:NoPossibleAgents: NoPossibleAgents has no possible_agents: rlgate declares every agent"
+        ),
+        ("--env", "tests.support.bad_envs:Steps", *multi): (
+            "env tests.support.bad_envs:Steps: a gymnasium env, not a PettingZoo ParallelEnv or AECEnv, but "
+            "[multi_agent] is set"
+        ),
+        ("--env", f"{envs}:ParallelSteps"): (
+            f"env {envs}:ParallelSteps: made a PettingZoo env (ParallelSteps), which runs with a [multi_agent] section"
+        ),
+    }
+    results = await asyncio.gather(*(rlgate("env", *args, *run) for args in cases))
+    for (args, expected), (code, stderr) in zip(cases.items(), results, strict=True):
+        assert expected in one_user_error(code, stderr), (args, stderr)

@@ -173,6 +173,7 @@ def test_empty_containers_stay_containers():
         gym.spaces.Box(-1.0, 1.0, shape=(3,)),
         gym.spaces.Box(np.array([-np.inf, 0]), np.array([np.inf, 1]), dtype=np.float64),
         gym.spaces.Box(0, 255, shape=(4, 4, 3), dtype=np.uint8),
+        gym.spaces.Box(np.zeros((2, 3), bool), np.ones((2, 3), bool), dtype=np.bool_),  # Go's board planes
         gym.spaces.Discrete(7, start=-3),
         gym.spaces.Discrete(2, start=2**63 - 2),  # its last value is int64's largest
         gym.spaces.MultiDiscrete([[2, 3], [4, 5]]),

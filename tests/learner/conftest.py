@@ -75,19 +75,26 @@ def learners(tmp_path: Path) -> Iterator[Learners]:
 
 @pytest.fixture
 def cartpole_chunks() -> Callable[..., list[SingleAgentEpisode]]:
-    """cartpole_chunks(steps, version=0, seed=0): shipped chunks holding at least `steps` CartPole env steps.
+    """cartpole_chunks(steps, version=0, seed=0, spec=None): shipped chunks holding at least `steps` CartPole env
+    steps.
 
-    A real policy (fresh model, recording `version` as MODEL_VERSION) acts in 4 real CartPole envs through
-    a real server Session, which cuts running episodes every 16 steps, as the server does.
+    A real policy (fresh model of `spec`, the default run spec's if None, recording `version` as MODEL_VERSION)
+    acts in 4 real CartPole envs through a real server Session, which cuts running episodes every 16 steps, as
+    the server does.
     """
 
-    def make(steps: int, *, version: int = 0, seed: int = 0) -> list[SingleAgentEpisode]:
+    def make(steps: int, *, version: int = 0, seed: int = 0, spec: RunSpec | None = None) -> list[SingleAgentEpisode]:
         envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
-        spec = SessionSpec("test", envs.single_observation_space, envs.single_action_space, 4, explore=True)
+        session_spec = SessionSpec("test", envs.single_observation_space, envs.single_action_space, 4, explore=True)
         policy = Policy.create(
-            RunSpec(), spec.observation_space, spec.action_space, metrics=ServerMetrics(), version=version, seed=seed
+            spec or RunSpec(),
+            session_spec.observation_space,
+            session_spec.action_space,
+            metrics=ServerMetrics(),
+            version=version,
+            seed=seed,
         )
-        session = Session(spec, rollout_fragment_length=16, lookback=1)
+        session = Session(session_spec, rollout_fragment_length=16, lookback=1)
         obs, _ = envs.reset(seed=seed)
         rewards, terminateds, truncateds = np.zeros(4), np.zeros(4, bool), np.zeros(4, bool)
         chunks: list[SingleAgentEpisode] = []

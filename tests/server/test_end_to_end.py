@@ -21,6 +21,13 @@ OBSERVATION_SPACES = {
     "multi_binary": gym.spaces.MultiBinary(3),
     "dict": gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "mode": gym.spaces.Discrete(3)}),
     "tuple": gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (3,), np.float32)]),
+    # gymnasium's bool Box, as PettingZoo's go_v5 observes its board (was refused at the hello: "numeric dtype").
+    "bool_box": gym.spaces.Dict(
+        {
+            "observation": gym.spaces.Box(np.zeros((5, 5, 3), bool), np.ones((5, 5, 3), bool), dtype=np.bool_),
+            "action_mask": gym.spaces.Box(0, 1, (26,), np.int8),
+        }
+    ),
 }
 ACTION_SPACES = {
     "discrete": DISCRETE2,

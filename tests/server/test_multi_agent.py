@@ -264,6 +264,7 @@ async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
     await stream.send(hello())
     code, details = await stream.status()
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "hello.agents" in details
+    assert details.endswith("(rlgate env: a PettingZoo env and a run spec with [multi_agent])")  # what to do on the CLI
     stream = RawStream(server)
     await stream.send(agents_hello(agents=("a", "zz")))
     await stream.send(agents_step({"a": OBS}))

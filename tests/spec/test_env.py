@@ -76,3 +76,32 @@ def test_what_gymnasiums_spaces_contain_passes(space, observation) -> None:
     assert space.contains(observation)
     env = checked_env(lambda: Returns(space, observation, observation), "x")
     assert env.step(0)[0] is observation
+
+
+def test_a_checked_pettingzoo_env_steps_as_the_env_itself() -> None:
+    """make_agent_envs' CheckedAgentEnv only watches: a turn-based game (AEC: last(), observe(), dead agents
+    stepped with None) and a parallel env give the steps their unwrapped selves give."""
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.classic import tictactoe_v3
+    from support.bad_agent_envs import ParallelSteps
+
+    from rlgate.client.agent_envs import AgentEnvs
+    from rlgate.spec.env import checked_agent_env
+
+    def trace(env, seed: int) -> list:
+        envs, rng, steps = AgentEnvs([env]), np.random.default_rng(seed), []
+        (step,) = envs.reset(seed=seed)
+        for _ in range(60):
+            legal = {
+                agent: np.flatnonzero(o["action_mask"]) if isinstance(o, dict) else [0, 1]
+                for agent, o in step.observations.items()
+            }  # a finished game's masks are empty: unused
+            actions = {agent: rng.choice(moves) if len(moves) else 0 for agent, moves in legal.items()}
+            (step,) = envs.step([actions])
+            steps.append((step.rewards, step.terminateds, step.truncateds, sorted(step.observations)))
+        return steps
+
+    for make in (tictactoe_v3.env, ParallelSteps):
+        checked = checked_agent_env(make, "x")
+        assert type(checked).__name__ == "CheckedAgentEnv" and checked.possible_agents == make().possible_agents
+        assert trace(checked, 3) == trace(make(), 3)

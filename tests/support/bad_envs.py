@@ -67,3 +67,11 @@ class Returns(gym.Env):
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         return self.step_obs, 0.0, False, False, {}
+
+
+class VectorReward(Steps):
+    """step()'s reward is an array of one number (a vector env would only say "setting an array element...")."""
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, np.array([reward]), terminated, truncated, info
