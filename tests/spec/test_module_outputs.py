@@ -11,6 +11,8 @@ from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.policy import build_rl_module
 from rlgate.spec.run import RunSpec
 
+pytestmark = pytest.mark.usefixtures("examples_importable")  # support.wrong_module builds on examples.tiny_module
+
 BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTIONS = gym.spaces.Discrete(2)
 
