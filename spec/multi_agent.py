@@ -117,6 +117,12 @@ def build_multi_agent_env_to_module(
     """
     observation_space, action_space = _dicts(agent_spaces)
     user: list[ConnectorV2] = build_pieces(spec.connectors.env_to_module, imports, "env_to_module")
+    for piece in user:
+        if getattr(piece, "multi_agent", None) is False:  # a piece with RLlib's option, left at its default
+            raise SpecError(
+                f"connectors.env_to_module: {type(piece).__name__} runs on multi-agent episodes here: set "
+                f'multi_agent = true (RLlib\'s option), e.g. {{ type = "{type(piece).__name__}", multi_agent = true }}'
+            )
     output = ConnectorPipelineV2(observation_space, action_space, connectors=list(user)).observation_space
     if spec.model.module_class is None:
         flat = [a for a, space in output.spaces.items() if not encodes(space)]

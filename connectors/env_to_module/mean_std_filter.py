@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.batching import batch_items
+from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_agent
 from rlgate.connectors.env_to_module.latest_observations import get_latest_observations, set_latest_observations
 from rlgate.core.spaces import space_struct
-from rlgate.core.tree import flatten, map_structure
+from rlgate.core.tree import flatten, map_structure, unbatch
 
 if TYPE_CHECKING:
-    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
     from rlgate.models import RLModule
 
 
@@ -83,6 +84,70 @@ class RunningStats:
             raise ValueError("m2 is negative")
 
 
+class BoxStats:
+    """The statistics of one observation space's Box parts: `global` (as of the last sync) and `delta` (the
+    observations seen since), one RunningStats per Box part, in the order `flatten` visits the space."""
+
+    def __init__(self, space: gym.Space) -> None:
+        self.space = space
+        self.shapes = [s.shape for s in flatten(space_struct(space)) if isinstance(s, gym.spaces.Box)]
+        self.global_ = [RunningStats.zeros(shape) for shape in self.shapes]
+        self.delta = [RunningStats.zeros(shape) for shape in self.shapes]
+
+    def normalise(self, observations: Any, piece: MeanStdFilter) -> Any:
+        """Observations [B, ...] of the space, normalised as `piece` says (the statistics updated first, if so)."""
+        boxes = iter(range(len(self.shapes)))
+
+        def normalise(space: gym.Space, leaf: Any) -> Any:
+            if not isinstance(space, gym.spaces.Box):
+                return leaf
+            i = next(boxes)
+            if piece.update_stats:
+                self.delta[i] = self.delta[i].merge(RunningStats.of(leaf))
+            stats = self.global_[i].merge(self.delta[i])
+            out = np.asarray(leaf, dtype=np.float64)
+            if piece.de_mean_to_zero:
+                out = out - stats.mean
+            if piece.de_std_to_one:
+                out = out / (stats.std + 1e-8)
+            if piece.clip_by_value is not None:
+                out = np.clip(out, -piece.clip_by_value, piece.clip_by_value)
+            return out.astype(space.dtype)
+
+        return map_structure(normalise, space_struct(self.space), observations)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"global": [s.to_state() for s in self.global_], "delta": [s.to_state() for s in self.delta]}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.global_ = [RunningStats.from_state(s) for s in state["global"]]
+        self.delta = [RunningStats.from_state(s) for s in state["delta"]]
+
+    def check_state(self, state: Any) -> None:
+        """Raise ValueError unless `state` is `get_state`'s form for this space, each statistic fitting."""
+        if not isinstance(state, Mapping) or set(state) != {"global", "delta"}:
+            raise ValueError(f"a MeanStdFilter state is global and delta, not {_keys(state)}")
+        for part in ("global", "delta"):
+            if not isinstance(state[part], list | tuple) or len(state[part]) != len(self.shapes):
+                raise ValueError(f"{part} must hold statistics for each of the {len(self.shapes)} Box parts")
+            for i, (stats, shape) in enumerate(zip(state[part], self.shapes, strict=True)):
+                try:
+                    RunningStats.check_state(stats, shape)
+                except ValueError as exc:
+                    raise ValueError(f"{part}[{i}]: {exc}") from exc
+
+    def merged(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """The state with every state's delta added to this global statistics, and no delta."""
+        merged = list(self.global_)
+        for state in states:
+            for i, delta in enumerate(state["delta"]):
+                merged[i] = merged[i].merge(RunningStats.from_state(delta))
+        return {
+            "global": [stats.to_state() for stats in merged],
+            "delta": [RunningStats.zeros(stats.mean.shape).to_state() for stats in merged],
+        }
+
+
 class MeanStdFilter(ConnectorV2):
     """Normalise each Box part of the latest observations: (obs - mean) / (std + 1e-8), clipped.
 
@@ -93,10 +158,16 @@ class MeanStdFilter(ConnectorV2):
     observations of a call are normalised with the statistics after the whole batch, so the result does
     not depend on the order of the episodes.
 
+    Multi-agent (`multi_agent`, RLlib's option of the same name): the spaces are Dicts by agent id, each
+    agent has statistics of its own, and the latest observation of each agent that observed at the latest
+    env step is normalised in its episode (`agent_ids` limits this to those agents; default: all). A
+    terminated agent's last observation repeated by its MultiAgentEpisode (it left without one) was
+    normalised already and is left as it is (RLlib normalises it twice).
+
     Merging across servers is exact for any number of servers and sync rounds: the state holds the
-    `global` statistics (as of the last sync) and the `delta` of the observations seen since, and
-    `merge_states(states)` adds every state's delta to this piece's own global statistics (Chan's
-    algorithm). The merging piece must therefore hold the last merged state (set_state it after each
+    `global` statistics (as of the last sync) and the `delta` of the observations seen since (multi-agent:
+    per agent id), and `merge_states(states)` adds every state's delta to this piece's own global statistics
+    (Chan's algorithm). The merging piece must therefore hold the last merged state (set_state it after each
     merge, or restore it from the checkpoint). A sync round: `merged = coordinator.merge_states([s.get_state()
     for s in servers])`, then `set_state(merged)` on the coordinator and every server; observations
     filtered between a server's get_state and its set_state do not enter the statistics (as in RLlib).
@@ -111,14 +182,17 @@ class MeanStdFilter(ConnectorV2):
         de_std_to_one: bool = True,
         clip_by_value: float | None = 10.0,
         update_stats: bool = True,
+        multi_agent: bool = False,
+        agent_ids: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         self.de_mean_to_zero = de_mean_to_zero
         self.de_std_to_one = de_std_to_one
         self.clip_by_value = clip_by_value
         self.update_stats = update_stats
-        self._global: list[RunningStats] | None = None
-        self._delta: list[RunningStats] | None = None
+        self.multi_agent = multi_agent
+        self.agent_ids = agent_ids
+        self._stats: dict[Any, BoxStats] | None = None  # by agent id; single-agent: the one under None
         super().__init__(input_observation_space, input_action_space, **kwargs)
 
     def recompute_output_observation_space(
@@ -129,7 +203,20 @@ class MeanStdFilter(ConnectorV2):
         def output(sub: gym.Space) -> gym.Space:
             return gym.spaces.Box(-bound, bound, sub.shape, sub.dtype) if isinstance(sub, gym.spaces.Box) else sub
 
-        return _space_from_struct(map_structure(output, space_struct(input_observation_space)))
+        def normalised(space: gym.Space) -> gym.Space:
+            return _space_from_struct(map_structure(output, space_struct(space)))
+
+        if self.multi_agent:
+            return gym.spaces.Dict(
+                {
+                    agent_id: normalised(space) if self._filters(agent_id) else space
+                    for agent_id, space in input_observation_space.spaces.items()
+                }
+            )
+        return normalised(input_observation_space)
+
+    def _filters(self, agent_id: Any) -> bool:
+        return self.agent_ids is None or agent_id in self.agent_ids
 
     def __call__(
         self,
@@ -144,78 +231,89 @@ class MeanStdFilter(ConnectorV2):
     ) -> dict[str, Any]:
         if not episodes:
             return batch
-        if self._global is None:
+        if self._stats is None:
             self.reset_state()
-        observations = get_latest_observations(batch, episodes)
-        boxes = iter(range(len(self._global)))
-
-        def normalise(space: gym.Space, leaf: Any) -> Any:
-            if not isinstance(space, gym.spaces.Box):
-                return leaf
-            i = next(boxes)
-            if self.update_stats:
-                self._delta[i] = self._delta[i].merge(RunningStats.of(leaf))
-            stats = self._global[i].merge(self._delta[i])
-            out = np.asarray(leaf, dtype=np.float64)
-            if self.de_mean_to_zero:
-                out = out - stats.mean
-            if self.de_std_to_one:
-                out = out / (stats.std + 1e-8)
-            if self.clip_by_value is not None:
-                out = np.clip(out, -self.clip_by_value, self.clip_by_value)
-            return out.astype(space.dtype)
-
-        filtered = map_structure(normalise, space_struct(self.input_observation_space), observations)
+        if is_multi_agent(episodes) != self.multi_agent:
+            raise ValueError(
+                "MeanStdFilter got MultiAgentEpisodes: set multi_agent = true (RLlib's option)"
+                if not self.multi_agent
+                else "MeanStdFilter(multi_agent=True) got single-agent episodes"
+            )
+        if self.multi_agent:
+            self._normalise_agents(episodes)
+            return batch
+        filtered = self._stats[None].normalise(get_latest_observations(batch, episodes), self)
         set_latest_observations(batch, episodes, filtered, self.observation_space)
         return batch
 
+    def _normalise_agents(self, episodes: list[MultiAgentEpisode]) -> None:
+        """Each agent's latest observations (of the agents that observed last), with its own statistics."""
+        by_agent: dict[Any, list[SingleAgentEpisode]] = {}
+        for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
+            if self._filters(episode.agent_id) and not _repeats_last_observation(episode):
+                by_agent.setdefault(episode.agent_id, []).append(episode)
+        for agent_id, agent_episodes in by_agent.items():
+            latest = batch_items([episode.get_observations(-1) for episode in agent_episodes])
+            filtered = self._stats[agent_id].normalise(latest, self)
+            space = self.observation_space[agent_id]
+            for episode, row in zip(agent_episodes, unbatch(filtered), strict=True):
+                episode.set_observations(new_data=row, at_indices=-1)
+                episode.observation_space = space
+
     def get_state(self) -> dict[str, Any]:
-        if self._global is None:
+        if self._stats is None:
             self.reset_state()
-        return {
-            "global": [stats.to_state() for stats in self._global],
-            "delta": [stats.to_state() for stats in self._delta],
-        }
+        if not self.multi_agent:
+            return self._stats[None].get_state()
+        return {agent_id: stats.get_state() for agent_id, stats in self._stats.items()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._global = [RunningStats.from_state(s) for s in state["global"]]
-        self._delta = [RunningStats.from_state(s) for s in state["delta"]]
+        if self._stats is None:
+            self.reset_state()
+        if not self.multi_agent:
+            self._stats[None].set_state(state)
+            return
+        for agent_id, stats in self._stats.items():
+            stats.set_state(state[agent_id])
 
     def reset_state(self) -> None:
-        shapes = self._box_shapes()
-        self._global = [RunningStats.zeros(shape) for shape in shapes]
-        self._delta = [RunningStats.zeros(shape) for shape in shapes]
+        space = self.input_observation_space
+        if not self.multi_agent:
+            self._stats = {None: BoxStats(space)}
+        else:
+            self._stats = {agent: BoxStats(sub) for agent, sub in space.spaces.items() if self._filters(agent)}
 
     def check_state(self, state: Any) -> None:
         """Raise ValueError unless `state` is one of this filter's (`get_state`'s form): `global` and `delta`
-        statistics for each Box part of its input, each fitting (`RunningStats.check_state`)."""
-        if not isinstance(state, Mapping) or set(state) != {"global", "delta"}:
-            raise ValueError(f"a MeanStdFilter state is global and delta, not {_keys(state)}")
-        shapes = self._box_shapes()
-        for part in ("global", "delta"):
-            if not isinstance(state[part], list | tuple) or len(state[part]) != len(shapes):
-                raise ValueError(f"{part} must hold statistics for each of the {len(shapes)} Box parts")
-            for i, (stats, shape) in enumerate(zip(state[part], shapes, strict=True)):
-                try:
-                    RunningStats.check_state(stats, shape)
-                except ValueError as exc:
-                    raise ValueError(f"{part}[{i}]: {exc}") from exc
-
-    def _box_shapes(self) -> list[tuple[int, ...]]:
-        """The shape of each Box part of the input observations, which the statistics are kept for."""
-        return [s.shape for s in flatten(space_struct(self.input_observation_space)) if isinstance(s, gym.spaces.Box)]
+        statistics for each Box part of its input (multi-agent: per agent id), each fitting
+        (`RunningStats.check_state`)."""
+        if self._stats is None:
+            self.reset_state()
+        if not self.multi_agent:
+            self._stats[None].check_state(state)
+            return
+        if not isinstance(state, Mapping) or set(state) != set(self._stats):
+            raise ValueError(
+                f"a multi-agent MeanStdFilter state is keyed by agent {sorted(self._stats)}, not {_keys(state)}"
+            )
+        for agent_id, stats in self._stats.items():
+            try:
+                stats.check_state(state[agent_id])
+            except ValueError as exc:
+                raise ValueError(f"agent {agent_id!r}: {exc}") from exc
 
     def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
-        if self._global is None:
+        if self._stats is None:
             self.reset_state()
-        merged = list(self._global)
-        for state in states:
-            for i, delta in enumerate(state["delta"]):
-                merged[i] = merged[i].merge(RunningStats.from_state(delta))
-        return {
-            "global": [stats.to_state() for stats in merged],
-            "delta": [RunningStats.zeros(stats.mean.shape).to_state() for stats in merged],
-        }
+        if not self.multi_agent:
+            return self._stats[None].merged(states)
+        return {agent_id: stats.merged([s[agent_id] for s in states]) for agent_id, stats in self._stats.items()}
+
+
+def _repeats_last_observation(episode: SingleAgentEpisode) -> bool:
+    """Whether the latest observation is the one before it, repeated (the same object): a terminated agent's
+    MultiAgentEpisode repeats the agent's last observation when the agent leaves without one."""
+    return len(episode) > 0 and episode.is_terminated and episode.get_observations(-1) is episode.get_observations(-2)
 
 
 def _keys(state: Any) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from rlgate.connectors.builders import (
@@ -97,3 +98,55 @@ def test_learner_pipeline_computes_gae_per_module() -> None:
         assert rows[Columns.REWARDS][:steps].tolist() == ([1.0] * 4 if module_id == "p_a" else [1.0, 1.0])
         valid = rows[Columns.ADVANTAGES][rows[Columns.LOSS_MASK]]
         assert torch.isfinite(rows[Columns.VALUE_TARGETS]).all() and valid.numel() == steps
+
+
+def test_a_multi_agent_mean_std_filter_keeps_statistics_per_agent_and_skips_agents_that_did_not_observe():
+    """RLlib's MeanStdFilter(multi_agent=True): each agent its own statistics, each agent's latest observation
+    normalised in its episode; an agent that did not observe at the latest env step is left alone (before, any
+    such step raised KeyError: tic-tac-toe's waiting player, an agent that had left). A terminated agent's last
+    observation repeated by the episode was normalised already: it is not normalised (or counted) again."""
+    from rlgate.connectors.env_to_module import MeanStdFilter
+
+    space = gym.spaces.Dict({a: s[0] for a, s in AGENTS.items()})
+    piece = MeanStdFilter(space, gym.spaces.Dict({a: s[1] for a, s in AGENTS.items()}), multi_agent=True)
+    assert piece.observation_space["a"] == gym.spaces.Box(-10.0, 10.0, (3,), np.float32)
+    episodes = [MultiAgentEpisode(), MultiAgentEpisode()]
+    a0, a1, b0 = (np.full(3, v, np.float32) for v in (0.2, 0.6, -0.5))
+    episodes[0].add_env_reset(observations={"a": a0, "b": b0})
+    episodes[1].add_env_reset(observations={"a": a1})  # b does not observe here
+    piece(rl_module=None, batch={}, episodes=episodes)
+    scaled = 1 / np.sqrt(2)  # 0.2 and 0.6: mean 0.4, sample std 0.2 * sqrt(2)
+    np.testing.assert_allclose(episodes[0].agent_episodes["a"].get_observations(-1), np.full(3, -scaled), atol=1e-5)
+    np.testing.assert_allclose(episodes[1].agent_episodes["a"].get_observations(-1), np.full(3, scaled), atol=1e-5)
+    np.testing.assert_array_equal(episodes[0].agent_episodes["b"].get_observations(-1), np.zeros(3))  # mean of one
+    state = piece.get_state()
+    assert set(state) == {"a", "b"} and state["a"]["delta"][0]["count"] == 2 and state["b"]["delta"][0]["count"] == 1
+    piece.check_state(state)
+    # Agent a acts in episode 0 and is terminated without a last observation: the episode repeats its last one.
+    episodes[0].add_env_step({}, {"a": 0, "b": 1}, {"a": 1.0, "b": 0.0}, terminateds={"a": True, "__all__": False},
+                             truncateds={"__all__": False})  # fmt: skip
+    piece(rl_module=None, batch={}, episodes=episodes[:1])
+    assert piece.get_state()["a"]["delta"][0]["count"] == 2  # not counted again
+    np.testing.assert_allclose(episodes[0].agent_episodes["a"].get_observations(-1), np.full(3, -scaled), atol=1e-5)
+    merged = piece.merge_states([piece.get_state()])
+    assert merged["a"]["global"][0]["count"] == 2 and merged["a"]["delta"][0]["count"] == 0
+
+
+def test_a_multi_agent_run_refuses_a_piece_left_single_agent():
+    """A piece with RLlib's multi_agent option left at False would meet MultiAgentEpisodes at the first step
+    (an INTERNAL error for every client): the spec is refused where the pipeline is built, in one line."""
+    from rlgate.spec.imports import ImportPolicy, SpecError
+    from rlgate.spec.multi_agent import build_multi_agent_env_to_module
+    from rlgate.spec.run import RunSpec
+
+    def spec(piece: object) -> RunSpec:
+        return RunSpec.model_validate(
+            {"multi_agent": {"policy_mapping_fn": "shared"}, "connectors": {"env_to_module": [piece]}}
+        )
+
+    agents = {"a": (OBS, ACT), "b": (OBS, ACT)}
+    with pytest.raises(SpecError, match=r"MeanStdFilter runs on multi-agent episodes here: set multi_agent = true"):
+        build_multi_agent_env_to_module(spec("MeanStdFilter"), agents, ImportPolicy([]))
+    allowed = spec({"type": "MeanStdFilter", "multi_agent": True})
+    pipeline = build_multi_agent_env_to_module(allowed, agents, ImportPolicy([]))
+    assert any(type(p).__name__ == "MeanStdFilter" and p.multi_agent for p in pipeline.connectors)
