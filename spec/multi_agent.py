@@ -14,7 +14,8 @@ from rlgate.connectors.builders import (
     build_learner_pipeline,
     build_module_to_env_pipeline,
 )
-from rlgate.connectors.env_to_module import FlattenObservations
+from rlgate.connectors.common.frame_stacking import FrameStacking
+from rlgate.connectors.env_to_module import FlattenObservations, PrevActionsPrevRewards
 from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, default_agent_to_module_mapping_fn
 from rlgate.models import MultiRLModule
 from rlgate.models.catalog import encodes
@@ -24,6 +25,11 @@ from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
 
 #: agent id -> (observation space, action space), as the env declares them.
 AgentSpaces = dict[str, tuple[gym.Space, gym.Space]]
+
+
+# Built-in env-to-module pieces without a multi-agent form yet (RLlib's have a `multi_agent` option):
+# FrameStackingEnvToModule (a FrameStacking) and PrevActionsPrevRewards.
+SINGLE_AGENT_PIECES = (FrameStacking, PrevActionsPrevRewards)
 
 
 def _per_agent(agent_id: str, episode: MultiAgentEpisode) -> str:
@@ -118,6 +124,11 @@ def build_multi_agent_env_to_module(
     observation_space, action_space = _dicts(agent_spaces)
     user: list[ConnectorV2] = build_pieces(spec.connectors.env_to_module, imports, "env_to_module")
     for piece in user:
+        if isinstance(piece, SINGLE_AGENT_PIECES):
+            raise SpecError(
+                f"connectors.env_to_module: {type(piece).__name__} works on single-agent runs only (for now): take it "
+                "out of this multi-agent spec, or write a piece of your own over each agent's episode"
+            )
         if getattr(piece, "multi_agent", None) is False:  # a piece with RLlib's option, left at its default
             raise SpecError(
                 f"connectors.env_to_module: {type(piece).__name__} runs on multi-agent episodes here: set "

@@ -134,7 +134,8 @@ def test_a_multi_agent_mean_std_filter_keeps_statistics_per_agent_and_skips_agen
 
 def test_a_multi_agent_run_refuses_a_piece_left_single_agent():
     """A piece with RLlib's multi_agent option left at False would meet MultiAgentEpisodes at the first step
-    (an INTERNAL error for every client): the spec is refused where the pipeline is built, in one line."""
+    (an INTERNAL error for every client): the spec is refused where the pipeline is built, in one line; so is a
+    built-in piece without a multi-agent form (before, the learner and server failed with a traceback)."""
     from rlgate.spec.imports import ImportPolicy, SpecError
     from rlgate.spec.multi_agent import build_multi_agent_env_to_module
     from rlgate.spec.run import RunSpec
@@ -147,6 +148,9 @@ def test_a_multi_agent_run_refuses_a_piece_left_single_agent():
     agents = {"a": (OBS, ACT), "b": (OBS, ACT)}
     with pytest.raises(SpecError, match=r"MeanStdFilter runs on multi-agent episodes here: set multi_agent = true"):
         build_multi_agent_env_to_module(spec("MeanStdFilter"), agents, ImportPolicy([]))
+    for single_agent in ({"type": "FrameStackingEnvToModule", "num_frames": 4}, "PrevActionsPrevRewards"):
+        with pytest.raises(SpecError, match=r"works on single-agent runs only \(for now\)"):
+            build_multi_agent_env_to_module(spec(single_agent), agents, ImportPolicy([]))
     allowed = spec({"type": "MeanStdFilter", "multi_agent": True})
     pipeline = build_multi_agent_env_to_module(allowed, agents, ImportPolicy([]))
     assert any(type(p).__name__ == "MeanStdFilter" and p.multi_agent for p in pipeline.connectors)
