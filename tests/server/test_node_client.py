@@ -391,7 +391,8 @@ async def test_node_agents_that_leave_differently_in_one_step_end_the_episode_wi
         (
             "single-agent-hello",
             "FAILED_PRECONDITION",
-            "this server serves a multi-agent run: declare the env's agents in hello.agents",
+            "this server serves a multi-agent run: declare the env's agents in hello.agents (rlgate env: a PettingZoo "
+            "env and a run spec with [multi_agent])",
             0,
         ),
         (
