@@ -177,21 +177,26 @@ class MultiAgentEpisode:
         ends = all_terminated or all_truncated or every_agent_done
         everyone = set(self.agent_episodes) if ends else set()
         with_data = set(observations) | set(actions) | set(rewards) | set(terminateds) | set(truncateds) | everyone
-        agent_steps = [
-            self._check_agent_step(
-                agent_id,
-                observations,
-                actions,
-                rewards,
-                infos.get(agent_id),
-                # The env's "__all__" flags, not the episode's: an agent truncated as the last ones leave stays
-                # truncated (RLlib would mark it terminated too, and its value would not be bootstrapped).
-                bool(terminateds.get(agent_id, False)) or all_terminated,
-                bool(truncateds.get(agent_id, False)) or all_truncated,
-                extra_model_outputs.get(agent_id),
+        agent_steps = []
+        for agent_id in sorted(with_data - {ALL}, key=str):
+            own_truncated = bool(truncateds.get(agent_id, False))
+            # The episode's end, as RLlib passes it to every agent of the step, except to an agent truncated in it:
+            # that one stays truncated only (RLlib marks it terminated too, and its value would not be bootstrapped).
+            # An agent that only appears now ends terminated, so it never joins the finished episode (as in RLlib).
+            terminated = bool(terminateds.get(agent_id, False)) or all_terminated
+            terminated = terminated or (every_agent_done and not own_truncated)
+            agent_steps.append(
+                self._check_agent_step(
+                    agent_id,
+                    observations,
+                    actions,
+                    rewards,
+                    infos.get(agent_id),
+                    terminated,
+                    own_truncated or all_truncated,
+                    extra_model_outputs.get(agent_id),
+                )
             )
-            for agent_id in sorted(with_data - {ALL}, key=str)
-        ]
         return CheckedEnvStep(
             self,
             observations,

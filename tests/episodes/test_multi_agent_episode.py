@@ -80,6 +80,17 @@ def test_agents_keep_their_own_flags_when_the_last_ones_leave(truncated_all: boo
     assert episode.is_done and episode.is_truncated == truncated_all
 
 
+def test_an_agent_that_first_observes_as_the_last_ones_leave_never_joins() -> None:
+    """The episode ends in this step (every agent that was in it is done): a newcomer is not part of it and gets
+    no action (RLlib: it ends terminated with the others, which forgets an agent that never acted)."""
+    episode = MultiAgentEpisode()
+    episode.add_env_reset(observations={"a": 0})
+    episode.add_env_step(
+        {"a": 1, "b": 5}, {"a": 0}, {"a": 1.0}, terminateds={"a": True, "__all__": False}, truncateds={"__all__": False}
+    )
+    assert episode.is_done and set(episode.agent_episodes) == {"a"} and episode.get_agents_to_act() == set()
+
+
 @pytest.mark.parametrize(
     ("step", "message"),
     [
