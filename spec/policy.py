@@ -97,6 +97,12 @@ def build_env_to_module(
 
     def pieces(obs: gym.Space, act: gym.Space) -> list[ConnectorV2]:
         user = build_pieces(spec.connectors.env_to_module, imports, "env_to_module")
+        for piece in user:
+            if getattr(piece, "multi_agent", False) is True:  # RLlib's option, for MultiAgentEpisodes only
+                raise SpecError(
+                    f"connectors.env_to_module: {type(piece).__name__} has multi_agent = true, but this spec is "
+                    "single-agent (no [multi_agent] section): drop the option"
+                )
         if spec.model.module_class is None:
             output = ConnectorPipelineV2(obs, act, connectors=list(user)).observation_space
             if not encodes(output):

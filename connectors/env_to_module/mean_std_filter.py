@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -193,6 +194,11 @@ class MeanStdFilter(ConnectorV2):
         self.multi_agent = multi_agent
         self.agent_ids = agent_ids
         self._stats: dict[Any, BoxStats] | None = None  # by agent id; single-agent: the one under None
+        # Multi-agent: the arrays this piece wrote into episodes, while they live. An agent's latest observation
+        # can be one of them: the last one repeated for an agent terminated without one, or the latest one of a
+        # chunk cut while its step waited for actions (a server's flush runs the pipeline, then the successor's
+        # step runs it again). Normalised once, it is left as it is (RLlib normalises those twice).
+        self._made: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         super().__init__(input_observation_space, input_action_space, **kwargs)
 
     def recompute_output_observation_space(
@@ -247,18 +253,23 @@ class MeanStdFilter(ConnectorV2):
         return batch
 
     def _normalise_agents(self, episodes: list[MultiAgentEpisode]) -> None:
-        """Each agent's latest observations (of the agents that observed last), with its own statistics."""
+        """Each agent's latest observations (of the agents that observed last), with its own statistics; an
+        observation this piece made is left as it is (see `_made`)."""
         by_agent: dict[Any, list[SingleAgentEpisode]] = {}
         for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
-            if self._filters(episode.agent_id) and not _repeats_last_observation(episode):
+            if self._filters(episode.agent_id) and not self._made_by_me(episode.get_observations(-1)):
                 by_agent.setdefault(episode.agent_id, []).append(episode)
         for agent_id, agent_episodes in by_agent.items():
             latest = batch_items([episode.get_observations(-1) for episode in agent_episodes])
             filtered = self._stats[agent_id].normalise(latest, self)
             space = self.observation_space[agent_id]
             for episode, row in zip(agent_episodes, unbatch(filtered), strict=True):
+                self._made.update((id(leaf), leaf) for leaf in flatten(row) if isinstance(leaf, np.ndarray))
                 episode.set_observations(new_data=row, at_indices=-1)
                 episode.observation_space = space
+
+    def _made_by_me(self, observation: Any) -> bool:
+        return any(self._made.get(id(leaf)) is leaf for leaf in flatten(observation) if isinstance(leaf, np.ndarray))
 
     def get_state(self) -> dict[str, Any]:
         if self._stats is None:
@@ -268,8 +279,9 @@ class MeanStdFilter(ConnectorV2):
         return {agent_id: stats.get_state() for agent_id, stats in self._stats.items()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        if self._stats is None:
-            self.reset_state()
+        """Take a state of `get_state`'s form; ValueError (`check_state`'s) for any other, e.g. a single-agent
+        filter's state given to a multi-agent one (a checkpoint of an earlier spec)."""
+        self.check_state(state)
         if not self.multi_agent:
             self._stats[None].set_state(state)
             return
@@ -308,12 +320,6 @@ class MeanStdFilter(ConnectorV2):
         if not self.multi_agent:
             return self._stats[None].merged(states)
         return {agent_id: stats.merged([s[agent_id] for s in states]) for agent_id, stats in self._stats.items()}
-
-
-def _repeats_last_observation(episode: SingleAgentEpisode) -> bool:
-    """Whether the latest observation is the one before it, repeated (the same object): a terminated agent's
-    MultiAgentEpisode repeats the agent's last observation when the agent leaves without one."""
-    return len(episode) > 0 and episode.is_terminated and episode.get_observations(-1) is episode.get_observations(-2)
 
 
 def _keys(state: Any) -> str:

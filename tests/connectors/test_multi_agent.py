@@ -151,6 +151,11 @@ def test_a_multi_agent_run_refuses_a_piece_left_single_agent():
     for single_agent in ({"type": "FrameStackingEnvToModule", "num_frames": 4}, "PrevActionsPrevRewards"):
         with pytest.raises(SpecError, match=r"works on single-agent runs only \(for now\)"):
             build_multi_agent_env_to_module(spec(single_agent), agents, ImportPolicy([]))
+    from rlgate.spec.policy import build_env_to_module
+
+    single = RunSpec.model_validate({"connectors": {"env_to_module": [{"type": "MeanStdFilter", "multi_agent": True}]}})
+    with pytest.raises(SpecError, match=r"MeanStdFilter has multi_agent = true, but this spec is single-agent"):
+        build_env_to_module(single, OBS, ACT, ImportPolicy([]))  # the other way round: one line, not AttributeError
     allowed = spec({"type": "MeanStdFilter", "multi_agent": True})
     pipeline = build_multi_agent_env_to_module(allowed, agents, ImportPolicy([]))
     assert any(type(p).__name__ == "MeanStdFilter" and p.multi_agent for p in pipeline.connectors)

@@ -349,3 +349,44 @@ def test_a_refused_message_records_nothing_of_any_sub_env(examples_importable, b
     shipped_chunks = decoded(session.close())  # what the stream's end ships: the steps before the refused message
     assert sum(chunk.multi_agent_env_steps for chunk in shipped_chunks) == sum(env_ts)
     assert sorted(len(chunk) for chunk in shipped_chunks) == [2, 2, 2, 2]  # the third actions had no next obs
+
+
+@pytest.mark.parametrize("flush_at", [None, 2], ids=["no-flush", "flush-while-a-step-waits"])
+def test_a_multi_agent_mean_std_filter_counts_each_observation_once_across_a_flush(flush_at):
+    """A pausing server flushes between observe() and the batch: the pipeline runs over the waiting step, then
+    again over the cut successor's. Each observation is normalised, and counted in the statistics, once."""
+    from rlgate.core.agents_step import AgentsStep
+    from rlgate.server.metrics import ServerMetrics
+    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+
+    box = gym.spaces.Box(-100, 100, (1,), np.float32)
+    agents = {"a": (box, DISCRETE2)}
+    piece = {"type": "MeanStdFilter", "multi_agent": True, "clip_by_value": None}
+    spec = RunSpec.parse(
+        {"multi_agent": {"policy_mapping_fn": "shared"}, "seed": 0, "connectors": {"env_to_module": [piece]}}, "t"
+    )
+    policy = MultiAgentPolicy.create(spec, agents, metrics=ServerMetrics(), seed=0)
+    session = MultiAgentSession(
+        MultiAgentSessionSpec("t", agents, 1, True),
+        mapping_fn=policy.mapping_fn,
+        rollout_fragment_length=None,
+        count_steps_by="env_steps",
+        lookback=1,
+        write_back=policy.write_back,
+    )
+    chunks, flags = [], {"__all__": False}
+    for t, value in enumerate([10.0, 20.0, 30.0, 40.0]):
+        step = AgentsStep({"a": np.array([value], np.float32)}, {} if t == 0 else {"a": 1.0}, dict(flags), dict(flags))
+        episodes, _ = session.observe([step])
+        if t == flush_at:
+            chunks += decoded(session.flush())
+        chunks += decoded(session.record(policy.compute(episodes, explore=False)))
+    chunks += decoded(session.close())
+    stats = policy.env_to_module.connectors[0].get_state()["a"]["delta"][0]
+    assert stats["count"] == 4 and stats["mean"].tolist() == [25.0]
+    observed = {}  # env step -> the observation shipped for it (a cut successor repeats its lookback)
+    for chunk in chunks:
+        for offset, observation in enumerate(chunk.get_observations()):
+            observed.setdefault(chunk.t_started + offset, []).append(round(float(observation[0]), 3))
+    assert {t: set(v) for t, v in observed.items()} == {0: {0.0}, 1: {0.707}, 2: {1.0}, 3: {1.162}}
