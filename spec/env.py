@@ -228,7 +228,8 @@ class CheckedAgentEnv:
         return getattr(self.env, name)
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> Any:
-        result = self._call("reset", seed=seed, options=options)
+        # Options only where given: an env whose reset() takes no options (PettingZoo's older API) still resets.
+        result = self._call("reset", seed=seed, **({} if options is None else {"options": options}))
         if not self._aec and not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Mapping)):
             self._not_pettingzoos("reset", result, "(observations, infos)")
         return result

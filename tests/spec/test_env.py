@@ -83,7 +83,7 @@ def test_a_checked_pettingzoo_env_steps_as_the_env_itself() -> None:
     stepped with None) and a parallel env give the steps their unwrapped selves give."""
     pytest.importorskip("pettingzoo")
     from pettingzoo.classic import tictactoe_v3
-    from support.bad_agent_envs import ParallelSteps
+    from support.bad_agent_envs import NoResetOptions, ParallelSteps
 
     from rlgate.client.agent_envs import AgentEnvs
     from rlgate.spec.env import checked_agent_env
@@ -101,7 +101,7 @@ def test_a_checked_pettingzoo_env_steps_as_the_env_itself() -> None:
             steps.append((step.rewards, step.terminateds, step.truncateds, sorted(step.observations)))
         return steps
 
-    for make in (tictactoe_v3.env, ParallelSteps):
+    for make in (tictactoe_v3.env, ParallelSteps, NoResetOptions):
         checked = checked_agent_env(make, "x")
         assert type(checked).__name__ == "CheckedAgentEnv" and checked.possible_agents == make().possible_agents
         assert trace(checked, 3) == trace(make(), 3)

@@ -52,6 +52,13 @@ class ParallelSteps(ParallelEnv):
         return 1.0
 
 
+class NoResetOptions(ParallelSteps):
+    """PettingZoo's older API: reset() takes a seed and no options (not a bad env: it must run)."""
+
+    def reset(self, seed: int | None = None) -> tuple[dict, dict]:  # type: ignore[override]
+        return super().reset(seed)
+
+
 class VectorRewards(ParallelSteps):
     """Each agent's reward is an array of one number."""
 
