@@ -53,7 +53,7 @@ class AgentEnvs:
                 steps.append(self._reset(i))
                 continue
             step = self._step_aec(env, per_env) if is_aec(env) else self._step_parallel(env, per_env)
-            self._done[i] = step.done
+            self._done[i] = not env.agents  # over, whatever its "__all__" flags say (see _all_flags)
             steps.append(step)
         return steps
 
@@ -73,12 +73,13 @@ class AgentEnvs:
     @staticmethod
     def _step_parallel(env: Any, actions: dict[str, Any]) -> AgentsStep:
         observations, rewards, terminateds, truncateds, _ = env.step({a: _plain(x) for a, x in actions.items()})
-        gone = not env.agents
+        leaving = list(terminateds.keys() | truncateds.keys())
+        all_terminated, all_truncated = _all_flags(not env.agents, leaving, terminateds, truncateds)
         return AgentsStep(
             dict(observations),
             {a: float(r) for a, r in rewards.items()},
-            {**{a: bool(t) for a, t in terminateds.items()}, ALL: gone and all(terminateds.values())},
-            {**{a: bool(t) for a, t in truncateds.items()}, ALL: gone and not all(terminateds.values())},
+            {**{a: bool(t) for a, t in terminateds.items()}, ALL: all_terminated},
+            {**{a: bool(t) for a, t in truncateds.items()}, ALL: all_truncated},
         )
 
     @staticmethod
@@ -94,11 +95,27 @@ class AgentEnvs:
             if not (terminated or truncated):
                 break
             env.step(None)
-        gone = not env.agents
-        agents_terminated = all(step.terminateds[a] for a in step.observations)
-        step.terminateds[ALL] = gone and agents_terminated
-        step.truncateds[ALL] = gone and not agents_terminated
+        step.terminateds[ALL], step.truncateds[ALL] = _all_flags(
+            not env.agents, list(step.observations), step.terminateds, step.truncateds
+        )
         return step
+
+
+def _all_flags(
+    gone: bool, agents: list[str], terminateds: dict[str, bool], truncateds: dict[str, bool]
+) -> tuple[bool, bool]:
+    """The step's "__all__" flags (terminated, truncated) when the env's last agents are `gone`: terminated where
+    every agent of the step was, truncated where every one was (or none said), and neither where they left
+    differently, so that each agent ends with its own flag (a truncated one's value is bootstrapped)."""
+    if not gone:
+        return False, False
+    terminated = [bool(terminateds.get(a, False)) for a in agents]
+    truncated = [bool(truncateds.get(a, False)) for a in agents]
+    if all(terminated):
+        return True, False
+    if any(terminated) and all(t or u for t, u in zip(terminated, truncated, strict=True)):
+        return False, False
+    return False, True
 
 
 def _plain(action: Any) -> Any:
