@@ -162,7 +162,7 @@ class Learner:
         self.progress.episodes_finished(self.intake.take_finished(), self.env_steps_received())
         self.servers = Servers()  # the inference servers that report to this learner
         self.updating_since: float | None = None  # when the update in progress started (time.time())
-        self._steps_in_while_updating = 0  # env steps the intake took while the update in progress trained
+        self._steps_in_while_updating = 0  # steps (as train_batch_size counts) taken in while the update trains
         self._published = asyncio.Condition()
         # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
         self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-trainer")
