@@ -238,6 +238,16 @@ function openStream(client) {
   };
 }
 
+// Send Close and require the stream's status to be OK (it ends at once: the server reads nothing after it);
+// the status's name.
+async function closeWithOk(stream, client) {
+  stream.write({ close: {} });
+  const { code, details } = await stream.status;
+  client.close();
+  if (code !== grpc.status.OK) fail(`the stream ended with ${grpc.status[code]}: ${details}`);
+  return grpc.status[code];
+}
+
 // A google.protobuf.Struct of numbers. proto-loader ships its own struct.proto, whose fields stay camelCased
 // even with keepCase: true: `number_value` would be dropped without a word, `numberValue` is kept.
 function struct(numbers) {
@@ -323,10 +333,7 @@ async function run() {
   if (episodes.length < EPISODES) fail(`only ${episodes.length} of ${EPISODES} episodes ended`);
 
   // Close: no episode is running (the last one ended), and the stream ends with OK at once.
-  stream.write({ close: {} });
-  const { code, details } = await stream.status;
-  client.close();
-  if (code !== grpc.status.OK) fail(`the stream ended with ${grpc.status[code]}: ${details}`);
+  const status = await closeWithOk(stream, client);
 
   return {
     session_id: welcome.welcome.session_id,
@@ -340,7 +347,7 @@ async function run() {
     env_steps: envSteps,
     // int64 versions arrive as decimal strings (longs: String); they are small enough for a number.
     model_versions: [...versions].map(Number).sort((a, b) => a - b),
-    status: grpc.status[code],
+    status,
   };
 }
 
@@ -658,10 +665,7 @@ async function multiAgent() {
   if (finished.length < EPISODES) fail(`only ${finished.length} of ${EPISODES} episodes ended in ${answers} answers`);
 
   // Close: the episodes still running (in the other sub-envs) are shipped as truncated.
-  stream.write({ close: {} });
-  const { code, details } = await stream.status;
-  client.close();
-  if (code !== grpc.status.OK) fail(`the stream ended with ${grpc.status[code]}: ${details}`);
+  const status = await closeWithOk(stream, client);
 
   return {
     session_id: welcome.welcome.session_id,
@@ -671,7 +675,7 @@ async function multiAgent() {
     running: slots.filter((slot) => !slot.episode.over).map((slot) => report(slot.episode)),
     env_steps: envSteps,
     model_versions: [...versions].map(Number).sort((a, b) => a - b),
-    status: grpc.status[code],
+    status,
   };
 }
 
