@@ -15,7 +15,7 @@ from rlgate.connectors.builders import (
     build_module_to_env_pipeline,
 )
 from rlgate.connectors.common.frame_stacking import FrameStacking
-from rlgate.connectors.env_to_module import FlattenObservations, PrevActionsPrevRewards
+from rlgate.connectors.env_to_module import FlattenObservations
 from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, default_agent_to_module_mapping_fn
 from rlgate.models import MultiRLModule
 from rlgate.models.catalog import encodes
@@ -27,9 +27,9 @@ from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
 AgentSpaces = dict[str, tuple[gym.Space, gym.Space]]
 
 
-# Built-in env-to-module pieces without a multi-agent form yet (RLlib's have a `multi_agent` option):
-# FrameStackingEnvToModule (a FrameStacking) and PrevActionsPrevRewards.
-SINGLE_AGENT_PIECES = (FrameStacking, PrevActionsPrevRewards)
+# Built-in env-to-module pieces without a multi-agent form yet (RLlib's has a `multi_agent` option):
+# FrameStackingEnvToModule (a FrameStacking).
+SINGLE_AGENT_PIECES = (FrameStacking,)
 
 
 def _per_agent(agent_id: str, episode: MultiAgentEpisode) -> str:

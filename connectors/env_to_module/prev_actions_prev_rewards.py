@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -23,6 +24,15 @@ class PrevActionsPrevRewards(ConnectorV2):
 
     Written back into the episodes (as RLlib does), so they must be in list mode; the fast path's batched
     OBS becomes the batched Dict. Needs both input spaces (the action space sizes `prev_n_actions`).
+
+    Multi-agent (`multi_agent`, RLlib's option of the same name): the spaces are Dicts by agent id, and the
+    latest observation of each agent that observed at the latest env step takes that agent's own previous
+    actions (in its action space) and rewards, in its episode (`agent_ids` limits this to those agents;
+    default: all). A latest observation the pipeline made already is left as it is: a terminated agent's last
+    one repeated by its MultiAgentEpisode, or the latest one of a chunk cut while its step waited for actions (a
+    server's flush runs the pipeline, then the successor's step runs it again); RLlib wraps those twice. It is
+    told by its form: only an observation with the agent's input space's structure and shapes is augmented
+    (this piece's Dict, or what later pieces made of it, e.g. FlattenObservations' flat array, has another).
     """
 
     ORIG_OBS_KEY = "_orig_obs"
@@ -36,10 +46,14 @@ class PrevActionsPrevRewards(ConnectorV2):
         *,
         n_prev_actions: int = 1,
         n_prev_rewards: int = 1,
+        multi_agent: bool = False,
+        agent_ids: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         self.n_prev_actions = n_prev_actions
         self.n_prev_rewards = n_prev_rewards
+        self.multi_agent = multi_agent
+        self.agent_ids = agent_ids
         super().__init__(input_observation_space, input_action_space, **kwargs)
 
     def recompute_output_observation_space(
@@ -47,13 +61,28 @@ class PrevActionsPrevRewards(ConnectorV2):
     ) -> gym.Space:
         if input_action_space is None:
             return input_observation_space
-        spaces = {self.ORIG_OBS_KEY: input_observation_space}
+        if self.multi_agent:
+            return gym.spaces.Dict(
+                {
+                    agent_id: self._augmented_space(space, input_action_space[agent_id])
+                    if self._augments(agent_id)
+                    else space
+                    for agent_id, space in input_observation_space.spaces.items()
+                }
+            )
+        return self._augmented_space(input_observation_space, input_action_space)
+
+    def _augments(self, agent_id: str) -> bool:
+        return self.agent_ids is None or agent_id in self.agent_ids
+
+    def _augmented_space(self, observation_space: gym.Space, action_space: gym.Space) -> gym.spaces.Dict:
+        spaces = {self.ORIG_OBS_KEY: observation_space}
         if self.n_prev_actions:
-            if isinstance(input_action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
-                size = int(np.sum(getattr(input_action_space, "nvec", input_action_space.n)))
+            if isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+                size = int(np.sum(getattr(action_space, "nvec", action_space.n)))
                 low, high = 0.0, 1.0
             else:
-                size, low, high = int(np.prod(input_action_space.shape)), -np.inf, np.inf
+                size, low, high = int(np.prod(action_space.shape)), -np.inf, np.inf
             spaces[self.PREV_ACTIONS_KEY] = gym.spaces.Box(low, high, (self.n_prev_actions * size,), np.float32)
         if self.n_prev_rewards:
             spaces[self.PREV_REWARDS_KEY] = gym.spaces.Box(-np.inf, np.inf, (self.n_prev_rewards,), np.float32)
@@ -70,6 +99,12 @@ class PrevActionsPrevRewards(ConnectorV2):
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
+        if self.multi_agent:
+            for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
+                space = self.input_observation_space[episode.agent_id]
+                if self._augments(episode.agent_id) and has_form_of(space, episode.get_observations(-1)):
+                    self._augment_agent(episode)
+            return batch
         if not episodes:
             return batch
         augmented = {self.ORIG_OBS_KEY: get_latest_observations(batch, episodes)}
@@ -80,9 +115,37 @@ class PrevActionsPrevRewards(ConnectorV2):
         set_latest_observations(batch, episodes, augmented, self.observation_space)
         return batch
 
+    def _augment_agent(self, episode: SingleAgentEpisode) -> None:
+        """An agent's latest observation, augmented in its episode (its own actions and rewards)."""
+        augmented = {self.ORIG_OBS_KEY: episode.get_observations(-1)}
+        if self.n_prev_actions:
+            augmented[self.PREV_ACTIONS_KEY] = self._prev_actions(episode)
+        if self.n_prev_rewards:
+            augmented[self.PREV_REWARDS_KEY] = self._prev_rewards(episode)
+        episode.set_observations(new_data=augmented, at_indices=-1)
+        episode.observation_space = self.observation_space[episode.agent_id]
+
     def _prev_actions(self, episode: SingleAgentEpisode) -> np.ndarray:
         actions = episode.get_actions(slice(-self.n_prev_actions, None), fill=0.0, one_hot_discrete=True)
         return np.asarray(actions, np.float32).reshape(-1)
 
     def _prev_rewards(self, episode: SingleAgentEpisode) -> np.ndarray:
         return np.asarray(episode.get_rewards(slice(-self.n_prev_rewards, None), fill=0.0), np.float32)
+
+
+def has_form_of(space: gym.Space, observation: Any) -> bool:
+    """Whether `observation` has `space`'s structure (Dict keys, Tuple length) and leaf shapes; bounds are not
+    checked (envs step outside them)."""
+    if isinstance(space, gym.spaces.Dict):
+        return (
+            isinstance(observation, Mapping)
+            and set(observation) == set(space.spaces)
+            and all(has_form_of(sub, observation[key]) for key, sub in space.spaces.items())
+        )
+    if isinstance(space, gym.spaces.Tuple):
+        return (
+            isinstance(observation, tuple)
+            and len(observation) == len(space.spaces)
+            and all(has_form_of(sub, item) for sub, item in zip(space.spaces, observation, strict=True))
+        )
+    return not isinstance(observation, Mapping | tuple) and np.shape(observation) == space.shape

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BOOM = """
 from rlgate.connectors import ConnectorV2
 
@@ -120,3 +122,16 @@ def test_spec_variables_set_the_run_spec_of_up_and_of_every_process(tmp_path: Pa
     assert spec["algorithm"]["lr"] == 0.0005 and spec["seed"] == 0  # RLGATE_SEED is not up's (RLGATE_UP_SEED is)
     assert "another run spec" not in (run_dir / "server.log").read_text()
     assert "update version=1 " in (run_dir / "learner.log").read_text()  # the learner trained on the server's steps
+
+
+def test_a_multi_agent_run_takes_prev_actions_prev_rewards_per_agent(tmp_path: Path) -> None:
+    """PrevActionsPrevRewards(multi_agent=True) through server, flushes and learner (FlattenObservations after it)."""
+    pytest.importorskip("pettingzoo")
+    (tmp_path / "examples").symlink_to(Path(__file__).parents[2] / "examples")
+    pieces = json.dumps([{"type": "PrevActionsPrevRewards", "multi_agent": True}])
+    args = ("--config", "examples/multi_agent_cartpole.toml", "--spec.connectors.env-to-module", pieces)
+    code, out, err = up(tmp_path, *args, "--stop-return", "1000", "--max-steps", "3000")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert code == 1 and "stopped at return" in out, out + err  # the step budget, nothing refused
+    for log in ("server.log", "learner.log", "envs.log"):
+        assert "Traceback" not in (run_dir / log).read_text(), log

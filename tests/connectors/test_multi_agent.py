@@ -26,6 +26,8 @@ ACT = gym.spaces.Discrete(2)
 BOX_ACT = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
 AGENTS = {"a": (OBS, ACT), "b": (OBS, BOX_ACT)}
 MODULES = {"p_a": (OBS, ACT), "p_b": (OBS, BOX_ACT)}
+AGENT_OBS = gym.spaces.Dict({a: s[0] for a, s in AGENTS.items()})
+AGENT_ACT = gym.spaces.Dict({a: s[1] for a, s in AGENTS.items()})
 
 
 def _episode(seed: int) -> MultiAgentEpisode:
@@ -148,14 +150,119 @@ def test_a_multi_agent_run_refuses_a_piece_left_single_agent():
     agents = {"a": (OBS, ACT), "b": (OBS, ACT)}
     with pytest.raises(SpecError, match=r"MeanStdFilter runs on multi-agent episodes here: set multi_agent = true"):
         build_multi_agent_env_to_module(spec("MeanStdFilter"), agents, ImportPolicy([]))
-    for single_agent in ({"type": "FrameStackingEnvToModule", "num_frames": 4}, "PrevActionsPrevRewards"):
-        with pytest.raises(SpecError, match=r"works on single-agent runs only \(for now\)"):
-            build_multi_agent_env_to_module(spec(single_agent), agents, ImportPolicy([]))
+    with pytest.raises(SpecError, match=r"PrevActionsPrevRewards runs on multi-agent episodes here: set multi_agent"):
+        build_multi_agent_env_to_module(spec("PrevActionsPrevRewards"), agents, ImportPolicy([]))
+    with pytest.raises(SpecError, match=r"works on single-agent runs only \(for now\)"):
+        build_multi_agent_env_to_module(
+            spec({"type": "FrameStackingEnvToModule", "num_frames": 4}), agents, ImportPolicy([])
+        )
     from rlgate.spec.policy import build_env_to_module
 
     single = RunSpec.model_validate({"connectors": {"env_to_module": [{"type": "MeanStdFilter", "multi_agent": True}]}})
     with pytest.raises(SpecError, match=r"MeanStdFilter has multi_agent = true, but this spec is single-agent"):
         build_env_to_module(single, OBS, ACT, ImportPolicy([]))  # the other way round: one line, not AttributeError
-    allowed = spec({"type": "MeanStdFilter", "multi_agent": True})
-    pipeline = build_multi_agent_env_to_module(allowed, agents, ImportPolicy([]))
-    assert any(type(p).__name__ == "MeanStdFilter" and p.multi_agent for p in pipeline.connectors)
+    for allowed in ("MeanStdFilter", "PrevActionsPrevRewards"):
+        pipeline = build_multi_agent_env_to_module(
+            spec({"type": allowed, "multi_agent": True}), agents, ImportPolicy([])
+        )
+        assert any(type(p).__name__ == allowed and p.multi_agent for p in pipeline.connectors)
+
+
+def test_a_multi_agent_prev_actions_prev_rewards_adds_each_agents_own_actions_and_rewards():
+    """RLlib's PrevActionsPrevRewards(multi_agent=True): the agents that observed at the latest env step take their
+    own previous actions (one-hot for a's Discrete, as is for b's Box) and rewards, zero-filled before their first
+    step; an agent that joins late starts from zeros; an agent that did not observe is left alone; a terminated
+    agent's last observation repeated by the episode was augmented already and is not augmented again."""
+    from rlgate.connectors.env_to_module import PrevActionsPrevRewards
+
+    piece = PrevActionsPrevRewards(AGENT_OBS, AGENT_ACT, n_prev_actions=2, multi_agent=True)
+    key_orig, key_actions, key_rewards = piece.ORIG_OBS_KEY, piece.PREV_ACTIONS_KEY, piece.PREV_REWARDS_KEY
+    assert piece.observation_space == gym.spaces.Dict(
+        {
+            agent: gym.spaces.Dict(
+                {
+                    key_orig: OBS,
+                    key_actions: gym.spaces.Box(low, 1.0 if low == 0.0 else np.inf, (2 * size,), np.float32),
+                    key_rewards: gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
+                }
+            )
+            for agent, size, low in (("a", 2, 0.0), ("b", 1, -np.inf))
+        }
+    )
+    episode = MultiAgentEpisode(observation_space=AGENT_OBS, action_space=AGENT_ACT)
+    a0, a1, b0, b1 = (np.full(3, v, np.float32) for v in (0.1, 0.2, -0.1, -0.2))
+
+    def latest(agent: str) -> dict:
+        return episode.agent_episodes[agent].get_observations(-1)
+
+    def step(*args, **kwargs) -> None:
+        episode.add_env_step(*args, **kwargs)
+        assert piece(rl_module=None, batch={}, episodes=[episode]) == {}
+
+    assert piece(rl_module=None, batch={}, episodes=[episode]) == {}  # no agent observed yet: nothing to do
+    episode.add_env_reset(observations={"a": a0})
+    piece(rl_module=None, batch={}, episodes=[episode])
+    assert latest("a")[key_orig] is a0 and latest("a")[key_actions].tolist() == [0, 0, 0, 0]
+    assert latest("a")[key_rewards].tolist() == [0]
+    step({"b": b0}, {"a": 1}, {"a": 0.5})  # a's action hangs; b joins late
+    assert latest("b")[key_actions].tolist() == [0, 0] and latest("b")[key_rewards].tolist() == [0]
+    assert latest("a")[key_orig] is a0  # a did not observe: left alone
+    step({"a": a1}, {"b": np.array([0.3], np.float32)}, {"a": 1.0, "b": 2.0})
+    assert latest("a")[key_orig] is a1 and latest("a")[key_actions].tolist() == [0, 0, 0, 1]
+    assert latest("a")[key_rewards].tolist() == [1.5]  # the rewards since its last action, summed
+    assert episode.agent_episodes["a"].get_observations(0)[key_orig] is a0  # earlier ones stay as they were
+    repeated = latest("a")
+    step({"b": b1}, {"a": 0}, {"a": 0.0, "b": 1.0}, terminateds={"a": True})  # a leaves without a last observation
+    assert latest("a") is repeated and latest("a")[key_orig] is a1  # not augmented twice
+    assert latest("b")[key_orig] is b1
+    np.testing.assert_allclose(latest("b")[key_actions], [0, 0.3])
+    assert latest("b")[key_rewards].tolist() == [3.0]
+    for agent in "ab":
+        assert episode.agent_episodes[agent].observation_space == piece.observation_space[agent]
+        assert piece.observation_space[agent].contains(latest(agent))
+
+
+def test_a_multi_agent_prev_actions_prev_rewards_leaves_agents_not_in_agent_ids_alone():
+    from rlgate.connectors.env_to_module import PrevActionsPrevRewards
+
+    piece = PrevActionsPrevRewards(AGENT_OBS, AGENT_ACT, multi_agent=True, agent_ids=["b"])
+    assert piece.observation_space["a"] == OBS and isinstance(piece.observation_space["b"], gym.spaces.Dict)
+    episode = MultiAgentEpisode(observation_space=AGENT_OBS, action_space=AGENT_ACT)
+    a0, b0 = np.zeros(3, np.float32), np.ones(3, np.float32)
+    episode.add_env_reset(observations={"a": a0, "b": b0})
+    piece(rl_module=None, batch={}, episodes=[episode])
+    assert episode.agent_episodes["a"].get_observations(-1) is a0
+    assert episode.agent_episodes["b"].get_observations(-1)[piece.ORIG_OBS_KEY] is b0
+
+
+def test_a_multi_agent_prev_actions_prev_rewards_augments_once_when_the_pipeline_runs_twice_over_a_step():
+    """A server's flush runs the env-to-module pipeline over the step waiting for actions, then the cut successor's
+    step runs it again; FlattenObservations (appended for the default model) has flattened the augmented
+    observation by then: it is not augmented again (before, the batch's rows had different sizes)."""
+    from rlgate.spec.imports import ImportPolicy
+    from rlgate.spec.multi_agent import build_multi_agent_env_to_module
+    from rlgate.spec.run import RunSpec
+
+    spec = RunSpec.model_validate(
+        {
+            "multi_agent": {"policy_mapping_fn": "per_agent"},
+            "connectors": {"env_to_module": [{"type": "PrevActionsPrevRewards", "multi_agent": True}]},
+        }
+    )
+    pipeline = build_multi_agent_env_to_module(spec, AGENTS, ImportPolicy([]))
+    assert pipeline.observation_space == gym.spaces.Dict(
+        {"a": gym.spaces.Box(-np.inf, np.inf, (6,), np.float32), "b": gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)}
+    )
+    episode = MultiAgentEpisode(
+        observation_space=AGENT_OBS, action_space=AGENT_ACT, agent_to_module_mapping_fn=lambda agent_id, _: agent_id
+    )
+    episode.add_env_reset(observations={"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)})
+    episode.add_env_step(
+        {"a": np.full(3, 2, np.float32)}, {"a": 1, "b": np.array([0.5], np.float32)}, {"a": 1.0, "b": 0.0}
+    )
+    first = pipeline(rl_module=None, batch={}, episodes=[episode], explore=False, shared_data={})
+    successor = episode.cut(len_lookback_buffer=1)
+    again = pipeline(rl_module=None, batch={}, episodes=[successor], explore=False, shared_data={})
+    expected = [2, 2, 2, 0, 1, 1]  # a's observation, its action 1 one-hot, its reward
+    assert first["a"][Columns.OBS].tolist() == again["a"][Columns.OBS].tolist() == [expected]
+    assert successor.agent_episodes["a"].get_observations(-1).tolist() == expected
