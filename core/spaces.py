@@ -4,6 +4,7 @@ buffers), and a space's flat size (to bound the model a client may ask for)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -94,3 +95,21 @@ def flat_size(space: gym.Space) -> int:
         subspaces = space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces
         return sum(flat_size(sub) for sub in subspaces)
     return int(gym.spaces.flatdim(space))
+
+
+def has_form_of(space: gym.Space, observation: Any) -> bool:
+    """Whether `observation` has `space`'s structure (Dict keys, Tuple length) and leaf shapes; bounds are not
+    checked (envs step outside them)."""
+    if isinstance(space, gym.spaces.Dict):
+        return (
+            isinstance(observation, Mapping)
+            and set(observation) == set(space.spaces)
+            and all(has_form_of(sub, observation[key]) for key, sub in space.spaces.items())
+        )
+    if isinstance(space, gym.spaces.Tuple):
+        return (
+            isinstance(observation, tuple)
+            and len(observation) == len(space.spaces)
+            and all(has_form_of(sub, item) for sub, item in zip(space.spaces, observation, strict=True))
+        )
+    return not isinstance(observation, Mapping | tuple) and np.shape(observation) == space.shape

@@ -13,7 +13,7 @@ import numpy as np
 from rlgate.connectors.batching import batch_items
 from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_agent
 from rlgate.connectors.env_to_module.latest_observations import get_latest_observations, set_latest_observations
-from rlgate.core.spaces import space_struct
+from rlgate.core.spaces import has_form_of, space_struct
 from rlgate.core.tree import flatten, map_structure, unbatch
 
 if TYPE_CHECKING:
@@ -254,11 +254,14 @@ class MeanStdFilter(ConnectorV2):
 
     def _normalise_agents(self, episodes: list[MultiAgentEpisode]) -> None:
         """Each agent's latest observations (of the agents that observed last), with its own statistics; an
-        observation this piece made is left as it is (see `_made`)."""
+        observation this piece made (see `_made`), or a later piece made of it, is left as it is."""
         by_agent: dict[Any, list[SingleAgentEpisode]] = {}
         for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
-            if self._filters(episode.agent_id) and not self._made_by_me(episode.get_observations(-1)):
-                by_agent.setdefault(episode.agent_id, []).append(episode)
+            agent_id, latest = episode.agent_id, episode.get_observations(-1)
+            # Not this piece's output, nor what a later piece made of it (FlattenObservations' flat array).
+            fresh = has_form_of(self.input_observation_space[agent_id], latest) and not self._made_by_me(latest)
+            if self._filters(agent_id) and fresh:
+                by_agent.setdefault(agent_id, []).append(episode)
         for agent_id, agent_episodes in by_agent.items():
             latest = batch_items([episode.get_observations(-1) for episode in agent_episodes])
             filtered = self._stats[agent_id].normalise(latest, self)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -11,6 +10,7 @@ import numpy as np
 from rlgate.connectors.batching import batch_items
 from rlgate.connectors.connector_v2 import ConnectorV2
 from rlgate.connectors.env_to_module.latest_observations import get_latest_observations, set_latest_observations
+from rlgate.core.spaces import has_form_of
 
 if TYPE_CHECKING:
     from rlgate.episodes import SingleAgentEpisode
@@ -131,21 +131,3 @@ class PrevActionsPrevRewards(ConnectorV2):
 
     def _prev_rewards(self, episode: SingleAgentEpisode) -> np.ndarray:
         return np.asarray(episode.get_rewards(slice(-self.n_prev_rewards, None), fill=0.0), np.float32)
-
-
-def has_form_of(space: gym.Space, observation: Any) -> bool:
-    """Whether `observation` has `space`'s structure (Dict keys, Tuple length) and leaf shapes; bounds are not
-    checked (envs step outside them)."""
-    if isinstance(space, gym.spaces.Dict):
-        return (
-            isinstance(observation, Mapping)
-            and set(observation) == set(space.spaces)
-            and all(has_form_of(sub, observation[key]) for key, sub in space.spaces.items())
-        )
-    if isinstance(space, gym.spaces.Tuple):
-        return (
-            isinstance(observation, tuple)
-            and len(observation) == len(space.spaces)
-            and all(has_form_of(sub, item) for sub, item in zip(space.spaces, observation, strict=True))
-        )
-    return not isinstance(observation, Mapping | tuple) and np.shape(observation) == space.shape

@@ -235,6 +235,33 @@ def test_a_multi_agent_prev_actions_prev_rewards_leaves_agents_not_in_agent_ids_
     assert episode.agent_episodes["b"].get_observations(-1)[piece.ORIG_OBS_KEY] is b0
 
 
+def test_a_multi_agent_mean_std_filter_leaves_what_a_later_piece_made_of_its_output_alone():
+    """Dict observations: the FlattenObservations appended for the default model flattens the filter's output; when
+    the pipeline runs again over that step (a server's flush, then the cut successor's step), the flat array is
+    neither the filter's input form nor its own output: it is left alone (before: IndexError in map_structure)."""
+    from rlgate.spec.imports import ImportPolicy
+    from rlgate.spec.multi_agent import build_multi_agent_env_to_module
+    from rlgate.spec.run import RunSpec
+
+    observation = gym.spaces.Dict({"pos": OBS, "mode": gym.spaces.Discrete(3)})
+    agents = {"a": (observation, ACT)}
+    piece = {"type": "MeanStdFilter", "multi_agent": True}
+    spec = RunSpec.model_validate(
+        {"multi_agent": {"policy_mapping_fn": "shared"}, "connectors": {"env_to_module": [piece]}}
+    )
+    pipeline = build_multi_agent_env_to_module(spec, agents, ImportPolicy([]))
+    episode = MultiAgentEpisode(
+        observation_space=gym.spaces.Dict({"a": observation}), action_space=gym.spaces.Dict({"a": ACT})
+    )
+    episode.add_env_reset(observations={"a": {"pos": np.full(3, 0.5, np.float32), "mode": 1}})
+    first = pipeline(rl_module=None, batch={}, episodes=[episode], explore=False, shared_data={})
+    successor = episode.cut(len_lookback_buffer=1)
+    again = pipeline(rl_module=None, batch={}, episodes=[successor], explore=False, shared_data={})
+    module = "default_policy"
+    assert first[module][Columns.OBS].tolist() == again[module][Columns.OBS].tolist() == [[0, 1, 0, 0, 0, 0]]
+    assert pipeline.connectors[0].get_state()["a"]["delta"][0]["count"] == 1
+
+
 def test_a_multi_agent_prev_actions_prev_rewards_augments_once_when_the_pipeline_runs_twice_over_a_step():
     """A server's flush runs the env-to-module pipeline over the step waiting for actions, then the cut successor's
     step runs it again; FlattenObservations (appended for the default model) has flattened the augmented
