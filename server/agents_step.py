@@ -72,10 +72,9 @@ class AgentsStepDecoder:
 
 def _in(path: str, exc: CodecError, field: str) -> CodecError:
     """`exc` with the sub-env's path in front; a NonFiniteError keeps its kind, counted under `field`."""
-    located = type(exc)(f"{path}.{exc}")
-    if isinstance(located, NonFiniteError):
-        located.field = field
-    return located
+    if isinstance(exc, NonFiniteError):
+        return NonFiniteError(f"{path}.{exc}", field)
+    return type(exc)(f"{path}.{exc}")
 
 
 def encode_agent_actions(actions: list[dict[str, Any]]) -> list[pb.AgentActions]:

@@ -88,8 +88,7 @@ class MultiAgentSession:
             completed += episode.agent_steps() - before if self._agent_steps else 1
             if episode.is_done:
                 self._done.append(episode)
-        for i in range(len(steps)):
-            self._actions[i], self._outputs[i] = {}, {}
+        self._actions, self._outputs = [{} for _ in steps], [{} for _ in steps]  # record() fills them in
         self._pending = True
         # The list itself, not a copy: a flush() before the batch runs swaps in the successor chunks.
         return self._episodes, completed

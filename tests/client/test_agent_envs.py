@@ -4,49 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
 import pytest
 
 pytest.importorskip("pettingzoo")
-from pettingzoo import ParallelEnv
+from support.bad_agent_envs import ParallelSteps
 
 from rlgate.client.agent_envs import AgentEnvs
 from rlgate.core.agents_step import ALL
 
 
-class LeaveTogether(ParallelEnv):
-    """Agents a and b both leave at step 2, with the flags given: (a terminated, a truncated, b ..., b ...)."""
-
-    metadata = {"name": "leave_together_v0"}
+class LeaveTogether(ParallelSteps):
+    """Agents a0 and a1 both leave at step 2, with the flags given: (a0 terminated, a0 truncated, a1 ..., a1 ...)."""
 
     def __init__(self, flags: tuple[bool, bool, bool, bool]) -> None:
-        self.possible_agents = ["a", "b"]
-        self.agents: list[str] = []
-        self.flags, self.t = flags, 0
-
-    def observation_space(self, agent: str) -> gym.Space:
-        return gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def action_space(self, agent: str) -> gym.Space:
-        return gym.spaces.Discrete(2)
-
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        self.agents, self.t = list(self.possible_agents), 0
-        return {a: np.zeros(1, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+        super().__init__()
+        self.flags = flags
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        self.t += 1
+        observations, rewards, _, _, infos = super().step(actions)
         end = self.t == 2
-        a_term, a_trunc, b_term, b_trunc = self.flags if end else (False,) * 4
-        agents, self.agents = self.agents, [] if end else self.agents
-        return (
-            {a: np.zeros(1, np.float32) for a in agents},
-            {a: 1.0 for a in agents},
-            {"a": a_term, "b": b_term},
-            {"a": a_trunc, "b": b_trunc},
-            {a: {} for a in agents},
-        )
+        self.agents = [] if end else self.agents
+        a0_term, a0_trunc, a1_term, a1_trunc = self.flags if end else (False,) * 4
+        return observations, rewards, {"a0": a0_term, "a1": a1_term}, {"a0": a0_trunc, "a1": a1_trunc}, infos
 
 
 @pytest.mark.parametrize(
@@ -65,8 +44,8 @@ def test_the_all_flags_let_each_agent_keep_its_own_where_they_leave_differently(
     way the sub-env is over: its next step is a reset."""
     envs = AgentEnvs([LeaveTogether(flags)])
     envs.reset(seed=0)
-    envs.step([{"a": 0, "b": 0}])
-    (last,) = envs.step([{"a": 0, "b": 0}])
+    envs.step([{"a0": 0, "a1": 0}])
+    (last,) = envs.step([{"a0": 0, "a1": 0}])
     assert (last.terminateds[ALL], last.truncateds[ALL]) == expected
     (reset,) = envs.step([{}])
-    assert set(reset.observations) == {"a", "b"} and reset.rewards == {}
+    assert set(reset.observations) == {"a0", "a1"} and reset.rewards == {}
