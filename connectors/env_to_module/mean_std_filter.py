@@ -237,8 +237,6 @@ class MeanStdFilter(ConnectorV2):
     ) -> dict[str, Any]:
         if not episodes:
             return batch
-        if self._stats is None:
-            self.reset_state()
         if is_multi_agent(episodes) != self.multi_agent:
             raise ValueError(
                 "MeanStdFilter got MultiAgentEpisodes: set multi_agent = true (RLlib's option)"
@@ -248,7 +246,7 @@ class MeanStdFilter(ConnectorV2):
         if self.multi_agent:
             self._normalise_agents(episodes)
             return batch
-        filtered = self._stats[None].normalise(get_latest_observations(batch, episodes), self)
+        filtered = self._statistics()[None].normalise(get_latest_observations(batch, episodes), self)
         set_latest_observations(batch, episodes, filtered, self.observation_space)
         return batch
 
@@ -264,7 +262,7 @@ class MeanStdFilter(ConnectorV2):
                 by_agent.setdefault(agent_id, []).append(episode)
         for agent_id, agent_episodes in by_agent.items():
             latest = batch_items([episode.get_observations(-1) for episode in agent_episodes])
-            filtered = self._stats[agent_id].normalise(latest, self)
+            filtered = self._statistics()[agent_id].normalise(latest, self)
             space = self.observation_space[agent_id]
             for episode, row in zip(agent_episodes, unbatch(filtered), strict=True):
                 self._made.update((id(leaf), leaf) for leaf in flatten(row) if isinstance(leaf, np.ndarray))
@@ -275,21 +273,15 @@ class MeanStdFilter(ConnectorV2):
         return any(self._made.get(id(leaf)) is leaf for leaf in flatten(observation) if isinstance(leaf, np.ndarray))
 
     def get_state(self) -> dict[str, Any]:
-        if self._stats is None:
-            self.reset_state()
-        if not self.multi_agent:
-            return self._stats[None].get_state()
-        return {agent_id: stats.get_state() for agent_id, stats in self._stats.items()}
+        return self._as_state({agent_id: stats.get_state() for agent_id, stats in self._statistics().items()})
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Take a state of `get_state`'s form; ValueError (`check_state`'s) for any other, e.g. a single-agent
         filter's state given to a multi-agent one (a checkpoint of an earlier spec)."""
         self.check_state(state)
-        if not self.multi_agent:
-            self._stats[None].set_state(state)
-            return
-        for agent_id, stats in self._stats.items():
-            stats.set_state(state[agent_id])
+        per_agent = self._per_agent(state)
+        for agent_id, stats in self._statistics().items():
+            stats.set_state(per_agent[agent_id])
 
     def reset_state(self) -> None:
         space = self.input_observation_space
@@ -302,27 +294,40 @@ class MeanStdFilter(ConnectorV2):
         """Raise ValueError unless `state` is one of this filter's (`get_state`'s form): `global` and `delta`
         statistics for each Box part of its input (multi-agent: per agent id), each fitting
         (`RunningStats.check_state`)."""
-        if self._stats is None:
-            self.reset_state()
-        if not self.multi_agent:
-            self._stats[None].check_state(state)
-            return
-        if not isinstance(state, Mapping) or set(state) != set(self._stats):
+        statistics = self._statistics()
+        if self.multi_agent and (not isinstance(state, Mapping) or set(state) != set(statistics)):
             raise ValueError(
-                f"a multi-agent MeanStdFilter state is keyed by agent {sorted(self._stats)}, not {_keys(state)}"
+                f"a multi-agent MeanStdFilter state is keyed by agent {sorted(statistics)}, not {_keys(state)}"
             )
-        for agent_id, stats in self._stats.items():
+        per_agent = self._per_agent(state)
+        for agent_id, stats in statistics.items():
             try:
-                stats.check_state(state[agent_id])
+                stats.check_state(per_agent[agent_id])
             except ValueError as exc:
+                if not self.multi_agent:
+                    raise
                 raise ValueError(f"agent {agent_id!r}: {exc}") from exc
 
     def merge_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        per_agent = [self._per_agent(state) for state in states]
+        return self._as_state(
+            {agent_id: stats.merged([s[agent_id] for s in per_agent]) for agent_id, stats in self._statistics().items()}
+        )
+
+    def _statistics(self) -> dict[Any, BoxStats]:
+        """The statistics by agent id (single-agent: the one under None), made for the input space at first use
+        (the pipeline sets the space after the piece is built)."""
         if self._stats is None:
             self.reset_state()
-        if not self.multi_agent:
-            return self._stats[None].merged(states)
-        return {agent_id: stats.merged([s[agent_id] for s in states]) for agent_id, stats in self._stats.items()}
+        return self._stats
+
+    def _per_agent(self, state: Any) -> Any:
+        """A state of `get_state`'s form, by agent id (single-agent: under None)."""
+        return state if self.multi_agent else {None: state}
+
+    def _as_state(self, per_agent: dict[Any, Any]) -> Any:
+        """`_per_agent`'s inverse: the state's form of statistics by agent id."""
+        return per_agent if self.multi_agent else per_agent[None]
 
 
 def _keys(state: Any) -> str:
