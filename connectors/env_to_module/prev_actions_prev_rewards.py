@@ -108,22 +108,25 @@ class PrevActionsPrevRewards(ConnectorV2):
         if not episodes:
             return batch
         augmented = {self.ORIG_OBS_KEY: get_latest_observations(batch, episodes)}
-        if self.n_prev_actions:
-            augmented[self.PREV_ACTIONS_KEY] = batch_items([self._prev_actions(e) for e in episodes])
-        if self.n_prev_rewards:
-            augmented[self.PREV_REWARDS_KEY] = batch_items([self._prev_rewards(e) for e in episodes])
+        augmented.update((key, batch_items(rows)) for key, rows in self._previous(episodes).items())
         set_latest_observations(batch, episodes, augmented, self.observation_space)
         return batch
 
     def _augment_agent(self, episode: SingleAgentEpisode) -> None:
         """An agent's latest observation, augmented in its episode (its own actions and rewards)."""
         augmented = {self.ORIG_OBS_KEY: episode.get_observations(-1)}
-        if self.n_prev_actions:
-            augmented[self.PREV_ACTIONS_KEY] = self._prev_actions(episode)
-        if self.n_prev_rewards:
-            augmented[self.PREV_REWARDS_KEY] = self._prev_rewards(episode)
+        augmented.update((key, rows[0]) for key, rows in self._previous([episode]).items())
         episode.set_observations(new_data=augmented, at_indices=-1)
         episode.observation_space = self.observation_space[episode.agent_id]
+
+    def _previous(self, episodes: list[SingleAgentEpisode]) -> dict[str, list[np.ndarray]]:
+        """The added keys, each with one row per episode: its previous actions and rewards (where asked for)."""
+        previous = {}
+        if self.n_prev_actions:
+            previous[self.PREV_ACTIONS_KEY] = [self._prev_actions(e) for e in episodes]
+        if self.n_prev_rewards:
+            previous[self.PREV_REWARDS_KEY] = [self._prev_rewards(e) for e in episodes]
+        return previous
 
     def _prev_actions(self, episode: SingleAgentEpisode) -> np.ndarray:
         actions = episode.get_actions(slice(-self.n_prev_actions, None), fill=0.0, one_hot_discrete=True)
