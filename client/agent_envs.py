@@ -15,12 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlgate.core.agents_step import ALL, AgentsStep
-
-
-def is_aec(env: Any) -> bool:
-    """An AECEnv (agent_selection, last()) rather than a ParallelEnv."""
-    return hasattr(env, "agent_iter") and hasattr(env, "last")  # (agent_selection exists only after reset)
+from rlgate.core.agents_step import ALL, AgentsStep, is_aec
 
 
 class AgentEnvs:

@@ -26,3 +26,8 @@ class AgentsStep:
     def done(self) -> bool:
         """The episode is over for every agent."""
         return self.terminateds[ALL] or self.truncateds[ALL]
+
+
+def is_aec(env: Any) -> bool:
+    """A PettingZoo AECEnv (agent_selection, last()) rather than a ParallelEnv."""
+    return hasattr(env, "agent_iter") and hasattr(env, "last")  # (agent_selection exists only after reset)

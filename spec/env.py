@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import gymnasium as gym
 import numpy as np
 
+from rlgate.core.agents_step import is_aec
 from rlgate.core.errors import UserError
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
 from rlgate.spec.run import EnvSpec
@@ -220,7 +221,7 @@ class CheckedAgentEnv:
     def __init__(self, env: Any, env_id: str) -> None:
         self.env = env
         self.env_id = env_id
-        self._aec = hasattr(env, "agent_iter") and hasattr(env, "last")  # as client.agent_envs.is_aec
+        self._aec = is_aec(env)
 
     def __getattr__(self, name: str) -> Any:  # only for names this class does not have
         if name == "env":  # not set yet (a copy being built): no endless recursion through self.env
