@@ -30,25 +30,26 @@ class AgentEnvs:
         self.agent_spaces: dict[str, tuple[gym.Space, gym.Space]] = {
             agent: (first.observation_space(agent), first.action_space(agent)) for agent in first.possible_agents
         }
-        self._done = [False] * len(envs)
+        # Per sub-env: its episode ended at its last step (its next step is a reset), whatever "__all__" said.
+        self.done = [False] * len(envs)
         self._seed: int | None = None
 
     def reset(self, seed: int | None = None) -> list[AgentsStep]:
         """Reset every sub-env (sub-env i seeded with seed + i)."""
         self._seed = seed
-        self._done = [False] * self.num_envs
+        self.done = [False] * self.num_envs
         return [self._reset(i) for i in range(self.num_envs)]
 
     def step(self, actions: list[dict[str, Any]]) -> list[AgentsStep]:
         """One step of every sub-env: the actions of its acting agents, or a reset where its episode had ended."""
         steps = []
         for i, (env, per_env) in enumerate(zip(self.envs, actions, strict=True)):
-            if self._done[i]:
-                self._done[i] = False
+            if self.done[i]:
+                self.done[i] = False
                 steps.append(self._reset(i))
                 continue
             step = self._step_aec(env, per_env) if is_aec(env) else self._step_parallel(env, per_env)
-            self._done[i] = not env.agents  # over, whatever its "__all__" flags say (see _all_flags)
+            self.done[i] = not env.agents  # see _all_flags
             steps.append(step)
         return steps
 

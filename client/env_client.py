@@ -243,7 +243,7 @@ class EnvClient:
                 {agent: codec.from_value(value, f"actions[{agent!r}]") for agent, value in per_env.actions.items()}
                 for per_env in reply.actions.agents
             ]
-            was_done = [s.done for s in steps]
+            was_done = list(self.env.done)
             steps = self.env.step(actions)
             for i, step in enumerate(steps):
                 if was_done[i]:  # a reset, not an env step
@@ -252,7 +252,7 @@ class EnvClient:
                 self.stats.env_steps += 1
                 for agent, reward in step.rewards.items():
                     returns[i][agent] = returns[i].get(agent, 0.0) + reward
-                if step.done:
+                if self.env.done[i]:  # its agents left (with "__all__" or each with its own flag)
                     self.stats.episodes += 1
                     self.stats.returns.extend(returns[i].values())  # one return per agent
             if self._on_step is not None:

@@ -22,11 +22,6 @@ class AgentsStep:
     truncateds: dict[str, bool] = field(default_factory=lambda: {ALL: False})
     infos: dict[str, dict] = field(default_factory=dict)
 
-    @property
-    def done(self) -> bool:
-        """The episode is over for every agent."""
-        return self.terminateds[ALL] or self.truncateds[ALL]
-
 
 def is_aec(env: Any) -> bool:
     """A PettingZoo AECEnv (agent_selection, last()) rather than a ParallelEnv."""

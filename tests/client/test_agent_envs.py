@@ -47,5 +47,6 @@ def test_the_all_flags_let_each_agent_keep_its_own_where_they_leave_differently(
     envs.step([{"a0": 0, "a1": 0}])
     (last,) = envs.step([{"a0": 0, "a1": 0}])
     assert (last.terminateds[ALL], last.truncateds[ALL]) == expected
+    assert envs.done == [True]  # what EnvClient counts an ended episode by, whatever the flags
     (reset,) = envs.step([{}])
     assert set(reset.observations) == {"a0", "a1"} and reset.rewards == {}
