@@ -144,27 +144,40 @@ class Batcher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._queue and not self.paused():
-                taken = self._take()
-                try:
-                    if self._executor is None:
-                        results = self._compute(taken)
-                    else:
-                        results = await loop.run_in_executor(self._executor, self._compute, taken)
-                except Exception as exc:  # a broken batch fails its requests, never the batcher
-                    for request in taken:
-                        if not request.future.done():
-                            request.future.set_exception(exc)
-                    continue
-                for request, result in zip(taken, results, strict=True):
-                    if not request.future.done():  # the client may have gone meanwhile
-                        request.future.set_result(result)
+                await self._answer(self._take())
                 await asyncio.sleep(0)  # let the streams answered, and those whose messages arrived, go on
             self._flush_if_waiting_for_acks()
+
+    async def _answer(self, requests: list[Request]) -> None:
+        """Run one batch and settle its requests' futures.
+
+        A batch that raises runs again request by request, so that a request whose rows make a piece or the
+        model fail (a client's observation that passes the space checks but not a user's piece, say) fails
+        alone, not every request that shared its batch. A failed batch never stops the batcher.
+        """
+        requests = [request for request in requests if not request.future.done()]  # the client may have gone
+        if not requests:
+            return
+        try:
+            if self._executor is None:
+                results = self._compute(requests)
+            else:
+                results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, requests)
+        except Exception as exc:
+            if len(requests) > 1:
+                log.warning("a batch of %d requests failed (%r): running them one by one", len(requests), exc)
+                for request in requests:
+                    await self._answer([request])
+            elif not requests[0].future.done():
+                requests[0].future.set_exception(exc)
+            return
+        for request, result in zip(requests, results, strict=True):
+            if not request.future.done():  # the client may have gone meanwhile
+                request.future.set_result(result)
 
     def _take(self) -> list[Request]:
         """Requests for one batch: whole requests, up to max_batch_size rows (at least one request)."""

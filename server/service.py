@@ -115,7 +115,7 @@ class PolicyService:
             await self._abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, message)
         except Exception as exc:  # our bug, not the client's: say so, keep serving everyone else
             log.exception("session failed")
-            await self._abort(context, grpc.StatusCode.INTERNAL, f"server error: {exc}")
+            await self._abort(context, grpc.StatusCode.INTERNAL, f"server error: {type(exc).__name__}: {exc}")
         finally:
             if stream.session is not None:
                 self._end(stream.session)

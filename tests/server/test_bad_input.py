@@ -26,6 +26,7 @@ from support.servers import (
 from rlgate.client.env_client import EnvClient, hello_message
 from rlgate.core import codec
 from rlgate.server.service import MAX_CLIENT_ID
+from rlgate.spec.run import RunSpec
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import tensor_pb2
 
@@ -343,3 +344,25 @@ async def test_a_stopping_server_ends_open_sessions_with_unavailable_at_their_ne
         await raw.close()
     assert status == grpc.StatusCode.UNAVAILABLE
     assert details == "server is shutting down: reconnect to another one"
+
+
+async def test_data_that_breaks_a_users_piece_fails_its_stream_alone_with_the_error_named(server_factory):
+    """In-bounds data that a spec's own piece raises on is the server's fault (INTERNAL, naming the error), and
+    ends only that stream: a batch it shared runs again request by request (tests/server/test_batcher.py)."""
+    spec = RunSpec.parse({"connectors": {"env_to_module": [{"type": "support.pieces:FailOnValue", "value": 0.5}]}}, "t")
+    server = await server_factory(spec=spec, allow_import=["support"])
+    good = EnvClient(SpaceEnv(BOX4, DISCRETE2, length=10**6), target(server), seed=0)
+    async with running_client(good):
+        await wait_for_steps(good, 5)
+        raw = RawStream(server)
+        try:
+            await raw.send(hello())
+            await raw.recv()
+            await raw.send(step(np.full((1, 4), 0.5, np.float32)))
+            status, details = await raw.status()
+        finally:
+            await raw.close()
+        assert status == grpc.StatusCode.INTERNAL
+        assert details == "server error: ValueError: observation value 0.5 is not for me"
+        before = good.stats.env_steps
+        await wait_for_steps(good, before + 20)

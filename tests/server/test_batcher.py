@@ -12,6 +12,7 @@ from rlgate.server.batcher import Batcher
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
+from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 
 
@@ -51,3 +52,30 @@ async def test_a_request_that_others_could_join_or_a_paused_one_waits_for_the_ba
     finally:
         await batcher.stop()
     assert first[Columns.ACTIONS_FOR_ENV].shape == second[Columns.ACTIONS_FOR_ENV].shape == (3,)
+
+
+async def test_a_request_that_breaks_a_piece_fails_alone_not_the_requests_sharing_its_batch():
+    """A user's piece that one session's in-bounds observation breaks fails that request only: the batch runs
+    again request by request, and the other sessions' requests in it get their actions."""
+    spec = RunSpec.parse({"connectors": {"env_to_module": [{"type": "support.pieces:FailOnValue", "value": 0.5}]}}, "t")
+    metrics = ServerMetrics()
+    policy = Policy.create(spec, BOX4, DISCRETE2, metrics=metrics, imports=ImportPolicy(["support"]), seed=0)
+    batcher = Batcher(policy, max_batch_size=256, metrics=metrics)
+    requests = []
+    for value in (0.0, 0.5, -0.5):  # the middle session's observation breaks the piece
+        session = Session(SessionSpec("t", BOX4, DISCRETE2, 2, explore=True), rollout_fragment_length=8, lookback=1)
+        obs = np.full((2, 4), value, np.float32)
+        episodes, _ = session.observe(obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), None)
+        requests.append(asyncio.create_task(batcher.compute(obs, episodes, True)))  # queued: the task runs later
+    await asyncio.sleep(0)
+    assert len(batcher._queue) == 3  # one batch will take all three
+    batcher.start()
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
+    finally:
+        await batcher.stop()
+    good, bad, other = results
+    assert isinstance(bad, ValueError) and "not for me" in str(bad)
+    assert good[Columns.ACTIONS_FOR_ENV].shape == other[Columns.ACTIONS_FOR_ENV].shape == (2,)
+    batch_sizes = metrics.batch_size.collect()[0]
+    assert next(s.value for s in batch_sizes.samples if s.name.endswith("_count")) == 2  # the two that ran alone

@@ -6,7 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlgate.connectors import ConnectorV2
+import numpy as np
+
+from rlgate.connectors import Columns, ConnectorV2
 
 
 class WaitForFile(ConnectorV2):
@@ -30,4 +32,20 @@ class WaitForFile(ConnectorV2):
         deadline = time.monotonic() + self.timeout_s
         while not self.path.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
+        return batch
+
+
+class FailOnValue(ConnectorV2):
+    """An env-to-module piece that raises when any observation in its batch holds `value`: a user's piece
+    that some client's in-bounds data breaks."""
+
+    def __init__(
+        self, input_observation_space: Any = None, input_action_space: Any = None, *, value: float = 3.0, **kwargs: Any
+    ) -> None:
+        self.value = value
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+
+    def __call__(self, *, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        if (np.asarray(batch[Columns.OBS]) == self.value).any():
+            raise ValueError(f"observation value {self.value} is not for me")
         return batch
