@@ -3,10 +3,11 @@
     rlgate eval --checkpoint runs/CartPole-v1-20250101-120000/checkpoints --episodes 20
     rlgate eval --checkpoint ckpt/ --episodes 3 --video videos/ --json
 
-Actions are greedy unless --explore. The env is the checkpoint's (its run spec's env id and kwargs); code
-the checkpoint's spec names is imported only from modules given with --allow-import, while an env named
-with --env is the operator's own choice. --video records every episode as mp4 with gymnasium's
-RecordVideo, which needs the video extra (`pip install 'rlgate[video]'`).
+Actions are greedy unless --explore. The env is the checkpoint's (its run spec's env id and kwargs); code the
+checkpoint's spec names is imported only from modules given with --allow-import, while an env named with --env
+is the operator's own choice. --video records every episode as mp4 with gymnasium's RecordVideo, which needs
+the video extra (`pip install 'rlgate[video]'`). A multi-agent run's checkpoint plays its PettingZoo env
+(parallel or AEC) and reports each agent's mean return too (an episode's return sums its agents').
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core.errors import ArgumentParser, UserError
-from rlgate.policy import Policy, evaluate
+from rlgate.policy import Evaluation, MultiAgentPolicy, Policy, evaluate, evaluate_multi_agent
 from rlgate.policy.evaluate import make_eval_env
 from rlgate.service.settings import require_device
 from rlgate.spec import checkpoint
+from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.run import EnvSpec
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,23 +54,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     require_device(args.device)
     found = checkpoint.find(args.checkpoint)
     try:
-        policy = Policy.load(found, allow_import=args.allow_import, device=args.device, seed=args.seed)
+        loaded = checkpoint.load(found)
     except FileNotFoundError as exc:  # e.g. a checkpoint from before run specs
         raise UserError(str(exc)) from None
+    kind = MultiAgentPolicy if loaded.module_weights is not None else Policy
+    policy = kind.from_checkpoint(loaded, allow_import=args.allow_import, device=args.device, seed=args.seed)
     env_spec = policy.spec.env
     if args.env is not None:
         env_spec = env_spec.model_copy(update={"id": args.env, "kwargs": {}})
-    allowed = [*args.allow_import, *([env_spec.module()] if args.env and env_spec.module() else [])]
-    env = make_eval_env(env_spec, ImportPolicy(allowed), args.video)
-    try:
-        if (env.observation_space, env.action_space) != (policy.observation_space, policy.action_space):
-            raise UserError(
-                f"env {env_spec.id} has observations {env.observation_space} and actions {env.action_space}; "
-                f"the policy in {found} takes {policy.observation_space} and {policy.action_space}"
-            )
-        result = evaluate(policy, env, args.episodes, explore=args.explore, seed=args.seed)
-    finally:
-        env.close()
+    imports = ImportPolicy([*args.allow_import, *([env_spec.module()] if args.env and env_spec.module() else [])])
+    if isinstance(policy, MultiAgentPolicy):
+        result = _evaluate_multi_agent(policy, env_spec, imports, found, args)
+    else:
+        result = _evaluate(policy, env_spec, imports, found, args)
     return {
         "checkpoint": str(found),
         "version": policy.version,
@@ -80,6 +79,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _evaluate(policy: Policy, env_spec: EnvSpec, imports: ImportPolicy, found: Path, args: Any) -> Evaluation:
+    env = make_eval_env(env_spec, imports, args.video)
+    try:
+        if (env.observation_space, env.action_space) != (policy.observation_space, policy.action_space):
+            raise UserError(
+                f"env {env_spec.id} has observations {env.observation_space} and actions {env.action_space}; "
+                f"the policy in {found} takes {policy.observation_space} and {policy.action_space}"
+            )
+        return evaluate(policy, env, args.episodes, explore=args.explore, seed=args.seed)
+    finally:
+        env.close()
+
+
+def _evaluate_multi_agent(
+    policy: MultiAgentPolicy, env_spec: EnvSpec, imports: ImportPolicy, found: Path, args: Any
+) -> Evaluation:
+    if args.video is not None:
+        raise UserError("--video records gymnasium envs: a multi-agent run's PettingZoo env is not recorded")
+    env = make_agent_envs(env_spec, imports, 1)[0]
+    try:
+        for agent in env.possible_agents:
+            spaces = (env.observation_space(agent), env.action_space(agent))
+            if spaces != policy.agent_spaces.get(agent):
+                raise UserError(
+                    f"env {env_spec.id}'s agent {agent!r} has observations {spaces[0]} and actions {spaces[1]}; "
+                    f"the policy in {found} "
+                    + (f"takes {' and '.join(map(str, policy.agent_spaces[agent]))}" if agent in policy.agent_spaces
+                       else f"has no such agent (agents: {', '.join(policy.agent_spaces)})")
+                )  # fmt: skip
+        return evaluate_multi_agent(policy, env, args.episodes, explore=args.explore, seed=args.seed)
+    finally:
+        env.close()
+
+
 def report(results: dict[str, Any]) -> str:
     """The results as a few lines a person reads."""
     actions = "sampled" if results["explore"] else "greedy"
@@ -90,6 +123,8 @@ def report(results: dict[str, Any]) -> str:
     for name in ("return", "length"):
         numbers = "  ".join(f"{stat} {_number(results[f'{name}_{stat}'])}" for stat in ("mean", "std", "min", "max"))
         lines.append(f"{name:<7} {numbers}")
+    for agent, mean in results.get("agent_return_mean", {}).items():
+        lines.append(f"agent {agent}: return mean {_number(mean)}")
     if results["video_dir"]:
         lines.append(f"videos: {results['video_dir']}")
     return "\n".join(lines)

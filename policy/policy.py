@@ -30,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.core.tree import first_leaf, map_structure
@@ -92,8 +93,7 @@ class Policy:
         torch's generator, which samples the actions of explore=True (as a server's --seed does)."""
         if spec.multi_agent is not None:
             raise SpecError(
-                "a multi-agent run ([multi_agent]): Policy and rlgate eval act in single-agent runs only (for now); "
-                "examples/evaluate_vs_random.py shows how to act with a multi-agent checkpoint's modules"
+                "a multi-agent run ([multi_agent]): Policy acts in single-agent runs; use rlgate.MultiAgentPolicy"
             )
         built = build_policy(
             spec,
@@ -104,9 +104,7 @@ class Policy:
             connector_state=connector_state,
             device=device,
         )
-        for piece in built.env_to_module.connectors:  # statistics as trained: acting does not move them
-            if hasattr(piece, "update_stats"):
-                piece.update_stats = False
+        keep_statistics(built.env_to_module)
         self.spec = spec
         self.observation_space = observation_space
         self.action_space = action_space
@@ -124,7 +122,18 @@ class Policy:
     ) -> Policy:
         """The policy in a checkpoint directory (or the newest in a folder of them). Code its run spec names
         (connector pieces, a model class) is imported only from the modules in `allow_import`."""
-        found = checkpoint.load(Path(path))
+        return cls.from_checkpoint(checkpoint.load(Path(path)), allow_import=allow_import, device=device, seed=seed)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        found: checkpoint.Checkpoint,
+        *,
+        allow_import: Iterable[str] = (),
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> Policy:
+        """The policy of a loaded checkpoint (see `load`)."""
         with found.loading_weights():
             return cls(
                 found.spec,
@@ -152,32 +161,13 @@ class Policy:
     ) -> Policy:
         """The policy a running learner (`host:port`) publishes now, as its servers get it (WatchWeights).
         Raises ConnectionError when the learner cannot be reached within `timeout_s`."""
-        options = [("grpc.max_receive_message_length", 256 << 20)]
-        if tls_ca is not None:
-            channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(tls_ca), options=options)
-        else:
-            channel = grpc.insecure_channel(target, options=options)
-        request = learner_pb2.WatchWeightsRequest(server_id=f"policy-{uuid.uuid4().hex[:8]}", after_version=-1)
-        metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        with channel:
-            call = learner_pb2_grpc.LearnerServiceStub(channel).WatchWeights(
-                request, metadata=metadata, timeout=timeout_s, wait_for_ready=True
-            )
-            try:
-                weights = next(call)
-            except grpc.RpcError as exc:
-                raise ConnectionError(f"learner {target}: {exc.code().name}: {exc.details()}") from None
-            finally:
-                call.cancel()
-        state = (
-            codec.from_value(weights.connector_state, "connector_state") if weights.HasField("connector_state") else {}
-        )
+        weights = published_weights(target, token=token, tls_ca=tls_ca, timeout_s=timeout_s)
         return cls(
             RunSpec.from_json(weights.spec_json, f"the run spec of learner {target}"),
             codec.space_from_proto(weights.observation_space),
             codec.space_from_proto(weights.action_space),
             weights=weights.safetensors,
-            connector_state=state,
+            connector_state=connector_state_of(weights),
             version=weights.version,
             imports=ImportPolicy(allow_import),
             device=device,
@@ -231,3 +221,39 @@ class Policy:
         return self.module_to_env(
             rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
         )
+
+
+def published_weights(target: str, *, token: str | None, tls_ca: bytes | None, timeout_s: float) -> learner_pb2.Weights:
+    """What a running learner (`host:port`) publishes now, as its servers get it (WatchWeights). Raises
+    ConnectionError when the learner cannot be reached within `timeout_s`."""
+    options = [("grpc.max_receive_message_length", 256 << 20)]
+    if tls_ca is not None:
+        channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(tls_ca), options=options)
+    else:
+        channel = grpc.insecure_channel(target, options=options)
+    request = learner_pb2.WatchWeightsRequest(server_id=f"policy-{uuid.uuid4().hex[:8]}", after_version=-1)
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    with channel:
+        call = learner_pb2_grpc.LearnerServiceStub(channel).WatchWeights(
+            request, metadata=metadata, timeout=timeout_s, wait_for_ready=True
+        )
+        try:
+            return next(call)
+        except grpc.RpcError as exc:
+            raise ConnectionError(f"learner {target}: {exc.code().name}: {exc.details()}") from None
+        finally:
+            call.cancel()
+
+
+def connector_state_of(weights: learner_pb2.Weights) -> dict[str, Any]:
+    """The merged connector state published with these weights ({} when none)."""
+    if not weights.HasField("connector_state"):
+        return {}
+    return codec.from_value(weights.connector_state, "connector_state")
+
+
+def keep_statistics(pipeline: ConnectorPipelineV2) -> None:
+    """Statistics as trained (MeanStdFilter's): acting with a loaded policy does not move them."""
+    for piece in pipeline.connectors:
+        if hasattr(piece, "update_stats"):
+            piece.update_stats = False

@@ -22,13 +22,7 @@ from rlgate.models import MultiRLModule, load_weights
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.policy import Policy
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.multi_agent import (
-    AgentSpaces,
-    agent_to_module_mapping_fn,
-    build_multi_agent_env_to_module,
-    build_multi_agent_module_to_env,
-    build_multi_rl_module,
-)
+from rlgate.spec.multi_agent import AgentSpaces, build_multi_agent_policy
 from rlgate.spec.run import RunSpec
 
 
@@ -84,27 +78,23 @@ class MultiAgentPolicy(Policy):
         seed: int | None = None,
     ) -> MultiAgentPolicy:
         """The spec's pipelines and modules for these agents' spaces: fresh, or with these module weights."""
-        imports = imports or ImportPolicy()
-        env_to_module = build_multi_agent_env_to_module(spec, agent_spaces, imports, device=device)
-        if connector_state:
-            env_to_module.set_state(connector_state)
-        modules = {
-            m: (env_to_module.observation_space[m], env_to_module.action_space[m])
-            for m in env_to_module.observation_space.spaces
-        }
-        module = build_multi_rl_module(spec, modules, imports)
-        for module_id, weights in (module_weights or {}).items():
-            load_weights(module[module_id], weights)
-        module.to(device).eval()
+        built = build_multi_agent_policy(
+            spec,
+            agent_spaces,
+            imports or ImportPolicy(),
+            module_weights=module_weights,
+            connector_state=connector_state,
+            device=device,
+        )
         if seed is not None:
             torch.manual_seed(seed)
         return cls(
-            module,
+            built.module,
             spec=spec,
             agent_spaces=agent_spaces,
-            mapping_fn=agent_to_module_mapping_fn(spec, imports),
-            env_to_module=env_to_module,
-            module_to_env=build_multi_agent_module_to_env(spec, agent_spaces, imports),
+            mapping_fn=built.mapping_fn,
+            env_to_module=built.env_to_module,
+            module_to_env=built.module_to_env,
             metrics=metrics,
             version=version,
             module_versions=module_versions,

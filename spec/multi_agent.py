@@ -6,6 +6,9 @@ runs), so both map agents to the same modules and build the same modules and pie
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import gymnasium as gym
 
 from rlgate.connectors import ConnectorPipelineV2, ConnectorV2
@@ -17,7 +20,7 @@ from rlgate.connectors.builders import (
 from rlgate.connectors.common.frame_stacking import FrameStacking
 from rlgate.connectors.env_to_module import FlattenObservations
 from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, default_agent_to_module_mapping_fn
-from rlgate.models import MultiRLModule
+from rlgate.models import MultiRLModule, load_weights
 from rlgate.models.catalog import encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.policy import build_pieces, build_rl_module, seeded
@@ -181,3 +184,44 @@ def build_multi_rl_module(spec: RunSpec, modules: dict[str, tuple], imports: Imp
     unseeded = spec.model_copy(update={"seed": None})
     with seeded(spec.seed):
         return MultiRLModule({m: build_rl_module(unseeded, *spaces, imports) for m, spaces in modules.items()})
+
+
+@dataclass
+class BuiltMultiAgentPolicy:
+    """What computes a multi-agent batch's actions: the pipelines, the MultiRLModule and the agent -> module map."""
+
+    env_to_module: ConnectorPipelineV2
+    module: MultiRLModule
+    module_to_env: ConnectorPipelineV2
+    mapping_fn: MappingFn
+
+
+def build_multi_agent_policy(
+    spec: RunSpec,
+    agent_spaces: AgentSpaces,
+    imports: ImportPolicy,
+    *,
+    module_weights: dict[str, bytes] | None = None,
+    connector_state: dict[str, Any] | None = None,
+    device: str = "cpu",
+) -> BuiltMultiAgentPolicy:
+    """The spec's multi-agent policy for these agents' spaces, fresh or with these module weights and connector
+    state, its modules on `device` in eval mode: what a server serves and what `rlgate.policy.MultiAgentPolicy`
+    acts with."""
+    env_to_module = build_multi_agent_env_to_module(spec, agent_spaces, imports, device=device)
+    if connector_state:
+        env_to_module.set_state(connector_state)
+    modules = {
+        m: (env_to_module.observation_space[m], env_to_module.action_space[m])
+        for m in env_to_module.observation_space.spaces
+    }
+    module = build_multi_rl_module(spec, modules, imports)
+    for module_id, weights in (module_weights or {}).items():
+        load_weights(module[module_id], weights)
+    module.to(device).eval()
+    return BuiltMultiAgentPolicy(
+        env_to_module,
+        module,
+        build_multi_agent_module_to_env(spec, agent_spaces, imports),
+        agent_to_module_mapping_fn(spec, imports),
+    )

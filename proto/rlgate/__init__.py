@@ -13,7 +13,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlgate.policy import Evaluation, Policy, PolicyEpisode, evaluate
+    from rlgate.policy import (
+        Evaluation,
+        MultiAgentPolicy,
+        MultiAgentPolicyEpisode,
+        Policy,
+        PolicyEpisode,
+        evaluate,
+        evaluate_multi_agent,
+    )
     from rlgate.spec.episode_files import read_episodes
 
 # The public API, imported on first use: `import rlgate` stays light (no torch) for the command line.
@@ -22,9 +30,21 @@ _PUBLIC = {
     "PolicyEpisode": "rlgate.policy",
     "Evaluation": "rlgate.policy",
     "evaluate": "rlgate.policy",
+    "MultiAgentPolicy": "rlgate.policy",
+    "MultiAgentPolicyEpisode": "rlgate.policy",
+    "evaluate_multi_agent": "rlgate.policy",
     "read_episodes": "rlgate.spec.episode_files",
 }
-__all__ = ["Evaluation", "Policy", "PolicyEpisode", "evaluate", "read_episodes"]
+__all__ = [
+    "Evaluation",
+    "MultiAgentPolicy",
+    "MultiAgentPolicyEpisode",
+    "Policy",
+    "PolicyEpisode",
+    "evaluate",
+    "evaluate_multi_agent",
+    "read_episodes",
+]
 
 
 def __getattr__(name: str) -> Any:

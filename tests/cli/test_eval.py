@@ -9,11 +9,13 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from support.checkpoints import multi_agent_checkpoint
 
-from rlgate import Policy, evaluate
+from rlgate import MultiAgentPolicy, Policy, evaluate, evaluate_multi_agent
 from rlgate.cli.main import main
 from rlgate.models import weights_to_bytes
 from rlgate.spec import checkpoint
+from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
@@ -92,3 +94,44 @@ def test_user_errors_are_one_line_and_exit_2(cartpole_checkpoint, tmp_path, caps
     assert code == 2 and err == [
         f"rlgate: checkpoint file {weights} is corrupt: Error while deserializing header: header too small"
     ]
+
+
+RPS = {"env": {"id": "pettingzoo.classic.rps_v2:parallel_env", "kwargs": {"max_cycles": 5}}, "multi_agent": {}}
+
+
+def test_a_multi_agent_checkpoint_plays_its_pettingzoo_env_and_reports_each_agent(tmp_path, capsys):
+    pytest.importorskip("pettingzoo")
+    path, run = multi_agent_checkpoint(tmp_path / "checkpoints", RPS)
+    args = ("eval", "--checkpoint", str(path), "--episodes", "3", "--seed", "0", "--allow-import", "pettingzoo")
+    ran = rlgate(*args, "--json")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    results = json.loads(ran.stdout)
+    policy = MultiAgentPolicy.load(path, allow_import=["pettingzoo"])
+    env = make_agent_envs(run.env, ImportPolicy(run.modules()), 1)[0]
+    expected = evaluate_multi_agent(policy, env, 3, seed=0)  # greedy: deterministic
+    assert results["returns"] == expected.returns and results["lengths"] == [5, 5, 5]
+    assert results["agent_return_mean"] == pytest.approx(expected.summary()["agent_return_mean"])
+    assert set(results["agent_return_mean"]) == {"player_0", "player_1"} and results["version"] == 4
+
+    assert main(list(args)) == 0  # the report a person reads: a line per agent
+    mean = expected.summary()["agent_return_mean"]["player_1"]
+    assert f"agent player_1: return mean {mean:.2f}" in capsys.readouterr().out.splitlines()
+
+
+def test_multi_agent_user_errors_are_one_line(tmp_path, capsys):
+    pytest.importorskip("pettingzoo")
+    path, _ = multi_agent_checkpoint(tmp_path / "checkpoints", RPS)
+    allow = ("--allow-import", "pettingzoo")
+    code, err = run_in_process(capsys, "eval", "--checkpoint", str(path))
+    assert code == 2 and len(err) == 1 and "--allow-import pettingzoo" in err[0]
+    code, err = run_in_process(capsys, "eval", "--checkpoint", str(path), *allow, "--video", str(tmp_path))
+    assert code == 2 and err == [
+        "rlgate: --video records gymnasium envs: a multi-agent run's PettingZoo env is not recorded"
+    ]
+    other = "pettingzoo.classic.tictactoe_v3:env"
+    code, err = run_in_process(capsys, "eval", "--checkpoint", str(path), *allow, "--env", other)
+    assert code == 2 and len(err) == 1
+    assert (
+        err[0].startswith(f"rlgate: env {other}'s agent 'player_1' has observations Dict(")
+        and "the policy in" in err[0]
+    )

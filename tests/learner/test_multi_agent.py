@@ -12,8 +12,10 @@ import pytest
 from support.chunks import decoded
 from support.servers import SELF_PLAY, running_client, target, until
 
+from rlgate import MultiAgentPolicy
 from rlgate.client.env_client import EnvClient
 from rlgate.learner.main import LearnerServer
+from rlgate.models import weights_to_bytes
 from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy
 
@@ -126,12 +128,12 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     and the trainer counts the steps it trained on (train_batch_size's unit) the same way. Two CartPoles that
     both act every env step make two agent steps per env step, until one pole falls."""
     from examples.multi_agent_cartpole import MultiAgentCartPole
-    from rlgate.client.agent_envs import AgentEnvs
     from rlgate.core.columns import Columns
     from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
     from rlgate.server.metrics import ServerMetrics
     from rlgate.server.multi_agent_policy import MultiAgentPolicy
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+    from rlgate.spec.agent_envs import AgentEnvs
     from rlgate.spec.multi_agent import build_multi_agent_learner_connector
     from rlgate.spec.run import RunSpec
 
@@ -201,3 +203,23 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     assert "non-finite values in" in stats["skipped"]
     assert trainer.module_versions == versions and trainer.version == 1
     assert all(torch.equal(v, weights[k]) for k, v in policy.module.state_dict().items())
+
+
+async def test_a_multi_agent_policy_from_a_running_learner_has_its_published_modules(learner_settings):
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+
+    learner = LearnerServer(learner_settings(env=None, spec=CARTPOLES))
+    await learner.start()
+    try:
+        target = f"127.0.0.1:{learner.port}"
+        policy = await asyncio.to_thread(MultiAgentPolicy.from_learner, target, allow_import=["examples"])
+        published = learner.learner.weights
+    finally:
+        await learner.stop()
+    assert policy.version == published.version and set(policy.module) == {"agent_0", "agent_1"}
+    assert all(weights_to_bytes(policy.module[m]) == published.module_weights[m] for m in policy.module)
+    env = MultiAgentCartPole()
+    observations, _ = env.reset(seed=0)
+    actions = policy.compute_actions(observations)
+    assert actions.keys() == observations.keys()
+    assert all(env.action_space(agent).contains(action) for agent, action in actions.items())

@@ -184,5 +184,5 @@ def test_a_policy_on_cuda_acts_as_on_cpu(tmp_path):
 def test_a_multi_agent_run_is_refused_with_a_pointer_to_what_acts_in_one():
     spec = RunSpec.parse({"multi_agent": {}}, "test")
     spaces = gym.spaces.Dict({"a": BOX4}), gym.spaces.Dict({"a": DISCRETE2})
-    with pytest.raises(SpecError, match=r"multi-agent run.*evaluate_vs_random"):
+    with pytest.raises(SpecError, match=r"multi-agent run.*use rlgate.MultiAgentPolicy"):
         Policy(spec, *spaces)

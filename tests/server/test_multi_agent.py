@@ -276,11 +276,11 @@ def test_flush_while_a_step_waits_ships_every_env_step_once(examples_importable)
     """What the learner counts (each multi-agent chunk's env steps, on one of its agents' chunks) equals the env
     steps the session took, when flushes come between observe() and record(), as they do while sampling pauses."""
     from examples.multi_agent_cartpole import MultiAgentCartPole
-    from rlgate.client.agent_envs import AgentEnvs
     from rlgate.core.columns import Columns
     from rlgate.server.metrics import ServerMetrics
     from rlgate.server.multi_agent_policy import MultiAgentPolicy
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+    from rlgate.spec.agent_envs import AgentEnvs
 
     envs = AgentEnvs([MultiAgentCartPole() for _ in range(3)])
     policy = MultiAgentPolicy.create(multi_agent_spec(), envs.agent_spaces, metrics=ServerMetrics())
@@ -314,12 +314,12 @@ def test_a_refused_message_records_nothing_of_any_sub_env(examples_importable, b
     from dataclasses import replace
 
     from examples.multi_agent_cartpole import MultiAgentCartPole
-    from rlgate.client.agent_envs import AgentEnvs
     from rlgate.core.codec import CodecError
     from rlgate.core.columns import Columns
     from rlgate.server.metrics import ServerMetrics
     from rlgate.server.multi_agent_policy import MultiAgentPolicy
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+    from rlgate.spec.agent_envs import AgentEnvs
 
     envs = AgentEnvs([MultiAgentCartPole() for _ in range(2)])
     policy = MultiAgentPolicy.create(multi_agent_spec(), envs.agent_spaces, metrics=ServerMetrics())

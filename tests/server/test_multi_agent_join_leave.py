@@ -18,7 +18,6 @@ from support.agent_traces import JoinLeaveEnv, per_agent
 from support.chunks import decoded
 from support.servers import shipped, target
 
-from rlgate.client.agent_envs import AgentEnvs
 from rlgate.client.env_client import EnvClient, _agents_step
 from rlgate.core import codec
 from rlgate.core.columns import Columns
@@ -28,6 +27,7 @@ from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_policy import MultiAgentPolicy
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import policy_pb2 as pb
 

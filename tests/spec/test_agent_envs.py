@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("pettingzoo")
 from support.bad_agent_envs import ParallelSteps
 
-from rlgate.client.agent_envs import AgentEnvs
 from rlgate.core.agents_step import ALL
+from rlgate.spec.agent_envs import AgentEnvs
 
 
 class LeaveTogether(ParallelSteps):

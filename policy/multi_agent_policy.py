@@ -1,0 +1,229 @@
+"""`MultiAgentPolicy`: a multi-agent run's trained policy in plain Python, from a checkpoint or a running learner.
+
+`Policy`'s counterpart for runs with `[multi_agent]`: the checkpoint's own multi-agent pipelines, its modules
+(one per module id, each agent acting with the module the run spec maps it to) and its agent-to-module mapping,
+exactly as a server serves them. A `MultiAgentPolicyEpisode` (one per env and episode) is the
+`MultiAgentEpisode` the pieces read earlier steps from; the env's step goes in as RLlib's MultiAgentEnv returns
+it (observations of the agents that act next, rewards, per-agent done flags)::
+
+    policy = MultiAgentPolicy.load("runs/multi_agent_cartpole-20250101-120000/checkpoints")
+    observations, _ = env.reset(seed=0)                  # a PettingZoo ParallelEnv
+    episode = policy.new_episode()
+    actions = policy.compute_actions(observations, episode)
+    observations, rewards, terminateds, truncateds, _ = env.step(actions)
+    actions = policy.compute_actions(observations, episode, rewards=rewards, terminateds=terminateds,
+                                     truncateds=truncateds)
+
+`rlgate.evaluate_multi_agent` plays whole episodes of a PettingZoo env (parallel or AEC) this way.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from rlgate.core import codec
+from rlgate.core.agents_step import ALL, AgentsStep
+from rlgate.core.columns import Columns
+from rlgate.episodes import MultiAgentEpisode
+from rlgate.episodes.multi_agent_episode import MappingFn
+from rlgate.policy.policy import KEEP_STEPS, RECORDED, connector_state_of, keep_statistics, published_weights
+from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.multi_agent import AgentSpaces, build_multi_agent_policy
+from rlgate.spec.run import RunSpec
+
+
+class MultiAgentPolicyEpisode:
+    """One env's running multi-agent episode as the policy sees it: each agent's past observations, actions,
+    rewards and model outputs, for the pieces and modules that read them. Start a new one when the env resets."""
+
+    def __init__(self, agent_spaces: AgentSpaces, mapping_fn: MappingFn, lookback: int) -> None:
+        self.episode = MultiAgentEpisode(
+            f"policy-{uuid.uuid4().hex}",
+            observation_space={agent: spaces[0] for agent, spaces in agent_spaces.items()},
+            action_space={agent: spaces[1] for agent, spaces in agent_spaces.items()},
+            agent_to_module_mapping_fn=mapping_fn,
+        )
+        # By agent that acted last: its actions, action_dist_inputs, state_out, ... (one step's, unbatched)
+        self.last_outputs: dict[str, dict[str, Any]] = {}
+        self._lookback = lookback
+
+    def observe(self, step: AgentsStep) -> None:
+        """The env's step (the first one: its reset observations), with the actions the policy gave last."""
+        episode = self.episode
+        if not episode.is_reset:
+            episode.add_env_reset(observations=step.observations, infos=step.infos)
+            return
+        episode.add_env_step(
+            step.observations,
+            {agent: outputs[Columns.ACTIONS] for agent, outputs in self.last_outputs.items()},
+            step.rewards,
+            step.infos,
+            terminateds=step.terminateds,
+            truncateds=step.truncateds,
+            extra_model_outputs={
+                agent: {key: outputs[key] for key in RECORDED if key in outputs}
+                for agent, outputs in self.last_outputs.items()
+            },
+        )
+        self.last_outputs = {}
+        if len(episode) >= KEEP_STEPS and not episode.is_done:
+            self.episode = episode.cut(len_lookback_buffer=self._lookback)
+
+
+class MultiAgentPolicy:
+    """A multi-agent run's pipelines and modules, acting for one env's agents (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        agent_spaces: AgentSpaces,
+        *,
+        module_weights: dict[str, bytes] | None = None,
+        connector_state: dict[str, Any] | None = None,
+        version: int = 0,
+        imports: ImportPolicy | None = None,
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> None:
+        """The spec's policy for these agents' spaces (with `module_weights` and `connector_state`, else fresh).
+        `imports`: where code the spec names may come from (default: rlgate's own only); `seed` seeds torch's
+        generator, which samples the actions of explore=True."""
+        if spec.multi_agent is None:
+            raise SpecError("a single-agent run (no [multi_agent]): use rlgate.Policy")
+        built = build_multi_agent_policy(
+            spec,
+            agent_spaces,
+            imports or ImportPolicy(),
+            module_weights=module_weights,
+            connector_state=connector_state,
+            device=device,
+        )
+        keep_statistics(built.env_to_module)
+        self.spec = spec
+        self.agent_spaces = agent_spaces
+        self.version = version
+        self.module = built.module
+        self.env_to_module = built.env_to_module
+        self.module_to_env = built.module_to_env
+        self.mapping_fn = built.mapping_fn
+        self._lookback = max(spec.sampling.episode_lookback_horizon, 1)
+        if seed is not None:
+            torch.manual_seed(seed)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, allow_import: Iterable[str] = (), device: str = "cpu", seed: int | None = None
+    ) -> MultiAgentPolicy:
+        """The policy in a multi-agent run's checkpoint directory (or the newest in a folder of them). Code its
+        run spec names is imported only from the modules in `allow_import`."""
+        return cls.from_checkpoint(checkpoint.load(Path(path)), allow_import=allow_import, device=device, seed=seed)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        found: checkpoint.Checkpoint,
+        *,
+        allow_import: Iterable[str] = (),
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> MultiAgentPolicy:
+        """The policy of a loaded multi-agent checkpoint (see `load`)."""
+        if found.module_weights is None:
+            raise SpecError(f"{found.directory} is a single-agent run's checkpoint: use rlgate.Policy")
+        with found.loading_weights():
+            return cls(
+                found.spec,
+                _agent_spaces(found.observation_space, found.action_space),
+                module_weights=found.module_weights,
+                connector_state=found.connector_state,
+                version=found.version,
+                imports=ImportPolicy(allow_import),
+                device=device,
+                seed=seed,
+            )
+
+    @classmethod
+    def from_learner(
+        cls,
+        target: str,
+        *,
+        allow_import: Iterable[str] = (),
+        token: str | None = None,
+        tls_ca: bytes | None = None,
+        timeout_s: float = 30.0,
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> MultiAgentPolicy:
+        """The policy a running multi-agent learner (`host:port`) publishes now, as its servers get it.
+        Raises ConnectionError when the learner cannot be reached within `timeout_s`."""
+        weights = published_weights(target, token=token, tls_ca=tls_ca, timeout_s=timeout_s)
+        return cls(
+            RunSpec.from_json(weights.spec_json, f"the run spec of learner {target}"),
+            _agent_spaces(
+                codec.space_from_proto(weights.observation_space), codec.space_from_proto(weights.action_space)
+            ),
+            module_weights=dict(weights.module_weights),
+            connector_state=connector_state_of(weights),
+            version=weights.version,
+            imports=ImportPolicy(allow_import),
+            device=device,
+            seed=seed,
+        )
+
+    def new_episode(self) -> MultiAgentPolicyEpisode:
+        """A fresh episode: make one per env, and a new one whenever that env resets."""
+        return MultiAgentPolicyEpisode(self.agent_spaces, self.mapping_fn, self._lookback)
+
+    def compute_actions(
+        self,
+        observations: Mapping[str, Any],
+        episode: MultiAgentPolicyEpisode | None = None,
+        *,
+        rewards: Mapping[str, float] | None = None,
+        terminateds: Mapping[str, bool] | None = None,
+        truncateds: Mapping[str, bool] | None = None,
+        explore: bool = False,
+    ) -> dict[str, Any]:
+        """The actions {agent id: action} of the agents in `observations` (those that act next), each in its
+        agent's action space. `episode`: the env's running episode (None: a fresh one, this its reset step);
+        `rewards`, `terminateds`, `truncateds`: what the env's step returned with the observations (ignored on
+        the reset step; the done flags may hold "__all__"). An episode that the flags end gets no actions.
+        `explore`: sample from each agent's action distribution instead of taking its most likely action."""
+        episode = episode if episode is not None else self.new_episode()
+        step = AgentsStep(
+            dict(observations),
+            {agent: float(reward) for agent, reward in (rewards or {}).items()},
+            {ALL: False, **(terminateds or {})},
+            {ALL: False, **(truncateds or {})},
+        )
+        episode.observe(step)
+        if episode.episode.is_done:
+            return {}
+        episodes, shared = [episode.episode], {}
+        batch = self.env_to_module(
+            rl_module=self.module, batch={}, episodes=episodes, explore=explore, shared_data=shared
+        )
+        if not batch:  # no agent acts
+            return {}
+        with torch.inference_mode():
+            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
+        to_env = self.module_to_env(
+            rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
+        )
+        episode.last_outputs = {
+            agent: {column: values[0][agent] for column, values in to_env.items() if agent in values[0]}
+            for agent in to_env[Columns.ACTIONS][0]
+        }
+        return dict(to_env[Columns.ACTIONS_FOR_ENV][0])
+
+
+def _agent_spaces(observation_space: gym.Space, action_space: gym.Space) -> AgentSpaces:
+    """Agent id -> (observation space, action space), from the Dicts by agent id a multi-agent run keeps."""
+    return {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces}
