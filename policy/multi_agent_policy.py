@@ -20,20 +20,18 @@ it (observations of the agents that act next, rewards, per-agent done flags)::
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import torch
 
-from rlgate.core import codec
 from rlgate.core.agents_step import ALL, AgentsStep
 from rlgate.core.columns import Columns
 from rlgate.episodes import MultiAgentEpisode
 from rlgate.episodes.multi_agent_episode import MappingFn
-from rlgate.policy.policy import KEEP_STEPS, RECORDED, connector_state_of, keep_statistics, published_weights
-from rlgate.spec import checkpoint
+from rlgate.policy.policy import KEEP_STEPS, RECORDED
+from rlgate.policy.trained import TrainedPolicy
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import AgentSpaces, build_multi_agent_policy
 from rlgate.spec.run import RunSpec
@@ -77,7 +75,7 @@ class MultiAgentPolicyEpisode:
             self.episode = episode.cut(len_lookback_buffer=self._lookback)
 
 
-class MultiAgentPolicy:
+class MultiAgentPolicy(TrainedPolicy):
     """A multi-agent run's pipelines and modules, acting for one env's agents (see the module docstring)."""
 
     def __init__(
@@ -105,77 +103,25 @@ class MultiAgentPolicy:
             connector_state=connector_state,
             device=device,
         )
-        keep_statistics(built.env_to_module)
-        self.spec = spec
+        self._act_with(built, spec, version, seed)
         self.agent_spaces = agent_spaces
-        self.version = version
-        self.module = built.module
-        self.env_to_module = built.env_to_module
-        self.module_to_env = built.module_to_env
         self.mapping_fn = built.mapping_fn
-        self._lookback = max(spec.sampling.episode_lookback_horizon, 1)
-        if seed is not None:
-            torch.manual_seed(seed)
 
     @classmethod
-    def load(
-        cls, path: str | Path, *, allow_import: Iterable[str] = (), device: str = "cpu", seed: int | None = None
-    ) -> MultiAgentPolicy:
-        """The policy in a multi-agent run's checkpoint directory (or the newest in a folder of them). Code its
-        run spec names is imported only from the modules in `allow_import`."""
-        return cls.from_checkpoint(checkpoint.load(Path(path)), allow_import=allow_import, device=device, seed=seed)
-
-    @classmethod
-    def from_checkpoint(
+    def from_parts(
         cls,
-        found: checkpoint.Checkpoint,
-        *,
-        allow_import: Iterable[str] = (),
-        device: str = "cpu",
-        seed: int | None = None,
+        spec: RunSpec,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        weights: bytes | dict[str, bytes],
+        **kwargs: Any,
     ) -> MultiAgentPolicy:
-        """The policy of a loaded multi-agent checkpoint (see `load`)."""
-        if found.module_weights is None:
-            raise SpecError(f"{found.directory} is a single-agent run's checkpoint: use rlgate.Policy")
-        with found.loading_weights():
-            return cls(
-                found.spec,
-                _agent_spaces(found.observation_space, found.action_space),
-                module_weights=found.module_weights,
-                connector_state=found.connector_state,
-                version=found.version,
-                imports=ImportPolicy(allow_import),
-                device=device,
-                seed=seed,
-            )
-
-    @classmethod
-    def from_learner(
-        cls,
-        target: str,
-        *,
-        allow_import: Iterable[str] = (),
-        token: str | None = None,
-        tls_ca: bytes | None = None,
-        timeout_s: float = 30.0,
-        device: str = "cpu",
-        seed: int | None = None,
-    ) -> MultiAgentPolicy:
-        """The policy a running multi-agent learner (`host:port`) publishes now, as its servers get it.
-        Raises ConnectionError when the learner cannot be reached within `timeout_s`."""
-        weights = published_weights(target, token=token, tls_ca=tls_ca, timeout_s=timeout_s)
-        return cls(
-            RunSpec.from_json(weights.spec_json, f"the run spec of learner {target}"),
-            _agent_spaces(
-                codec.space_from_proto(weights.observation_space), codec.space_from_proto(weights.action_space)
-            ),
-            module_weights=dict(weights.module_weights),
-            connector_state=connector_state_of(weights),
-            version=weights.version,
-            imports=ImportPolicy(allow_import),
-            device=device,
-            seed=seed,
-        )
+        """`MultiAgentPolicy(...)` from what a checkpoint or a learner holds (see `TrainedPolicy`): spaces are Dicts by
+        agent id, weights one set per module."""
+        if not isinstance(weights, dict):
+            raise SpecError("a single-agent run's weights: use rlgate.Policy")
+        agent_spaces = {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces}
+        return cls(spec, agent_spaces, module_weights=weights, **kwargs)
 
     def new_episode(self) -> MultiAgentPolicyEpisode:
         """A fresh episode: make one per env, and a new one whenever that env resets."""
@@ -222,8 +168,3 @@ class MultiAgentPolicy:
             for agent in to_env[Columns.ACTIONS][0]
         }
         return dict(to_env[Columns.ACTIONS_FOR_ENV][0])
-
-
-def _agent_spaces(observation_space: gym.Space, action_space: gym.Space) -> AgentSpaces:
-    """Agent id -> (observation space, action space), from the Dicts by agent id a multi-agent run keeps."""
-    return {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces}

@@ -21,25 +21,20 @@ MeanStdFilter statistics stay as loaded: evaluating does not change the normalis
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import grpc
 import gymnasium as gym
 import numpy as np
 import torch
 
-from rlgate.connectors import ConnectorPipelineV2
-from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.core.tree import first_leaf, map_structure
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.spec import checkpoint
+from rlgate.policy.trained import TrainedPolicy
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
-from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
 # An episode keeps at most this many steps (plus the spec's lookback) in memory; older ones are cut off.
 KEEP_STEPS = 1000
@@ -72,7 +67,7 @@ class PolicyEpisode:
             self.episode = episode.cut(len_lookback_buffer=self._lookback)
 
 
-class Policy:
+class Policy(TrainedPolicy):
     """A policy's pipelines and module, acting for one observation or a batch (see the module docstring)."""
 
     def __init__(
@@ -104,75 +99,23 @@ class Policy:
             connector_state=connector_state,
             device=device,
         )
-        keep_statistics(built.env_to_module)
-        self.spec = spec
+        self._act_with(built, spec, version, seed)
         self.observation_space = observation_space
         self.action_space = action_space
-        self.version = version
-        self.module = built.module
-        self.env_to_module = built.env_to_module
-        self.module_to_env = built.module_to_env
-        self._lookback = max(spec.sampling.episode_lookback_horizon, 1)
-        if seed is not None:
-            torch.manual_seed(seed)
 
     @classmethod
-    def load(
-        cls, path: str | Path, *, allow_import: Iterable[str] = (), device: str = "cpu", seed: int | None = None
-    ) -> Policy:
-        """The policy in a checkpoint directory (or the newest in a folder of them). Code its run spec names
-        (connector pieces, a model class) is imported only from the modules in `allow_import`."""
-        return cls.from_checkpoint(checkpoint.load(Path(path)), allow_import=allow_import, device=device, seed=seed)
-
-    @classmethod
-    def from_checkpoint(
+    def from_parts(
         cls,
-        found: checkpoint.Checkpoint,
-        *,
-        allow_import: Iterable[str] = (),
-        device: str = "cpu",
-        seed: int | None = None,
+        spec: RunSpec,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        weights: bytes | dict[str, bytes],
+        **kwargs: Any,
     ) -> Policy:
-        """The policy of a loaded checkpoint (see `load`)."""
-        with found.loading_weights():
-            return cls(
-                found.spec,
-                found.observation_space,
-                found.action_space,
-                weights=found.weights,
-                connector_state=found.connector_state,
-                version=found.version,
-                imports=ImportPolicy(allow_import),
-                device=device,
-                seed=seed,
-            )
-
-    @classmethod
-    def from_learner(
-        cls,
-        target: str,
-        *,
-        allow_import: Iterable[str] = (),
-        token: str | None = None,
-        tls_ca: bytes | None = None,
-        timeout_s: float = 30.0,
-        device: str = "cpu",
-        seed: int | None = None,
-    ) -> Policy:
-        """The policy a running learner (`host:port`) publishes now, as its servers get it (WatchWeights).
-        Raises ConnectionError when the learner cannot be reached within `timeout_s`."""
-        weights = published_weights(target, token=token, tls_ca=tls_ca, timeout_s=timeout_s)
-        return cls(
-            RunSpec.from_json(weights.spec_json, f"the run spec of learner {target}"),
-            codec.space_from_proto(weights.observation_space),
-            codec.space_from_proto(weights.action_space),
-            weights=weights.safetensors,
-            connector_state=connector_state_of(weights),
-            version=weights.version,
-            imports=ImportPolicy(allow_import),
-            device=device,
-            seed=seed,
-        )
+        """`Policy(...)` from what a checkpoint or a learner holds (see `TrainedPolicy`)."""
+        if isinstance(weights, dict):
+            raise SpecError("a multi-agent run's weights (one set per module): use rlgate.MultiAgentPolicy")
+        return cls(spec, observation_space, action_space, weights=weights, **kwargs)
 
     def new_episode(self) -> PolicyEpisode:
         """A fresh episode: make one per env, and a new one whenever that env resets."""
@@ -221,39 +164,3 @@ class Policy:
         return self.module_to_env(
             rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
         )
-
-
-def published_weights(target: str, *, token: str | None, tls_ca: bytes | None, timeout_s: float) -> learner_pb2.Weights:
-    """What a running learner (`host:port`) publishes now, as its servers get it (WatchWeights). Raises
-    ConnectionError when the learner cannot be reached within `timeout_s`."""
-    options = [("grpc.max_receive_message_length", 256 << 20)]
-    if tls_ca is not None:
-        channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(tls_ca), options=options)
-    else:
-        channel = grpc.insecure_channel(target, options=options)
-    request = learner_pb2.WatchWeightsRequest(server_id=f"policy-{uuid.uuid4().hex[:8]}", after_version=-1)
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    with channel:
-        call = learner_pb2_grpc.LearnerServiceStub(channel).WatchWeights(
-            request, metadata=metadata, timeout=timeout_s, wait_for_ready=True
-        )
-        try:
-            return next(call)
-        except grpc.RpcError as exc:
-            raise ConnectionError(f"learner {target}: {exc.code().name}: {exc.details()}") from None
-        finally:
-            call.cancel()
-
-
-def connector_state_of(weights: learner_pb2.Weights) -> dict[str, Any]:
-    """The merged connector state published with these weights ({} when none)."""
-    if not weights.HasField("connector_state"):
-        return {}
-    return codec.from_value(weights.connector_state, "connector_state")
-
-
-def keep_statistics(pipeline: ConnectorPipelineV2) -> None:
-    """Statistics as trained (MeanStdFilter's): acting with a loaded policy does not move them."""
-    for piece in pipeline.connectors:
-        if hasattr(piece, "update_stats"):
-            piece.update_stats = False

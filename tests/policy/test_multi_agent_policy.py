@@ -91,7 +91,9 @@ def test_evaluate_plays_whole_games_with_agent_returns_and_is_deterministic_when
 
 def test_single_and_multi_agent_policies_each_refuse_the_other_kind_in_one_line(tmp_path):
     path, _ = multi_agent_checkpoint(tmp_path, RPS)
-    with pytest.raises(SpecError, match=r"^a multi-agent run \(\[multi_agent\]\): Policy acts in single-agent runs; "):
+    with pytest.raises(
+        SpecError, match=r"^a multi-agent run.s weights \(one set per module\): use rlgate.MultiAgentPolicy$"
+    ):
         Policy.load(path)
     single = RunSpec.parse({}, "test")
     with pytest.raises(SpecError, match=r"^a single-agent run \(no \[multi_agent\]\): use rlgate.Policy$"):

@@ -1,0 +1,142 @@
+"""What `Policy` and `MultiAgentPolicy` share: loading (from a checkpoint directory, or from what a running learner
+publishes now) and the built pipelines and module they act with.
+
+Each says, in `from_parts`, how it is made from a run spec, the env's spaces and the weights (one set, or one
+per module in a multi-agent run).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Self
+
+import grpc
+import gymnasium as gym
+import torch
+
+from rlgate.connectors import ConnectorPipelineV2
+from rlgate.core import codec
+from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.run import RunSpec
+from rlgate.v1 import learner_pb2, learner_pb2_grpc
+
+
+class TrainedPolicy:
+    """`load`, `from_checkpoint` and `from_learner` for a policy class with a `from_parts` constructor."""
+
+    spec: RunSpec
+    version: int
+    module: Any  # an RLModule, or a MultiRLModule
+    env_to_module: ConnectorPipelineV2
+    module_to_env: ConnectorPipelineV2
+
+    def _act_with(self, built: Any, spec: RunSpec, version: int, seed: int | None) -> None:
+        """Take a built policy's pipelines and module (spec.policy's BuiltPolicy, spec.multi_agent's
+        BuiltMultiAgentPolicy) with its statistics as trained (MeanStdFilter's): acting does not move them."""
+        for piece in built.env_to_module.connectors:
+            if hasattr(piece, "update_stats"):
+                piece.update_stats = False
+        self.spec, self.version = spec, version
+        self.module, self.env_to_module, self.module_to_env = built.module, built.env_to_module, built.module_to_env
+        self._lookback = max(spec.sampling.episode_lookback_horizon, 1)
+        if seed is not None:
+            torch.manual_seed(seed)
+
+    @classmethod
+    def from_parts(
+        cls,
+        spec: RunSpec,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        weights: bytes | dict[str, bytes],
+        **kwargs: Any,
+    ) -> Self:
+        """The policy for a run spec, the env's spaces and its weights (a dict by module id: multi-agent);
+        `kwargs`: connector_state, version, imports, device, seed."""
+        raise NotImplementedError
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, allow_import: Iterable[str] = (), device: str = "cpu", seed: int | None = None
+    ) -> Self:
+        """The policy in a checkpoint directory (or the newest in a folder of them). Code its run spec names
+        (connector pieces, a model class) is imported only from the modules in `allow_import`."""
+        return cls.from_checkpoint(checkpoint.load(Path(path)), allow_import=allow_import, device=device, seed=seed)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        found: checkpoint.Checkpoint,
+        *,
+        allow_import: Iterable[str] = (),
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> Self:
+        """The policy of a loaded checkpoint (see `load`)."""
+        with found.loading_weights():
+            return cls.from_parts(
+                found.spec,
+                found.observation_space,
+                found.action_space,
+                found.module_weights if found.module_weights is not None else found.weights,
+                connector_state=found.connector_state,
+                version=found.version,
+                imports=ImportPolicy(allow_import),
+                device=device,
+                seed=seed,
+            )
+
+    @classmethod
+    def from_learner(
+        cls,
+        target: str,
+        *,
+        allow_import: Iterable[str] = (),
+        token: str | None = None,
+        tls_ca: bytes | None = None,
+        timeout_s: float = 30.0,
+        device: str = "cpu",
+        seed: int | None = None,
+    ) -> Self:
+        """The policy a running learner (`host:port`) publishes now, as its servers get it (WatchWeights).
+        Raises ConnectionError when the learner cannot be reached within `timeout_s`."""
+        weights = published_weights(target, token=token, tls_ca=tls_ca, timeout_s=timeout_s)
+        state = (
+            codec.from_value(weights.connector_state, "connector_state") if weights.HasField("connector_state") else {}
+        )
+        return cls.from_parts(
+            RunSpec.from_json(weights.spec_json, f"the run spec of learner {target}"),
+            codec.space_from_proto(weights.observation_space),
+            codec.space_from_proto(weights.action_space),
+            dict(weights.module_weights) if weights.module_weights else weights.safetensors,
+            connector_state=state,
+            version=weights.version,
+            imports=ImportPolicy(allow_import),
+            device=device,
+            seed=seed,
+        )
+
+
+def published_weights(target: str, *, token: str | None, tls_ca: bytes | None, timeout_s: float) -> learner_pb2.Weights:
+    """What a running learner (`host:port`) publishes now (its first WatchWeights message). Raises
+    ConnectionError when the learner cannot be reached within `timeout_s`."""
+    options = [("grpc.max_receive_message_length", 256 << 20)]
+    if tls_ca is not None:
+        channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(tls_ca), options=options)
+    else:
+        channel = grpc.insecure_channel(target, options=options)
+    request = learner_pb2.WatchWeightsRequest(server_id=f"policy-{uuid.uuid4().hex[:8]}", after_version=-1)
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    with channel:
+        call = learner_pb2_grpc.LearnerServiceStub(channel).WatchWeights(
+            request, metadata=metadata, timeout=timeout_s, wait_for_ready=True
+        )
+        try:
+            return next(call)
+        except grpc.RpcError as exc:
+            raise ConnectionError(f"learner {target}: {exc.code().name}: {exc.details()}") from None
+        finally:
+            call.cancel()
