@@ -12,12 +12,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from support.agent_traces import replay, trace
 
 from rlgate.connectors import Columns, ConnectorPipelineV2, ConnectorV2
 from rlgate.connectors.common import AddObservationsFromEpisodesToBatch, BatchIndividualItems, TensorToNumpy
 from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
 from rlgate.connectors.learner import AddOneTsToEpisodesAndTruncate
-from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
 
 BOX = gym.spaces.Box(-100.0, 100.0, (1,), np.float32)
 ACTIONS = gym.spaces.Discrete(2)
@@ -363,3 +364,46 @@ def test_flatten_observations_as_learner_connector_on_box_and_discrete_spaces():
     piece = FlattenObservations(discrete, ACTIONS, as_learner_connector=True)
     batch = piece(rl_module=None, batch={}, episodes=[episode])
     np.testing.assert_array_equal(batch[Columns.OBS][("d_0",)][0], [[1, 0, 0], [0, 0, 1]])
+
+
+def multi_agent_episodes() -> list[MultiAgentEpisode]:
+    """Traces 0, 3 and 5: agents a0 a1 a2 (a0 on module p0, the others on p1), joining and leaving."""
+    return [
+        replay(MultiAgentEpisode(agent_to_module_mapping_fn=lambda a, e: "p0" if a == "a0" else "p1"), trace(seed))
+        for seed in (0, 3, 5)
+    ]
+
+
+def test_add_one_ts_renames_multi_agent_episodes_as_rllib_does():
+    """RLlib: each MultiAgentEpisode's id gets `_<its index>` and its agents' episodes take that id as
+    multi_agent_episode_id (the first part of their batch key); the agents' own ids get `_<position>` over all
+    agents' episodes (RLlib visits a MultiAgentEpisode's agents in set order, here in agent_episodes order)."""
+    episodes = multi_agent_episodes()
+    ids = [e.id_ for e in episodes]
+    agent_ids = [{a: sa.id_ for a, sa in e.agent_episodes.items()} for e in episodes]
+    batch = AddOneTsToEpisodesAndTruncate()(rl_module=None, batch={}, episodes=episodes, shared_data={})
+    assert [e.id_ for e in episodes] == [f"{id_}_{i}" for i, id_ in enumerate(ids)]
+    positions = iter(range(8))
+    for e, before in zip(episodes, agent_ids, strict=True):
+        for agent, sa in e.agent_episodes.items():
+            assert (sa.id_, sa.multi_agent_episode_id) == (f"{before[agent]}_{next(positions)}", e.id_)
+    keys = {(e.id_, a, "p0" if a == "a0" else "p1") for e in episodes for a in e.agent_episodes}
+    assert set(batch[Columns.LOSS_MASK]) == keys
+
+
+def test_learner_add_observations_renames_agents_episodes_only_as_rllib_does():
+    """RLlib: the learner AddObservationsFromEpisodesToBatch gives the agents' episodes `_<position>` and
+    leaves the MultiAgentEpisodes' ids (their agents' batch keys) alone. Agents' episodes given without their
+    MultiAgentEpisode (rlgate's learner gets them so) also get `_<position>` on multi_agent_episode_id."""
+    episodes = multi_agent_episodes()
+    ids = [e.id_ for e in episodes]
+    batch = AddObservationsFromEpisodesToBatch(as_learner_connector=True)(rl_module=None, batch={}, episodes=episodes)
+    assert [e.id_ for e in episodes] == ids
+    agents = [sa for e in episodes for sa in e.agent_episodes.values()]
+    assert [sa.id_.rsplit("_", 1)[1] for sa in agents] == [str(i) for i in range(8)]
+    assert {key[0] for key in batch[Columns.OBS]} == set(ids)
+
+    bare = [sa for e in multi_agent_episodes() for sa in e.agent_episodes.values()]
+    before = [sa.multi_agent_episode_id for sa in bare]
+    AddObservationsFromEpisodesToBatch(as_learner_connector=True)(rl_module=None, batch={}, episodes=bare)
+    assert [sa.multi_agent_episode_id for sa in bare] == [f"{id_}_{i}" for i, id_ in enumerate(before)]
