@@ -38,22 +38,27 @@ def is_multi_rl_module(rl_module: Any) -> bool:
 
 
 def make_episode_keys_unique(episodes: list[SingleAgentEpisode | MultiAgentEpisode]) -> None:
-    """Append `_<position>` to the id of each episode whose id has no "_" yet (RLlib 2.60's rule).
+    """Append `_<position>` to the id of each (agent's) single-agent episode whose id has no "_" yet (RLlib
+    2.60's rule).
 
     Per-episode columns are keyed by episode id, so two chunks of one episode in a train batch would
     otherwise be mixed into one list. RLlib's learner AddObservationsFromEpisodesToBatch renames this
     way; PPO's AddOneTsToEpisodesAndTruncate, first in its pipeline, has already given every id a
     suffix, so this renames nothing there. An id that already holds a "_" is left alone (as in RLlib;
     rlgate's ids are uuid hex, without one). A user learner piece that adds per-episode items before
-    these pieces should call it first. Agents' episodes are keyed by their multi-agent episode's id, which
-    is renamed the same way (RLlib renames the MultiAgentEpisode).
+    these pieces should call it first.
+
+    Agents' episodes are keyed by their multi-agent episode's id. Given MultiAgentEpisodes, that id stays (as
+    in RLlib, so two chunks of one multi-agent episode share their agents' keys). Given agents' episodes
+    without their MultiAgentEpisode (rlgate's learner gets them so), it is renamed too (`_<position>`), as no
+    MultiAgentEpisode holds them apart.
     """
+    bare_agents = not is_multi_agent(episodes)
     for position, episode in enumerate(ConnectorV2.single_agent_episode_iterator(episodes, False)):
-        if episode.agent_id is not None:
-            if "_" not in episode.multi_agent_episode_id:
-                episode.multi_agent_episode_id = f"{episode.multi_agent_episode_id}_{position}"
-        elif "_" not in episode.id_:
+        if "_" not in episode.id_:
             episode.id_ = f"{episode.id_}_{position}"
+        if bare_agents and episode.agent_id is not None and "_" not in episode.multi_agent_episode_id:
+            episode.multi_agent_episode_id = f"{episode.multi_agent_episode_id}_{position}"
 
 
 class ConnectorV2(abc.ABC):

@@ -17,6 +17,12 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
   observation with the hanging action, outputs and rewards, so the pending step completes in the
   successor (RLlib drops the step and restarts the agent as if it had just appeared). Each agent's
   successor SingleAgentEpisode keeps its id and takes `chunk_index + 1`.
+- An agent that first observes in a successor chunk is mapped from the chunk's start (its lookback is skip
+  tags): RLlib counts its skip tags from the episode's reset (`env_t`, not `env_t - env_t_started`), which
+  puts its steps at later env steps than they happened unless the chunk's lookback equals `env_t_started`.
+- `cut(len_lookback_buffer)` keeps at most the env steps that exist as env-step lookback: RLlib pads its
+  env-step mappings to the full length with skip tags, so an index before the episode's reset answers `{}`
+  there and raises IndexError here (as for a single-agent episode).
 - `get_truncateds()["__all__"]` is `is_truncated` (RLlib reports `is_terminated` there).
 - When the last agents leave, each keeps its own flags (and gets those of `"__all__"` the env sent): RLlib
   also marks the episode terminated then, and passes that on to every agent in the step, so an agent only
@@ -331,9 +337,16 @@ class MultiAgentEpisode:
         """An agent's first observation, mid-episode: skip tags for every env step before this one."""
         episode = self._new_agent_episode(agent_id)
         episode.add_env_reset(observation, info)
-        mapping = InfiniteLookbackBuffer([self.SKIP_ENV_TS_TAG] * (self.env_t - self.env_t_started) + [0])
-        self.env_t_to_agent_t[agent_id] = mapping
+        self.env_t_to_agent_t[agent_id] = self._skipped_until_now([0])
         self.agent_episodes[agent_id] = episode
+
+    def _skipped_until_now(self, tail: list) -> InfiniteLookbackBuffer:
+        """The env-step mapping of an agent new to this chunk: skip tags for every env step before `tail`, the
+        lookback's included (the other agents' env-step lookback, as in RLlib), so that an index there finds
+        the agent absent rather than out of range."""
+        lookback = min((mapping.lookback for mapping in self.env_t_to_agent_t.values()), default=0)
+        skipped = [self.SKIP_ENV_TS_TAG] * (lookback + self.env_t - self.env_t_started)
+        return InfiniteLookbackBuffer(skipped + list(tail), lookback=lookback)
 
     def _new_agent_episode(self, agent_id: AgentID) -> SingleAgentEpisode:
         return SingleAgentEpisode(
@@ -416,9 +429,7 @@ class MultiAgentEpisode:
                 self.agent_episodes[agent_id] = theirs
                 self.agent_t_started[agent_id] = theirs.t_started
                 self._agent_to_module_mapping.setdefault(agent_id, theirs.module_id)
-                self.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(
-                    [self.SKIP_ENV_TS_TAG] * (self.env_t - self.env_t_started) + list(tail)
-                )
+                self.env_t_to_agent_t[agent_id] = self._skipped_until_now(tail)
             elif mine.is_done:
                 continue
             else:

@@ -9,7 +9,8 @@ rlgate additions and differences: `chunk_index` (0 for a fresh episode, +1 for e
 carried by `get_state()` and the wire codec) identifies chunks of one long episode; `multi_agent_env_steps`
 (an agent's episode: the env steps of the multi-agent chunk it was shipped with, on one agent of each chunk,
 else 0; carried by the wire codec) lets the learner count env steps; `cut()` and `slice()`
-keep `agent_id`, `module_id` and `multi_agent_episode_id`; `to_numpy()` also works on an empty episode;
+keep `agent_id`, `module_id` and `multi_agent_episode_id`; `to_numpy()` also works on an empty episode and
+converts every column of a length-0 one (RLlib's converts only its observations, so `is_numpy` stays False);
 precondition failures raise RuntimeError / ValueError instead of AssertionError; `add_env_step` does no
 space checks (call `validate()` or check the data where it enters, off the per-step path).
 """

@@ -38,7 +38,11 @@ class Distribution(abc.ABC):
 
 
 class Deterministic(Distribution):
-    """Always samples `loc`; logp and entropy are 0 (as RLlib's TorchDeterministic)."""
+    """Always samples `loc`; logp and entropy are float zeros over the batch shape.
+
+    RLlib's TorchDeterministic differs: its logp is `zeros_like(loc)` (int64 for a categorical's argmax,
+    [..., d] for a DiagGaussian's mean) and its entropy raises RuntimeError.
+    """
 
     def __init__(self, loc: torch.Tensor, event_ndim: int = 0) -> None:
         self.loc = loc
@@ -88,6 +92,9 @@ class Categorical(Distribution):
         return -(log_probs.exp() * log_probs).sum(-1)
 
     def kl(self, other: "Categorical") -> torch.Tensor:
+        """KL(self || other) from clamped log-probabilities: where `other` gives an action probability 0 (a
+        -inf logit, as action masking makes) and this one does not, RLlib's (torch.distributions') is inf; here
+        it stays finite (huge), so a KL loss term does not turn the loss into inf/NaN."""
         log_p, log_q = self.log_probs.clamp(min=_MIN_LOG), other.log_probs.clamp(min=_MIN_LOG)
         return (log_p.exp() * (log_p - log_q)).sum(-1)
 

@@ -33,6 +33,11 @@ class PrevActionsPrevRewards(ConnectorV2):
     server's flush runs the pipeline, then the successor's step runs it again); RLlib wraps those twice. It is
     told by its form: only an observation with the agent's input space's structure and shapes is augmented
     (this piece's Dict, or what later pieces made of it, e.g. FlattenObservations' flat array, has another).
+
+    Deliberate differences from RLlib 2.60, whose data does not fit its own output space: there `prev_n_actions`
+    of Discrete actions is [n, A] (its space says (n * A,)) and `prev_n_rewards` float64 once the episode has
+    rewards; here both have their space's shape and dtype (float32). Box actions work here (RLlib's piece fails
+    on them, reading the space's `n`).
     """
 
     ORIG_OBS_KEY = "_orig_obs"

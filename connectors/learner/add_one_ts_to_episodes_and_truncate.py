@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlgate.connectors.connector_v2 import ConnectorV2
+from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_agent
 from rlgate.core.columns import Columns
 
 if TYPE_CHECKING:
@@ -20,6 +20,9 @@ class AddOneTsToEpisodesAndTruncate(ConnectorV2):
 
     As RLlib's, it first appends `_<position>` to every episode's id, so that chunks of one episode
     become separate episodes in the batch (and later pieces rename none: see `make_episode_keys_unique`).
+    MultiAgentEpisodes get `_<index>` (their place in `episodes`), which their agents' episodes take as
+    `multi_agent_episode_id` (their batch key); agents' episodes given without their MultiAgentEpisode get
+    `_<position>` on their `multi_agent_episode_id`.
 
     The step repeats the final observation, info, action and extra model outputs with reward 0, and an
     episode that is not terminated is marked truncated (so is an unfinished chunk). Adds per step:
@@ -43,9 +46,15 @@ class AddOneTsToEpisodesAndTruncate(ConnectorV2):
         **kwargs: Any,
     ) -> dict[str, Any]:
         orig_truncateds = []
+        bare_agents = not is_multi_agent(episodes)
+        if not bare_agents:
+            for index, ma_episode in enumerate(episodes):
+                ma_episode.id_ = f"{ma_episode.id_}_{index}"
+                for agent_episode in ma_episode.agent_episodes.values():
+                    agent_episode.multi_agent_episode_id = ma_episode.id_
         for position, episode in enumerate(self.single_agent_episode_iterator(episodes, False)):
             episode.id_ = f"{episode.id_}_{position}"
-            if episode.agent_id is not None:  # RLlib renames the MultiAgentEpisode, which keys its agents' items
+            if bare_agents and episode.agent_id is not None:
                 episode.multi_agent_episode_id = f"{episode.multi_agent_episode_id}_{position}"
             n = len(episode)
             orig_truncateds.append(episode.is_truncated)

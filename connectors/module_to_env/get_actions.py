@@ -18,6 +18,10 @@ class GetActions(ConnectorV2):
     Exploring: a sample of the module's exploration distribution. Otherwise: the deterministic (greedy)
     action of its inference distribution. Works on the whole [B, ...] tensor at once; for a MultiRLModule, on
     each module's outputs with that module's distribution.
+
+    RLlib 2.60 also writes ACTION_LOGP when not exploring: its deterministic distribution's logp,
+    `zeros_like(actions)` (an int64 0 per Discrete action), which is no log-probability. Here (a deliberate
+    difference) it is not written, so a greedy session's episodes hold no made-up ACTION_LOGP.
     """
 
     def __call__(

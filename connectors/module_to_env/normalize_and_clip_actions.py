@@ -23,7 +23,9 @@ def unsquash_action(action: Any, space: gym.Space) -> Any:
 
     Works on one action or a batch (leading axis) of them. RLlib's `low + (a + 1) * (high - low) / 2`, computed
     as `mid + a * half` in float64: `high - low` overflows to inf for bounds near the dtype's limits (float32's
-    +-3.4e38), which made every action `high`.
+    +-3.4e38), which made every action `high` (or NaN). Unlike RLlib 2.60, every floating Box is unsquashed (RLlib
+    only float32 and float64 ones: a float16 Box's actions passed through as they were), and results keep the
+    space's dtype (RLlib's `low + a` for an int32 Box and int64 actions gave int64).
     """
 
     def unsquash(a: Any, sub: gym.Space) -> Any:

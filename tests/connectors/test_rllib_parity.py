@@ -12,12 +12,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from support.agent_traces import replay, trace
 
 from rlgate.connectors import Columns, ConnectorPipelineV2, ConnectorV2
+from rlgate.connectors.builders import build_learner_pipeline
 from rlgate.connectors.common import AddObservationsFromEpisodesToBatch, BatchIndividualItems, TensorToNumpy
-from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
+from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter, PrevActionsPrevRewards
 from rlgate.connectors.learner import AddOneTsToEpisodesAndTruncate
-from rlgate.episodes import SingleAgentEpisode
+from rlgate.connectors.module_to_env import GetActions
+from rlgate.connectors.module_to_env.normalize_and_clip_actions import unsquash_action
+from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
+from rlgate.models.distributions import Categorical, DiagGaussian
 
 BOX = gym.spaces.Box(-100.0, 100.0, (1,), np.float32)
 ACTIONS = gym.spaces.Discrete(2)
@@ -363,3 +368,193 @@ def test_flatten_observations_as_learner_connector_on_box_and_discrete_spaces():
     piece = FlattenObservations(discrete, ACTIONS, as_learner_connector=True)
     batch = piece(rl_module=None, batch={}, episodes=[episode])
     np.testing.assert_array_equal(batch[Columns.OBS][("d_0",)][0], [[1, 0, 0], [0, 0, 1]])
+
+
+def multi_agent_episodes() -> list[MultiAgentEpisode]:
+    """Traces 0, 3 and 5: agents a0 a1 a2 (a0 on module p0, the others on p1), joining and leaving."""
+    return [
+        replay(MultiAgentEpisode(agent_to_module_mapping_fn=lambda a, e: "p0" if a == "a0" else "p1"), trace(seed))
+        for seed in (0, 3, 5)
+    ]
+
+
+def test_add_one_ts_renames_multi_agent_episodes_as_rllib_does():
+    """RLlib: each MultiAgentEpisode's id gets `_<its index>` and its agents' episodes take that id as
+    multi_agent_episode_id (the first part of their batch key); the agents' own ids get `_<position>` over all
+    agents' episodes (RLlib visits a MultiAgentEpisode's agents in set order, here in agent_episodes order)."""
+    episodes = multi_agent_episodes()
+    ids = [e.id_ for e in episodes]
+    agent_ids = [{a: sa.id_ for a, sa in e.agent_episodes.items()} for e in episodes]
+    batch = AddOneTsToEpisodesAndTruncate()(rl_module=None, batch={}, episodes=episodes, shared_data={})
+    assert [e.id_ for e in episodes] == [f"{id_}_{i}" for i, id_ in enumerate(ids)]
+    positions = iter(range(8))
+    for e, before in zip(episodes, agent_ids, strict=True):
+        for agent, sa in e.agent_episodes.items():
+            assert (sa.id_, sa.multi_agent_episode_id) == (f"{before[agent]}_{next(positions)}", e.id_)
+    keys = {(e.id_, a, "p0" if a == "a0" else "p1") for e in episodes for a in e.agent_episodes}
+    assert set(batch[Columns.LOSS_MASK]) == keys
+
+
+def test_learner_add_observations_renames_agents_episodes_only_as_rllib_does():
+    """RLlib: the learner AddObservationsFromEpisodesToBatch gives the agents' episodes `_<position>` and
+    leaves the MultiAgentEpisodes' ids (their agents' batch keys) alone. Agents' episodes given without their
+    MultiAgentEpisode (rlgate's learner gets them so) also get `_<position>` on multi_agent_episode_id."""
+    episodes = multi_agent_episodes()
+    ids = [e.id_ for e in episodes]
+    batch = AddObservationsFromEpisodesToBatch(as_learner_connector=True)(rl_module=None, batch={}, episodes=episodes)
+    assert [e.id_ for e in episodes] == ids
+    agents = [sa for e in episodes for sa in e.agent_episodes.values()]
+    assert [sa.id_.rsplit("_", 1)[1] for sa in agents] == [str(i) for i in range(8)]
+    assert {key[0] for key in batch[Columns.OBS]} == set(ids)
+
+    bare = [sa for e in multi_agent_episodes() for sa in e.agent_episodes.values()]
+    before = [sa.multi_agent_episode_id for sa in bare]
+    AddObservationsFromEpisodesToBatch(as_learner_connector=True)(rl_module=None, batch={}, episodes=bare)
+    assert [sa.multi_agent_episode_id for sa in bare] == [f"{id_}_{i}" for i, id_ in enumerate(before)]
+
+
+class HalfObsValues:
+    """A module whose value of an observation [x] is x / 2."""
+
+    model_config: dict = {}
+
+    def is_stateful(self) -> bool:
+        return False
+
+    def compute_values(self, batch: dict) -> torch.Tensor:
+        return batch[Columns.OBS][:, 0] * 0.5
+
+
+def test_gae_value_targets_as_rllib_and_advantages_standardised_over_the_real_steps():
+    """RLlib's PPO learner pipeline (gamma 0.9, lambda 0.8) on three chunks (A terminated, B truncated with one
+    lookback step, C unfinished): the value targets below, equal here. Its advantages are standardised over
+    every row, the appended bootstrap rows included; here (documented in GeneralAdvantageEstimation) over the
+    LOSS_MASK rows: standardised over every row, ours are RLlib's."""
+    box = gym.spaces.Box(-10.0, 10.0, (1,), np.float32)
+    chunks = [
+        ("A", [1, 2, 3, 4], [1.0, 0.0, 2.0], 0, True, False),
+        ("B", [5, 6, 7, 8], [0.5, -1.0, 1.0], 1, False, True),
+    ]
+    chunks.append(("C", [2, 0, 4], [0.0, 3.0], 0, False, False))
+    episodes = [
+        SingleAgentEpisode(
+            id_,
+            observations=[np.array([o], np.float32) for o in obs],
+            observation_space=box,
+            actions=[0] * len(rewards),
+            action_space=ACTIONS,
+            rewards=rewards,
+            len_lookback_buffer=lookback,
+            t_started=lookback,
+            terminated=terminated,
+            truncated=truncated,
+        )
+        for id_, obs, rewards, lookback, terminated, truncated in chunks
+    ]
+    pipeline = build_learner_pipeline(box, ACTIONS, gae=(0.9, 0.8))
+    batch = pipeline(rl_module=HalfObsValues(), batch={}, episodes=episodes, shared_data={})
+    targets = [2.4112, 1.71, 2.0, 2.65824, 2.942, 4.6, 2.66832, 3.456, 4.8, 0.0]
+    np.testing.assert_allclose(batch[Columns.VALUE_TARGETS].numpy(), targets, atol=1e-5)
+    assert batch[Columns.LOSS_MASK].tolist() == [True, True, True, False, True, True, False, True, True, False]
+    raw = batch[Columns.VALUE_TARGETS].numpy() - batch[Columns.OBS][:, 0].numpy() * 0.5
+    rllib = [0.568494, -0.090255, -0.205421, -0.118641, -0.511433, 0.123625, -1.209931, 0.867268, 2.152739, -1.576444]
+    np.testing.assert_allclose((raw - raw.mean()) / raw.std(), rllib, atol=1e-5)
+    valid = batch[Columns.LOSS_MASK].numpy()
+    expected = (raw - raw[valid].mean()) / raw[valid].std()
+    np.testing.assert_allclose(batch[Columns.ADVANTAGES].numpy(), expected, atol=1e-5)
+
+
+class CategoricalModule:
+    def get_inference_action_dist_cls(self) -> type[Categorical]:
+        return Categorical
+
+
+def test_get_actions_when_not_exploring_writes_no_action_logp():
+    """RLlib, explore=False on logits [[0.1, 2, -1], [3, 0, 0.5]]: ACTIONS [1, 0] and ACTION_LOGP tensor([0, 0])
+    (int64, its deterministic distribution's zeros_like(actions)); here (documented in GetActions) no
+    ACTION_LOGP."""
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.5]])
+    batch = GetActions()(rl_module=CategoricalModule(), batch={Columns.ACTION_DIST_INPUTS: logits}, episodes=[])
+    assert batch[Columns.ACTIONS].tolist() == [1, 0] and Columns.ACTION_LOGP not in batch
+
+
+def test_deterministic_distribution_gives_float_zeros_over_the_batch():
+    """RLlib's TorchDeterministic of DiagGaussian logits [[0.5, -1, 0, 0.2]]: logp [[0., 0.]] (the mean's
+    shape), entropy RuntimeError; here (documented in Deterministic) [0.] for both."""
+    greedy = DiagGaussian.from_logits(torch.tensor([[0.5, -1.0, 0.0, 0.2]])).to_deterministic()
+    assert greedy.logp(torch.tensor([[0.5, -1.0]])).tolist() == [0.0] == greedy.entropy().tolist()
+
+
+def test_categorical_kl_stays_finite_where_the_other_gives_an_action_probability_0():
+    """RLlib's TorchCategorical: KL(logits [0, 1, 2] || [0, -inf, 2]) == inf; here (documented in
+    Categorical.kl) finite, and still far above any KL of possible actions."""
+    kl = Categorical(torch.tensor([[0.0, 1.0, 2.0]])).kl(Categorical(torch.tensor([[0.0, -float("inf"), 2.0]])))
+    assert torch.isfinite(kl).all() and kl.item() > 1e30
+
+
+def test_unsquash_float16_and_int_boxes():
+    """RLlib's unsquash_action: a float16 Box(-2, 2) leaves [0.5, -1] as they are (it unsquashes only float32
+    and float64 Boxes); an int32 Box(1, 4) gives [0, 3] + 1 = [1, 4] as int64. Here (documented in
+    unsquash_action) the float16 actions are unsquashed like any float Box's, and the int32 Box keeps int32."""
+    half = unsquash_action(np.array([0.5, -1.0], np.float16), gym.spaces.Box(-2.0, 2.0, (2,), np.float16))
+    assert half.dtype == np.float16 and half.tolist() == [1.0, -2.0]
+    ints = unsquash_action(np.array([0, 3]), gym.spaces.Box(1, 4, (2,), np.int32))
+    assert ints.dtype == np.int32 and ints.tolist() == [1, 4]
+
+
+def test_prev_actions_prev_rewards_fit_their_space():
+    """RLlib, n_prev_actions=2, n_prev_rewards=2, Discrete(3) actions: its space has prev_n_actions (6,) and
+    prev_n_rewards (2,), float32; at the reset it gives [[0, 0, 0], [0, 0, 0]] and [0, 0]; after action 2 and
+    reward 0.5, [[0, 0, 0], [0, 0, 1]] and [0, 0.5] as float64. Here (documented in PrevActionsPrevRewards) the
+    same values in the space's shapes and dtype."""
+    box = gym.spaces.Box(-50.0, 50.0, (3,), np.float32)
+    actions = gym.spaces.Discrete(3)
+    pipeline = ConnectorPipelineV2(
+        box, actions, connectors=[PrevActionsPrevRewards(n_prev_actions=2, n_prev_rewards=2)]
+    )
+    space = pipeline.observation_space
+    assert (space["prev_n_actions"].shape, space["prev_n_rewards"].shape) == ((6,), (2,))
+    episode = SingleAgentEpisode(observation_space=box, action_space=actions)
+    episode.add_env_reset(np.array([1.0, 2.0, 3.0], np.float32))
+    pipeline(rl_module=None, batch={}, episodes=[episode])
+    first = episode.get_observations(-1)
+    assert first["prev_n_actions"].tolist() == [0.0] * 6 and first["prev_n_rewards"].tolist() == [0.0, 0.0]
+    episode.add_env_step(np.array([3.0, 2.0, 0.0], np.float32), 2, 0.5)
+    pipeline(rl_module=None, batch={}, episodes=[episode])
+    latest = episode.get_observations(-1)
+    assert latest["prev_n_actions"].tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert latest["prev_n_rewards"].tolist() == [0.0, 0.5]
+    assert latest["prev_n_actions"].dtype == latest["prev_n_rewards"].dtype == np.float32
+
+
+MSF_OBS = [np.array(o, np.float32) for o in ([1, 2, 3], [3, 2, 0], [5, -1, 1], [0, 0, 7])]
+
+
+def test_mean_std_filter_normalises_one_episode_as_rllib():
+    """RLlib's MeanStdFilter stepping one episode through MSF_OBS: the normalised observations below."""
+    box = gym.spaces.Box(-50.0, 50.0, (3,), np.float32)
+    pipeline = ConnectorPipelineV2(box, ACTIONS, connectors=[MeanStdFilter()])
+    episode = SingleAgentEpisode(observation_space=box, action_space=ACTIONS)
+    episode.add_env_reset(MSF_OBS[0])
+    pipeline(rl_module=None, batch={}, episodes=[episode])
+    seen = [episode.get_observations(-1)]
+    for obs in MSF_OBS[1:]:
+        episode.add_env_step(obs, 0, 0.0)
+        pipeline(rl_module=None, batch={}, episodes=[episode])
+        seen.append(episode.get_observations(-1))
+    rllib = [[0.0, 0.0, 0.0], [0.707106, 0.0, -0.707106], [1.0, -1.1547, -0.218218], [-1.014722, -0.5, 1.372873]]
+    np.testing.assert_allclose(seen, rllib, atol=1e-5)
+
+
+def test_mean_std_filter_normalises_a_call_with_the_statistics_after_it():
+    """RLlib on two episodes at once (resets MSF_OBS[0] and [1]) normalises one after the other: the first
+    with the statistics of itself alone, [0, 0, 0], the second [0.707106, 0, -0.707106]. Here (documented in
+    MeanStdFilter) both with the statistics after the whole call, so the order of the episodes does not matter."""
+    box = gym.spaces.Box(-50.0, 50.0, (3,), np.float32)
+    pipeline = ConnectorPipelineV2(box, ACTIONS, connectors=[MeanStdFilter()])
+    episodes = [SingleAgentEpisode(observation_space=box, action_space=ACTIONS) for _ in range(2)]
+    for episode, obs in zip(episodes, MSF_OBS, strict=False):
+        episode.add_env_reset(obs)
+    pipeline(rl_module=None, batch={}, episodes=episodes)
+    seen = [e.get_observations(-1) for e in episodes]
+    np.testing.assert_allclose(seen, [[-0.707106, 0.0, 0.707106], [0.707106, 0.0, -0.707106]], atol=1e-5)

@@ -1,0 +1,165 @@
+"""SingleAgentEpisode and MultiAgentEpisode checked against RLlib 2.60 itself.
+
+The expected values were printed by RLlib 2.60 (`ray[rllib]==2.60.0`, numpy 2.4) running its own
+SingleAgentEpisode / MultiAgentEpisode on the same inputs (`episode()` below; the scripted traces of
+tests/support/agent_traces.py), in a scratch venv outside the repo (ray is never imported here). Where rlgate
+keeps a deliberate difference (see the modules' docstrings), the test says what RLlib did and asserts
+rlgate's documented behaviour.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from support.agent_traces import replay, trace
+
+from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
+
+OBS = gym.spaces.Box(-100.0, 100.0, (2,), np.float32)
+ACT = gym.spaces.Discrete(3)
+DICT_OBS = gym.spaces.Dict({"a": gym.spaces.Discrete(4), "b": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+
+
+def episode(numpy: bool, n: int = 8, lookback: int = 3) -> SingleAgentEpisode:
+    """Observations [i, -i], actions i % 3, rewards i, infos {"i": i}, logp -i; the first `lookback` steps
+    are lookback."""
+    built = SingleAgentEpisode(
+        "x",
+        observations=[np.array([i, -i], np.float32) for i in range(n + 1)],
+        observation_space=OBS,
+        actions=[i % 3 for i in range(n)],
+        action_space=ACT,
+        rewards=[float(i) for i in range(n)],
+        infos=[{"i": i} for i in range(n + 1)],
+        extra_model_outputs={"logp": [np.float32(-i) for i in range(n)]},
+        len_lookback_buffer=lookback,
+    )
+    return built.to_numpy() if numpy else built
+
+
+def dict_episode(numpy: bool) -> SingleAgentEpisode:
+    """5 steps of Dict observations {"a": i % 4, "b": [i / 10, -i / 10]}, 2 of them lookback."""
+    built = SingleAgentEpisode(
+        "d",
+        observations=[{"a": i % 4, "b": np.array([i / 10, -i / 10], np.float32)} for i in range(6)],
+        observation_space=DICT_OBS,
+        actions=[0] * 5,
+        action_space=ACT,
+        rewards=[1.0] * 5,
+        len_lookback_buffer=2,
+    )
+    return built.to_numpy() if numpy else built
+
+
+def plain(x):
+    """Nested arrays as lists, for comparing with RLlib's printed values."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [plain(v) for v in x]
+    return np.asarray(x).tolist()
+
+
+@pytest.mark.parametrize("numpy", [False, True])
+def test_single_agent_getters_answer_as_rllib(numpy):
+    """RLlib's answers (list and numpy mode alike) on the 8-step episode with 3 lookback steps."""
+    e, d = episode(numpy), dict_episode(numpy)
+    assert (len(e), e.t_started, e.t, e.get_return()) == (5, 0, 5, 25.0)
+    assert plain(e.get_observations(-2, neg_index_as_lookback=True)) == [1.0, -1.0]
+    assert plain(e.get_observations(slice(-2, 3), neg_index_as_lookback=True, fill=-7)) == [
+        [1.0, -1.0],
+        [2.0, -2.0],
+        [3.0, -3.0],
+        [4.0, -4.0],
+        [5.0, -5.0],
+    ]
+    assert plain(e.get_observations(slice(-12, 2), fill=-7)) == [[-7.0, -7.0]] * 3 + [
+        [0.0, 0.0],
+        [1.0, -1.0],
+        [2.0, -2.0],
+        [3.0, -3.0],
+        [4.0, -4.0],
+    ]
+    assert plain(e.get_actions([-1, -3], neg_index_as_lookback=True)) == [2, 0]
+    assert plain(e.get_actions(slice(-2, 3), neg_index_as_lookback=True, fill=-7, one_hot_discrete=True)) == [
+        [0.0, 1.0, 0.0],
+        [0.0, 0.0, 1.0],
+        [1.0, 0.0, 0.0],
+        [0.0, 1.0, 0.0],
+        [0.0, 0.0, 1.0],
+    ]
+    assert plain(e.get_rewards(slice(5, 12), neg_index_as_lookback=True, fill=-7)) == [-7.0] * 7
+    assert plain(e.get_extra_model_outputs("logp", slice(-3, None))) == [-5.0, -6.0, -7.0]
+    assert e.get_infos([0, 9], fill=-7) == [{"i": 3}, -7]
+    with pytest.raises(IndexError):
+        e.get_rewards(-9)
+    one_hot = d.get_observations(slice(-3, -1), neg_index_as_lookback=True, fill=-7, one_hot_discrete=True)
+    rows = one_hot if isinstance(one_hot, list) else [{k: v[i] for k, v in one_hot.items()} for i in range(2)]
+    assert plain(rows) == [{"a": [-7.0] * 4, "b": [-7.0, -7.0]}, {"a": [1.0, 0.0, 0.0, 0.0], "b": [0.0, 0.0]}]
+
+
+@pytest.mark.parametrize("numpy", [False, True])
+def test_single_agent_cut_and_slice_as_rllib(numpy):
+    """RLlib: cut(len_lookback_buffer=2) starts at t=5 with steps 6 and 7 as lookback; slice(2, 5) with
+    len_lookback_buffer=1 has t_started 2, t 5, one lookback step (observations 4..8, actions 1 2 0 1)."""
+    successor = episode(numpy).cut(len_lookback_buffer=2)
+    assert (len(successor), successor.t_started, successor.t, successor.observations.lookback) == (0, 5, 5, 2)
+    assert plain(successor.observations.data) == [[6.0, -6.0], [7.0, -7.0], [8.0, -8.0]]
+    assert plain(successor.actions.data) == [0, 1] and plain(successor.rewards.data) == [6.0, 7.0]
+    sliced = episode(numpy).slice(slice(2, 5), len_lookback_buffer=1)
+    assert (len(sliced), sliced.t_started, sliced.t, sliced.get_return()) == (3, 2, 5, 18.0)
+    assert {b.lookback for b in (sliced.observations, sliced.actions, sliced.rewards, sliced.infos)} == {1}
+    assert plain(sliced.observations.data) == [[4.0, -4.0], [5.0, -5.0], [6.0, -6.0], [7.0, -7.0], [8.0, -8.0]]
+    assert plain(sliced.actions.data) == [1, 2, 0, 1]
+
+
+def test_to_numpy_of_a_zero_length_episode_converts_every_column():
+    """RLlib's to_numpy() converts only the observations of a length-0 episode (all its data lookback): its
+    actions, rewards and extra model outputs stay lists and is_numpy stays False. Here (a deliberate
+    difference) every column is converted, as for any other episode."""
+    e = episode(numpy=False, n=3, lookback=10).to_numpy()
+    assert len(e) == 0 and e.observations.lookback == 3
+    assert e.is_numpy
+    assert isinstance(e.actions.data, np.ndarray) and isinstance(e.extra_model_outputs["logp"].data, np.ndarray)
+
+
+def cut_trace(len_lookback_buffer: int) -> MultiAgentEpisode:
+    """Trace 2 (a0 from the reset; a1 and a2 join later) cut after 2 env steps, the successor replaying the rest:
+    a1 first observes at the successor's env step 2, a2 at its step 8."""
+    records = trace(2)
+    successor = replay(MultiAgentEpisode(), records[:3]).cut(len_lookback_buffer=len_lookback_buffer)
+    return replay(successor, records[3:])
+
+
+def test_an_agent_new_to_a_chunk_is_absent_in_its_lookback_as_in_rllib():
+    """RLlib, the successor cut with len_lookback_buffer=2: a1's and a2's env-step mappings hold skip tags over
+    the lookback too (lookback 2), so an index there finds them absent: get_observations(-1,
+    neg_index_as_lookback=True) == {} and [-1, -2] gives {"a0": [1.0]}."""
+    e = cut_trace(2)
+    mappings = {agent: (list(m.data), m.lookback) for agent, m in e.env_t_to_agent_t.items()}
+    assert mappings == {
+        "a0": ([0, "S", 1, 2, 3, "S", "S", 4, "S", 5, "S", 6, 7], 2),
+        "a1": (["S", "S", "S", "S", 0, "S", 1, "S", "S", 2, 3, "S", 4], 2),
+        "a2": (["S"] * 10 + [0, "S", 1], 2),
+    }
+    assert e.get_observations(-1, neg_index_as_lookback=True) == {}
+    assert e.get_observations([-1, -2], neg_index_as_lookback=True) == {"a0": [1.0]}
+    assert e.get_observations(2) == {"a0": 3.0, "a1": 8.0}
+
+
+def test_an_agent_new_to_a_chunk_is_mapped_from_the_chunk_start():
+    """RLlib, the successor cut with len_lookback_buffer=0: a1's mapping is ["S"] * 4 + [0, ...] (skip tags for
+    every env step since the reset, env_t 4, not since the chunk's start, env_t_started 2), so its first
+    observation lands at the chunk's env step 4 instead of 2: get_observations(2) == {"a0": 3.0} and a1's
+    fill=-5.0 row has 13 entries where the chunk has 11 (its env steps 0 to 10). Here (a deliberate difference) a1 is at
+    env step 2, as when the lookback is 2 (where RLlib's count happens to fit)."""
+    e = cut_trace(0)
+    assert [list(m.data) for m in (e.env_t_to_agent_t["a1"], e.env_t_to_agent_t["a2"])] == [
+        ["S", "S", 0, "S", 1, "S", "S", 2, 3, "S", 4],
+        ["S"] * 8 + [0, "S", 1],
+    ]
+    assert e.get_observations(2) == {"a0": 3.0, "a1": 8.0}
+    rows = e.get_observations(fill=-5.0)
+    assert rows["a1"] == [-5.0, -5.0, 8.0, -5.0, 6.0, -5.0, -5.0, 8.0, 5.0, -5.0, 3.0]
+    assert {len(row) for row in rows.values()} == {len(e) + 1}
