@@ -27,6 +27,7 @@ from rlgate.spec.multi_agent import (
     build_multi_agent_env_to_module,
     build_multi_agent_learner_connector,
     build_multi_rl_module,
+    episode_module_spaces,
     modules_to_train,
 )
 from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
@@ -144,7 +145,7 @@ class Learner:
             allow_nonfinite_obs=spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
             split_chunks=False,
-            module_spaces=modules,
+            module_spaces=episode_module_spaces(spec, agents, self.connectors, self.imports),
             agents=frozenset(agents),
             count=self.trainer.steps,
             output_shapes={module_id: output_shapes(module[module_id]) for module_id in modules},

@@ -23,16 +23,11 @@ from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, de
 from rlgate.models import MultiRLModule, load_weights
 from rlgate.models.catalog import encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_pieces, build_rl_module, seeded
+from rlgate.spec.policy import build_pieces, build_rl_module, output_space, seeded
 from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
 
 #: agent id -> (observation space, action space), as the env declares them.
 AgentSpaces = dict[str, tuple[gym.Space, gym.Space]]
-
-
-# Built-in env-to-module pieces without a multi-agent form yet (RLlib's has a `multi_agent` option):
-# FrameStackingEnvToModule (a FrameStacking).
-SINGLE_AGENT_PIECES = (FrameStacking,)
 
 
 def _per_agent(agent_id: str, episode: MultiAgentEpisode) -> str:
@@ -122,27 +117,25 @@ def build_multi_agent_env_to_module(
     observation space is a Dict of the modules' observation spaces.
 
     With the default model, agents whose observations (after the user's pieces) its encoders cannot take are
-    flattened by a FlattenObservations(multi_agent=True) appended to the user's pieces.
+    flattened by a FlattenObservations(multi_agent=True) appended to the user's pieces. After a
+    FrameStackingEnvToModule, which stacks into the batch only, no piece may change observations (SpecError),
+    that one included: 2-D frames are flattened before it by the user's.
     """
     observation_space, action_space = _dicts(agent_spaces)
-    user: list[ConnectorV2] = build_pieces(spec.connectors.env_to_module, imports, "env_to_module")
-    for piece in user:
-        if isinstance(piece, SINGLE_AGENT_PIECES):
-            raise SpecError(
-                f"connectors.env_to_module: {type(piece).__name__} works on single-agent runs only (for now): take it "
-                "out of this multi-agent spec, or write a piece of your own over each agent's episode"
-            )
-        if getattr(piece, "multi_agent", None) is False:  # a piece with RLlib's option, left at its default
-            raise SpecError(
-                f"connectors.env_to_module: {type(piece).__name__} runs on multi-agent episodes here: set "
-                f'multi_agent = true (RLlib\'s option), e.g. {{ type = "{type(piece).__name__}", multi_agent = true }}'
-            )
-    output = ConnectorPipelineV2(observation_space, action_space, connectors=list(user)).observation_space
+    user = build_pieces(spec.connectors.env_to_module, imports, "env_to_module", multi_agent=True)
+    output = output_space(user, observation_space, action_space)
+    _check_after_frame_stacking(user)
     if spec.model.module_class is None:
         flat = [a for a, space in output.spaces.items() if not encodes(space)]
         if flat:
+            if any(isinstance(piece, FrameStacking) for piece in user):
+                raise SpecError(
+                    f"connectors.env_to_module: the default model takes 1-D or image (H, W, C) Box observations, not "
+                    f"agent {flat[0]!r}'s stacked frames {output[flat[0]]}: put "
+                    '{ type = "FlattenObservations", multi_agent = true } before FrameStackingEnvToModule'
+                )
             user.append(FlattenObservations(multi_agent=True, agent_ids=flat))
-            output = ConnectorPipelineV2(observation_space, action_space, connectors=list(user)).observation_space
+            output = output_space(user, observation_space, action_space)
     modules = module_spaces(spec, {a: (output[a], agent_spaces[a][1]) for a in agent_spaces}, imports)
     return build_env_to_module_pipeline(
         observation_space,
@@ -153,13 +146,46 @@ def build_multi_agent_env_to_module(
     )
 
 
+def _check_after_frame_stacking(pieces: list[ConnectorV2]) -> None:
+    """SpecError for a piece after a FrameStacking that changes observations: multi-agent pieces change them in
+    the episodes, but the stacks are in the batch (the episodes keep single frames), so the module would get
+    stacks its space does not describe."""
+    stacking = next((i for i, piece in enumerate(pieces) if isinstance(piece, FrameStacking)), None)
+    if stacking is None:
+        return
+    for i, piece in enumerate(pieces[stacking + 1 :], stacking + 1):
+        if piece.observation_space != piece.input_observation_space:
+            raise SpecError(
+                f"connectors.env_to_module[{i}]: {type(piece).__name__} changes the observations that "
+                f"FrameStackingEnvToModule (connectors.env_to_module[{stacking}]) has stacked already: put it before"
+            )
+
+
+def episode_module_spaces(
+    spec: RunSpec, agent_spaces: AgentSpaces, env_to_module: ConnectorPipelineV2, imports: ImportPolicy
+) -> dict[str, tuple]:
+    """module id -> the spaces of its agents' episodes after `env_to_module` (the spec's) ran over them: what
+    their chunks hold. The modules' own spaces, but for a FrameStackingEnvToModule's frames, which it stacks
+    into the batch only (the pieces after it change no observations: `_check_after_frame_stacking`)."""
+    stacking = next((piece for piece in env_to_module.connectors if isinstance(piece, FrameStacking)), None)
+    if stacking is None:
+        return {
+            m: (env_to_module.observation_space[m], env_to_module.action_space[m])
+            for m in env_to_module.observation_space.spaces
+        }
+    frames = stacking.input_observation_space
+    return module_spaces(spec, {a: (frames[a], agent_spaces[a][1]) for a in agent_spaces}, imports)
+
+
 def build_multi_agent_module_to_env(
     spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolicy
 ) -> ConnectorPipelineV2:
     """The spec's module-to-env pipeline: one `{agent id: action}` dict per episode, actions in each agent's space."""
     return build_module_to_env_pipeline(
         *_dicts(agent_spaces),
-        module_to_env_connector=lambda _o, _a: build_pieces(spec.connectors.module_to_env, imports, "module_to_env"),
+        module_to_env_connector=lambda _o, _a: build_pieces(
+            spec.connectors.module_to_env, imports, "module_to_env", multi_agent=True
+        ),
         multi_agent=True,
     )
 
@@ -172,7 +198,7 @@ def build_multi_agent_learner_connector(
     return build_learner_pipeline(
         gym.spaces.Dict({m: spaces[0] for m, spaces in modules.items()}),
         gym.spaces.Dict({m: spaces[1] for m, spaces in modules.items()}),
-        learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner"),
+        learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner", multi_agent=True),
         device=device,
         gae=(algorithm.gamma, algorithm.lambda_),
         module_spaces=modules,

@@ -80,9 +80,38 @@ def _keyword_arguments(cls: type) -> set[str]:
     return names - {"self", "input_observation_space", "input_action_space"}
 
 
-def build_pieces(pieces: list[PieceSpec], imports: ImportPolicy, pipeline: str) -> list[ConnectorV2]:
-    """The pieces a spec lists for one pipeline ("env_to_module", "module_to_env" or "learner")."""
-    return [build_piece(p, imports, f"connectors.{pipeline}[{i}]") for i, p in enumerate(pieces)]
+def build_pieces(
+    pieces: list[PieceSpec], imports: ImportPolicy, pipeline: str, *, multi_agent: bool
+) -> list[ConnectorV2]:
+    """The pieces a spec lists for one pipeline ("env_to_module", "module_to_env" or "learner") of a single- or
+    multi-agent run. A piece with RLlib's `multi_agent` option must have it as the run is: left False, it would
+    meet MultiAgentEpisodes (or spaces by agent id) at the first step; True, single-agent ones (SpecError)."""
+    built = []
+    for i, piece_spec in enumerate(pieces):
+        what = f"connectors.{pipeline}[{i}]"
+        piece = build_piece(piece_spec, imports, what)
+        option = getattr(piece, "multi_agent", None)
+        if option is True and not multi_agent:
+            raise SpecError(
+                f"{what}: {piece_spec.type} has multi_agent = true, but this spec is single-agent (no [multi_agent] "
+                "section): drop the option"
+            )
+        if option is False and multi_agent:
+            raise SpecError(
+                f"{what}: {piece_spec.type} runs on multi-agent episodes here: set multi_agent = true (RLlib's "
+                f'option), e.g. {{ type = "{piece_spec.type}", multi_agent = true }}'
+            )
+        built.append(piece)
+    return built
+
+
+def output_space(pieces: list[ConnectorV2], observation_space: gym.Space, action_space: gym.Space) -> gym.Space:
+    """The observation space after a spec's env-to-module `pieces`; SpecError (in one line) for a space one of
+    them cannot take (FrameStacking a Discrete observation)."""
+    try:
+        return ConnectorPipelineV2(observation_space, action_space, connectors=list(pieces)).observation_space
+    except ValueError as exc:
+        raise SpecError(f"connectors.env_to_module: {exc}") from exc
 
 
 def build_env_to_module(
@@ -96,18 +125,11 @@ def build_env_to_module(
     """
 
     def pieces(obs: gym.Space, act: gym.Space) -> list[ConnectorV2]:
-        user = build_pieces(spec.connectors.env_to_module, imports, "env_to_module")
-        for piece in user:
-            if getattr(piece, "multi_agent", False) is True:  # RLlib's option, for MultiAgentEpisodes only
-                raise SpecError(
-                    f"connectors.env_to_module: {type(piece).__name__} has multi_agent = true, but this spec is "
-                    "single-agent (no [multi_agent] section): drop the option"
-                )
-        if spec.model.module_class is None:
-            output = ConnectorPipelineV2(obs, act, connectors=list(user)).observation_space
-            if not encodes(output):
-                check_flattenable(output)
-                user.append(FlattenObservations())
+        user = build_pieces(spec.connectors.env_to_module, imports, "env_to_module", multi_agent=False)
+        output = output_space(user, obs, act)
+        if spec.model.module_class is None and not encodes(output):
+            check_flattenable(output)
+            user.append(FlattenObservations())
         return user
 
     return build_env_to_module_pipeline(observation_space, action_space, env_to_module_connector=pieces, device=device)
@@ -120,7 +142,9 @@ def build_module_to_env(
     return build_module_to_env_pipeline(
         observation_space,
         action_space,
-        module_to_env_connector=lambda _o, _a: build_pieces(spec.connectors.module_to_env, imports, "module_to_env"),
+        module_to_env_connector=lambda _o, _a: build_pieces(
+            spec.connectors.module_to_env, imports, "module_to_env", multi_agent=False
+        ),
     )
 
 
@@ -132,7 +156,7 @@ def build_learner_connector(
     return build_learner_pipeline(
         observation_space,
         action_space,
-        learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner"),
+        learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner", multi_agent=False),
         device=device,
         gae=(algorithm.gamma, algorithm.lambda_),
     )

@@ -30,6 +30,14 @@ class FrameStacking(ConnectorV2):
     Taking that piece's place, it first renames episode ids as that piece does (`make_episode_keys_unique`;
     RLlib's FrameStacking renames none, mixing chunks of one episode unless PPO's
     AddOneTsToEpisodesAndTruncate renamed them before, after which this renames nothing either).
+
+    Multi-agent (`multi_agent`, RLlib's option): the spaces are Dicts by agent id (env-to-module) or by module
+    id (learner), each Box stacked. Env-to-module, each agent that observed at the latest env step adds the
+    stack of its own episode's latest frames (an agent that joined late starts from zeros; a terminated agent's
+    last frame, repeated by its MultiAgentEpisode, counts twice, as in RLlib); the learner stacks every step of
+    each agent's episode. Nothing is written back, so running the pipeline again over the same episodes (a
+    server's flush, then the successor chunk's step) stacks the same frames again, never stacks of stacks; pieces
+    that change observations must come before it (they write into the episodes, which it reads).
     """
 
     def __init__(
@@ -38,21 +46,32 @@ class FrameStacking(ConnectorV2):
         input_action_space: gym.Space | None = None,
         *,
         num_frames: int = 1,
+        multi_agent: bool = False,
         **kwargs: Any,
     ) -> None:
         self.num_frames = num_frames
+        self.multi_agent = multi_agent
         super().__init__(input_observation_space, input_action_space, **kwargs)
 
     def recompute_output_observation_space(
         self, input_observation_space: gym.Space, input_action_space: gym.Space | None
     ) -> gym.Space:
-        if not isinstance(input_observation_space, gym.spaces.Box):
-            raise ValueError(f"FrameStacking needs a Box observation space, not {input_observation_space}")
-        low, high = (
-            np.concatenate([bound] * self.num_frames, axis=-1)
-            for bound in (input_observation_space.low, input_observation_space.high)
+        if not self.multi_agent:
+            return self._stacked_space(input_observation_space)
+        if not isinstance(input_observation_space, gym.spaces.Dict):
+            raise ValueError(
+                f"FrameStacking(multi_agent=True) needs a Dict space by agent id, not {input_observation_space}"
+            )
+        return gym.spaces.Dict(
+            {key: self._stacked_space(space, key) for key, space in input_observation_space.spaces.items()}
         )
-        return gym.spaces.Box(low, high, dtype=input_observation_space.dtype)
+
+    def _stacked_space(self, space: gym.Space, key: str | None = None) -> gym.spaces.Box:
+        if not isinstance(space, gym.spaces.Box):
+            whose = "" if key is None else f" for {key!r}"
+            raise ValueError(f"FrameStacking needs a Box observation space{whose}, not {space}")
+        low, high = (np.concatenate([bound] * self.num_frames, axis=-1) for bound in (space.low, space.high))
+        return gym.spaces.Box(low, high, dtype=space.dtype)
 
     def __call__(
         self,
@@ -67,14 +86,20 @@ class FrameStacking(ConnectorV2):
     ) -> dict[str, Any]:
         k = self.num_frames
         if not self._as_learner_connector:
-            if episodes:
-                latest = [np.asarray(e.get_observations(slice(-k, None), fill=0.0)) for e in episodes]
-                batch[Columns.OBS] = np.stack([stack_frames(frames) for frames in latest])
+            if self.multi_agent:
+                for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
+                    self.add_batch_item(batch, Columns.OBS, self._latest_stack(episode), episode)
+            elif episodes:
+                batch[Columns.OBS] = np.stack([self._latest_stack(episode) for episode in episodes])
             return batch
         make_episode_keys_unique(episodes)
-        for episode in episodes:
+        for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             frames = episode.get_observations(slice(-k + 1, len(episode)), neg_index_as_lookback=True, fill=0.0)
             windows = np.lib.stride_tricks.sliding_window_view(np.asarray(frames), k, axis=0)  # [n, ..., d, k]
             stacks = np.moveaxis(windows, -1, -2).reshape(len(episode), *windows.shape[1:-2], -1)
             self.add_n_batch_items(batch, Columns.OBS, stacks, len(episode), episode)
         return batch
+
+    def _latest_stack(self, episode: SingleAgentEpisode) -> np.ndarray:
+        """The stack of the episode's latest `num_frames` frames (zeros before its start)."""
+        return stack_frames(np.asarray(episode.get_observations(slice(-self.num_frames, None), fill=0.0)))

@@ -135,3 +135,22 @@ def test_a_multi_agent_run_takes_prev_actions_prev_rewards_per_agent(tmp_path: P
     assert code == 1 and "stopped at return" in out, out + err  # the step budget, nothing refused
     for log in ("server.log", "learner.log", "envs.log"):
         assert "Traceback" not in (run_dir / log).read_text(), log
+
+
+def test_a_multi_agent_run_stacks_frames_per_agent_and_learns(tmp_path: Path) -> None:
+    """FrameStackingEnvToModule/-Learner(multi_agent=True) through server, intake and learner: the modules take
+    stacked frames, the chunks single ones, and PPO learns (a random policy's return is about 22)."""
+    pytest.importorskip("pettingzoo")
+    (tmp_path / "examples").symlink_to(Path(__file__).parents[2] / "examples")
+    stacking = {"multi_agent": True, "num_frames": 4}
+    args = (
+        *("--config", "examples/multi_agent_cartpole.toml", "--spec.sampling.episode-lookback-horizon", "3"),
+        *("--spec.connectors.env-to-module", json.dumps([{"type": "FrameStackingEnvToModule", **stacking}])),
+        *("--spec.connectors.learner", json.dumps([{"type": "FrameStackingLearner", **stacking}])),
+    )
+    code, out, err = up(tmp_path, *args, "--stop-return", "100", "--max-steps", "30000")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert code == 0 and "reached return" in out, out + err
+    assert "rejected" not in (run_dir / "learner.log").read_text()  # every chunk decoded in its frames' space
+    for log in ("server.log", "learner.log", "envs.log"):
+        assert "Traceback" not in (run_dir / log).read_text(), log

@@ -20,6 +20,7 @@ from rlgate.connectors.builders import (
 from rlgate.core.columns import Columns
 from rlgate.episodes import MultiAgentEpisode
 from rlgate.models import MultiRLModule, build_module
+from rlgate.spec.run import RunSpec
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = gym.spaces.Discrete(2)
@@ -136,36 +137,40 @@ def test_a_multi_agent_mean_std_filter_keeps_statistics_per_agent_and_skips_agen
 
 def test_a_multi_agent_run_refuses_a_piece_left_single_agent():
     """A piece with RLlib's multi_agent option left at False would meet MultiAgentEpisodes at the first step
-    (an INTERNAL error for every client): the spec is refused where the pipeline is built, in one line; so is a
-    built-in piece without a multi-agent form (before, the learner and server failed with a traceback)."""
+    (an INTERNAL error for every client): the spec is refused where the pipeline is built, in one line, naming
+    the piece as the spec does (before, FrameStackingLearner's Dict space failed the learner with a traceback)."""
     from rlgate.spec.imports import ImportPolicy, SpecError
-    from rlgate.spec.multi_agent import build_multi_agent_env_to_module
+    from rlgate.spec.multi_agent import build_multi_agent_env_to_module, build_multi_agent_learner_connector
     from rlgate.spec.run import RunSpec
 
-    def spec(piece: object) -> RunSpec:
+    def spec(piece: object, pipeline: str = "env_to_module") -> RunSpec:
         return RunSpec.model_validate(
-            {"multi_agent": {"policy_mapping_fn": "shared"}, "connectors": {"env_to_module": [piece]}}
+            {"multi_agent": {"policy_mapping_fn": "shared"}, "connectors": {pipeline: [piece]}}
         )
 
     agents = {"a": (OBS, ACT), "b": (OBS, ACT)}
-    with pytest.raises(SpecError, match=r"MeanStdFilter runs on multi-agent episodes here: set multi_agent = true"):
-        build_multi_agent_env_to_module(spec("MeanStdFilter"), agents, ImportPolicy([]))
-    with pytest.raises(SpecError, match=r"PrevActionsPrevRewards runs on multi-agent episodes here: set multi_agent"):
-        build_multi_agent_env_to_module(spec("PrevActionsPrevRewards"), agents, ImportPolicy([]))
-    with pytest.raises(SpecError, match=r"works on single-agent runs only \(for now\)"):
-        build_multi_agent_env_to_module(
-            spec({"type": "FrameStackingEnvToModule", "num_frames": 4}), agents, ImportPolicy([])
-        )
-    from rlgate.spec.policy import build_env_to_module
+    for name in ("MeanStdFilter", "PrevActionsPrevRewards", "FrameStackingEnvToModule"):
+        with pytest.raises(
+            SpecError, match=rf"env_to_module\[0\]: {name} runs on multi-agent episodes here: set multi_"
+        ):
+            build_multi_agent_env_to_module(spec(name), agents, ImportPolicy([]))
+    with pytest.raises(SpecError, match=r"learner\[0\]: FrameStackingLearner runs on multi-agent episodes here"):
+        build_multi_agent_learner_connector(spec("FrameStackingLearner", "learner"), MODULES, ImportPolicy([]))
+    from rlgate.spec.policy import build_env_to_module, build_learner_connector
 
     single = RunSpec.model_validate({"connectors": {"env_to_module": [{"type": "MeanStdFilter", "multi_agent": True}]}})
     with pytest.raises(SpecError, match=r"MeanStdFilter has multi_agent = true, but this spec is single-agent"):
         build_env_to_module(single, OBS, ACT, ImportPolicy([]))  # the other way round: one line, not AttributeError
-    for allowed in ("MeanStdFilter", "PrevActionsPrevRewards"):
+    single = RunSpec.model_validate(
+        {"connectors": {"learner": [{"type": "FrameStackingLearner", "multi_agent": True}]}}
+    )
+    with pytest.raises(SpecError, match=r"FrameStackingLearner has multi_agent = true, but this spec is single-agent"):
+        build_learner_connector(single, OBS, ACT, ImportPolicy([]))
+    for allowed in ("MeanStdFilter", "PrevActionsPrevRewards", "FrameStackingEnvToModule"):
         pipeline = build_multi_agent_env_to_module(
             spec({"type": allowed, "multi_agent": True}), agents, ImportPolicy([])
         )
-        assert any(type(p).__name__ == allowed and p.multi_agent for p in pipeline.connectors)
+        assert any(allowed.startswith(type(p).__name__) and p.multi_agent for p in pipeline.connectors)
 
 
 def test_a_multi_agent_prev_actions_prev_rewards_adds_each_agents_own_actions_and_rewards():
@@ -293,3 +298,158 @@ def test_a_multi_agent_prev_actions_prev_rewards_augments_once_when_the_pipeline
     expected = [2, 2, 2, 0, 1, 1]  # a's observation, its action 1 one-hot, its reward
     assert first["a"][Columns.OBS].tolist() == again["a"][Columns.OBS].tolist() == [expected]
     assert successor.agent_episodes["a"].get_observations(-1).tolist() == expected
+
+
+FRAME = gym.spaces.Box(-100.0, 100.0, (2,), np.float32)
+FRAME_AGENTS = {"a": (FRAME, ACT), "b": (FRAME, ACT)}
+
+
+def _stacking_spec(*pieces: dict, mapping: str = "shared", learner: bool = False) -> RunSpec:
+    stacking = {"multi_agent": True, "num_frames": 3}
+    connectors = {"env_to_module": [*pieces, {"type": "FrameStackingEnvToModule", **stacking}]}
+    if learner:
+        connectors["learner"] = [{"type": "FrameStackingLearner", **stacking}]
+    return RunSpec.model_validate({"multi_agent": {"policy_mapping_fn": mapping}, "connectors": connectors})
+
+
+def _frames_episode(mapping=lambda agent_id, _: "default_policy") -> MultiAgentEpisode:
+    return MultiAgentEpisode(
+        observation_space=gym.spaces.Dict({a: s[0] for a, s in FRAME_AGENTS.items()}),
+        action_space=gym.spaces.Dict({a: s[1] for a, s in FRAME_AGENTS.items()}),
+        agent_to_module_mapping_fn=mapping,
+    )
+
+
+def test_a_multi_agent_run_stacks_each_agents_own_frames_when_agents_take_turns():
+    """The spec's env-to-module pipeline with FrameStackingEnvToModule(multi_agent=True, num_frames=3), agents taking
+    turns (one observes per env step): the module is built for stacked frames, each agent's row stacks its own
+    frames (zeros before its first, b joining at env step 1), the episodes keep single frames, and a second run
+    over the same step (a server's flush, then the successor chunk's step) stacks the same frames, not stacks."""
+    from rlgate.spec.imports import ImportPolicy
+    from rlgate.spec.multi_agent import build_multi_agent_env_to_module
+
+    pipeline = build_multi_agent_env_to_module(_stacking_spec(), FRAME_AGENTS, ImportPolicy([]))
+    stacked = gym.spaces.Box(-100.0, 100.0, (6,), np.float32)
+    assert pipeline.observation_space == gym.spaces.Dict({"default_policy": stacked})
+    episode = _frames_episode()
+
+    def rows(episode: MultiAgentEpisode) -> list:
+        batch = pipeline(rl_module=None, batch={}, episodes=[episode], explore=False, shared_data={})
+        return batch["default_policy"][Columns.OBS].tolist()
+
+    def frame(v: float) -> np.ndarray:
+        return np.full(2, v, np.float32)
+
+    episode.add_env_reset(observations={"a": frame(1)})
+    assert rows(episode) == [[0, 0, 0, 0, 1, 1]]
+    episode.add_env_step({"b": frame(21)}, {"a": 0}, {"a": 0.0})
+    assert rows(episode) == [[0, 0, 0, 0, 21, 21]]
+    episode.add_env_step({"a": frame(2)}, {"b": 1}, {"b": 0.0})
+    assert rows(episode) == rows(episode) == [[0, 0, 1, 1, 2, 2]]
+    episode = episode.cut(len_lookback_buffer=4)  # a chunk cut while a's step waits: a keeps its frames as lookback
+    assert rows(episode) == [[0, 0, 1, 1, 2, 2]]
+    episode.add_env_step({"b": frame(23)}, {"a": 1}, {"a": 1.0})
+    assert rows(episode) == [[0, 0, 21, 21, 23, 23]]
+    assert [o.tolist() for o in episode.agent_episodes["b"].get_observations(slice(-2, None))] == [[21, 21], [23, 23]]
+
+
+def test_a_multi_agent_frame_stacking_stacks_what_a_filter_before_it_wrote_and_a_terminated_agents_frame_once():
+    """MeanStdFilter(multi_agent=True) before FrameStackingEnvToModule(multi_agent=True): the stacks are of the
+    filtered frames in the episodes; a terminated agent's last frame, repeated by its episode, is filtered once
+    and stacked as RLlib stacks it (twice: the latest frame and the one before)."""
+    from rlgate.connectors import ConnectorPipelineV2
+    from rlgate.connectors.env_to_module import FrameStackingEnvToModule, MeanStdFilter
+
+    episode = _frames_episode()
+    pieces = ConnectorPipelineV2(
+        episode.observation_space,
+        episode.action_space,
+        connectors=[MeanStdFilter(multi_agent=True), FrameStackingEnvToModule(multi_agent=True, num_frames=3)],
+    )
+    rng = np.random.default_rng(0)
+    raw = [{"a": rng.random(2, np.float32), "b": rng.random(2, np.float32)} for _ in range(3)]
+    episode.add_env_reset(observations=raw[0])
+    pieces(rl_module=None, batch={}, episodes=[episode])
+    episode.add_env_step(raw[1], {"a": 0, "b": 1}, {"a": 1.0, "b": 1.0})
+    pieces(rl_module=None, batch={}, episodes=[episode])
+    episode.add_env_step({"b": raw[2]["b"]}, {"a": 0, "b": 1}, {"a": 1.0, "b": 1.0}, terminateds={"a": True})
+    stacks = pieces(rl_module=None, batch={}, episodes=[episode])[Columns.OBS]
+    frames = {agent: e.get_observations(slice(-3, None), fill=0.0) for agent, e in episode.agent_episodes.items()}
+    assert not np.allclose(frames["a"][-1], raw[1]["a"])  # filtered in the episode
+    np.testing.assert_array_equal(frames["a"][-1], frames["a"][-2])  # repeated, not filtered twice
+    for agent in ("a", "b"):
+        (stack,) = stacks[(episode.id_, agent, "default_policy")]
+        np.testing.assert_array_equal(stack, np.concatenate(frames[agent]))
+
+
+def test_a_multi_agent_learner_stacks_each_modules_chunks_with_their_lookback():
+    """The spec's learner pipeline with FrameStackingLearner(multi_agent=True), one module per agent: each module's
+    OBS stacks its agent's frames of a cut chunk, the frames before the chunk from its lookback, PPO's bootstrap
+    step included; the modules (built for stacked frames) take them (GAE's values). The learner's intake decodes
+    the chunks in the frames' spaces (`episode_module_spaces`), since the episodes keep single frames."""
+    from rlgate.spec.imports import ImportPolicy
+    from rlgate.spec.multi_agent import (
+        build_multi_agent_env_to_module,
+        build_multi_agent_learner_connector,
+        build_multi_rl_module,
+        episode_module_spaces,
+    )
+
+    spec, imports = _stacking_spec(mapping="per_agent", learner=True), ImportPolicy([])
+    env_to_module = build_multi_agent_env_to_module(spec, FRAME_AGENTS, imports)
+    modules = {m: (env_to_module.observation_space[m], env_to_module.action_space[m]) for m in ("a", "b")}
+    assert modules["a"][0].shape == (6,)
+    assert episode_module_spaces(spec, FRAME_AGENTS, env_to_module, imports) == FRAME_AGENTS
+    torch.manual_seed(0)
+    module = build_multi_rl_module(spec, modules, imports)
+    episode = _frames_episode(lambda agent_id, _: agent_id)
+    episode.add_env_reset(observations={"a": np.full(2, 1, np.float32), "b": np.full(2, 11, np.float32)})
+    for t in range(2, 8):
+        if t == 6:
+            episode = episode.cut(len_lookback_buffer=2)
+        outputs = {agent: {Columns.ACTION_LOGP: np.float32(-0.5)} for agent in ("a", "b")}
+        episode.add_env_step(
+            {"a": np.full(2, t, np.float32), "b": np.full(2, 10 + t, np.float32)},
+            {"a": 0, "b": 1},
+            {"a": 1.0, "b": 1.0},
+            extra_model_outputs=outputs,
+            terminateds={"__all__": t == 7},
+        )
+    learner = build_multi_agent_learner_connector(spec, modules, imports)
+    agents = list(episode.to_numpy().agent_episodes.values())
+    batch = learner(rl_module=module, batch={}, episodes=agents, explore=False, shared_data={})
+    for module_id, base in (("a", 0), ("b", 10)):
+        expected = [np.repeat(np.arange(t - 2, t + 1) + base, 2) for t in (5, 6, 7)]  # the chunk's 2 steps + 1
+        np.testing.assert_array_equal(batch[module_id][Columns.OBS].numpy(), expected)
+        assert torch.isfinite(batch[module_id][Columns.VALUE_TARGETS]).all()
+
+
+def test_a_multi_agent_spec_refuses_frame_stacking_it_cannot_serve_in_one_line():
+    """FrameStackingEnvToModule(multi_agent=True) stacks into the batch only: a piece after it that changes
+    observations (in the episodes) would bypass the stacks, and the default model's FlattenObservations would
+    too (2-D frames): both refused, naming the fix; so is an agent whose observations are no Box (a game's Dict)."""
+    from rlgate.spec.imports import ImportPolicy, SpecError
+    from rlgate.spec.multi_agent import build_multi_agent_env_to_module
+
+    spec = RunSpec.model_validate(
+        {
+            "multi_agent": {"policy_mapping_fn": "shared"},
+            "connectors": {
+                "env_to_module": [
+                    {"type": "FrameStackingEnvToModule", "multi_agent": True, "num_frames": 3},
+                    {"type": "MeanStdFilter", "multi_agent": True},
+                ]
+            },
+        }
+    )
+    with pytest.raises(SpecError, match=r"env_to_module\[1\]: MeanStdFilter changes the observations that Frame"):
+        build_multi_agent_env_to_module(spec, FRAME_AGENTS, ImportPolicy([]))
+    image_rows = gym.spaces.Box(0.0, 1.0, (4, 5), np.float32)
+    with pytest.raises(SpecError, match=r"put \{ type = \"FlattenObservations\", multi_agent = true \} before Frame"):
+        build_multi_agent_env_to_module(_stacking_spec(), {"a": (image_rows, ACT)}, ImportPolicy([]))
+    flat_first = _stacking_spec({"type": "FlattenObservations", "multi_agent": True})
+    pipeline = build_multi_agent_env_to_module(flat_first, {"a": (image_rows, ACT)}, ImportPolicy([]))
+    assert pipeline.observation_space["default_policy"].shape == (60,)
+    game = gym.spaces.Dict({"observation": gym.spaces.Box(0, 1, (3, 3, 2), np.int8), "action_mask": FRAME})
+    with pytest.raises(SpecError, match=r"^connectors.env_to_module: FrameStacking needs a Box observation space for"):
+        build_multi_agent_env_to_module(_stacking_spec(), {"a": (game, ACT)}, ImportPolicy([]))

@@ -558,3 +558,78 @@ def test_mean_std_filter_normalises_a_call_with_the_statistics_after_it():
     pipeline(rl_module=None, batch={}, episodes=episodes)
     seen = [e.get_observations(-1) for e in episodes]
     np.testing.assert_allclose(seen, [[-0.707106, 0.0, 0.707106], [0.707106, 0.0, -0.707106]], atol=1e-5)
+
+
+# RLlib 2.60's FrameStacking(multi_agent=True, num_frames=3) on a turn-based MultiAgentEpisode (image-like frames
+# [1, 2, 1] of [[v], [-v]], the only form RLlib's stacks): a observes at reset, b joins at env step 1, they take
+# turns, and a is terminated at env step 5 without a last observation. Each stack flattened, per env step: the
+# agents that stepped and their stacks; "t4 again" runs the piece a second time on the same episode.
+RLLIB_MA_STACKS = {
+    "reset": {"a": [0.0, 0.0, 1.0, 0.0, 0.0, -1.0]},
+    "t1": {"b": [0.0, 0.0, 21.0, 0.0, 0.0, -21.0]},
+    "t2": {"a": [0.0, 1.0, 2.0, 0.0, -1.0, -2.0]},
+    "t3": {"b": [0.0, 21.0, 23.0, 0.0, -21.0, -23.0]},
+    "t4": {"a": [1.0, 2.0, 4.0, -1.0, -2.0, -4.0]},
+    "t4 again": {"a": [1.0, 2.0, 4.0, -1.0, -2.0, -4.0]},
+    "t5": {"a": [2.0, 4.0, 4.0, -2.0, -4.0, -4.0], "b": [21.0, 23.0, 25.0, -21.0, -23.0, -25.0]},
+}
+# Its learner form (as_learner_connector=True) on the episode after t5, numpy'd: every step of each agent.
+RLLIB_MA_LEARNER_STACKS = {
+    "a": [[0.0, 0.0, 1.0, 0.0, 0.0, -1.0], [0.0, 1.0, 2.0, 0.0, -1.0, -2.0], [1.0, 2.0, 4.0, -1.0, -2.0, -4.0]],
+    "b": [[0.0, 0.0, 21.0, 0.0, 0.0, -21.0], [0.0, 21.0, 23.0, 0.0, -21.0, -23.0]],
+}
+
+
+def test_multi_agent_frame_stacking_stacks_each_agents_frames_as_rllib_does():
+    """RLlib 2.60's FrameStacking(multi_agent=True), both forms, on the episode of RLLIB_MA_STACKS. Its output
+    spaces: Dict('a': Box(-100, 100, (1, 2, 3)), 'b': ...) by agent id, and by module id for a Dict of modules.
+    (RLlib's constructor fails when given spaces, reading `_multi_agent` before setting it; rlgate's does not.)"""
+    from rlgate.connectors.env_to_module import FrameStackingEnvToModule
+    from rlgate.connectors.learner import FrameStackingLearner
+    from rlgate.episodes import MultiAgentEpisode
+
+    frame = gym.spaces.Box(-100.0, 100.0, (1, 2, 1), np.float32)
+    stacked = gym.spaces.Box(-100.0, 100.0, (1, 2, 3), np.float32)
+    agents = gym.spaces.Dict({"a": frame, "b": frame})
+    piece = FrameStackingEnvToModule(
+        agents, gym.spaces.Dict({"a": ACTIONS, "b": ACTIONS}), num_frames=3, multi_agent=True
+    )
+    assert piece.observation_space == gym.spaces.Dict({"a": stacked, "b": stacked})
+    learner = FrameStackingLearner(gym.spaces.Dict({"p": frame}), None, num_frames=3, multi_agent=True)
+    assert learner.observation_space == gym.spaces.Dict({"p": stacked})
+
+    def o(v: float) -> np.ndarray:
+        return np.array([[[v], [-v]]], np.float32)
+
+    episode = MultiAgentEpisode(
+        observation_space=agents, action_space=piece.input_action_space, agent_to_module_mapping_fn=lambda *_: "p"
+    )
+    episode.add_env_reset(observations={"a": o(1)})
+    stacks = {}
+
+    def show(tag: str) -> None:
+        batch = piece(rl_module=None, batch={}, episodes=[episode])
+        assert all(
+            key[0] == episode.id_ and key[2] == "p" and len(items) == 1 for key, items in batch[Columns.OBS].items()
+        )
+        stacks[tag] = {key[1]: items[0].reshape(-1).tolist() for key, items in batch[Columns.OBS].items()}
+
+    show("reset")
+    episode.add_env_step({"b": o(21)}, {"a": 0}, {"a": 0.0})
+    show("t1")
+    episode.add_env_step({"a": o(2)}, {"b": 1}, {"b": 0.0})
+    show("t2")
+    episode.add_env_step({"b": o(23)}, {"a": 1}, {"a": 1.0})
+    show("t3")
+    episode.add_env_step({"a": o(4)}, {"b": 0}, {"b": 1.0})
+    show("t4")
+    show("t4 again")
+    episode.add_env_step({"b": o(25)}, {"a": 0}, {"a": 5.0}, terminateds={"a": True, "__all__": False})
+    show("t5")
+    assert stacks == RLLIB_MA_STACKS
+
+    agent_episodes = list(episode.to_numpy().agent_episodes.values())
+    batch = learner(rl_module=None, batch={}, episodes=agent_episodes)
+    assert {key[1]: [row.reshape(-1).tolist() for row in items[0]] for key, items in batch[Columns.OBS].items()} == (
+        RLLIB_MA_LEARNER_STACKS
+    )
