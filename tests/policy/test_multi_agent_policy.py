@@ -31,8 +31,18 @@ RPS = {  # a ParallelEnv (rock-paper-scissors), every agent on one shared module
     "connectors": {"env_to_module": [{"type": "PrevActionsPrevRewards", "multi_agent": True}]},
 }
 
+FRAMES = {  # rock-paper-scissors' one-hot observations, the last 3 of each agent stacked
+    **RPS,
+    "connectors": {
+        "env_to_module": [
+            {"type": "FlattenObservations", "multi_agent": True},
+            {"type": "FrameStackingEnvToModule", "multi_agent": True, "num_frames": 3},
+        ]
+    },
+}
 
-@pytest.mark.parametrize("spec", [TICTACTOE, RPS], ids=["aec-lstm", "parallel-prev-actions"])
+
+@pytest.mark.parametrize("spec", [TICTACTOE, RPS, FRAMES], ids=["aec-lstm", "parallel-prev-actions", "frame-stacking"])
 def test_actions_match_a_server_serving_the_same_checkpoint(tmp_path, spec):
     """Games one after another (resets included), 40 env steps: the policy's action distribution inputs equal
     a server session's, agent for agent, so each agent's LSTM state and previous actions are carried as a server
