@@ -8,7 +8,9 @@ RLlib 2.60; see `episodes.infinite_lookback_buffer` for the index semantics of t
 rlgate additions and differences: `chunk_index` (0 for a fresh episode, +1 for each `cut()` successor,
 carried by `get_state()` and the wire codec) identifies chunks of one long episode; `multi_agent_env_steps`
 (an agent's episode: the env steps of the multi-agent chunk it was shipped with, on one agent of each chunk,
-else 0; carried by the wire codec) lets the learner count env steps; `cut()` and `slice()`
+else 0; carried by the wire codec) lets the learner count env steps; `multi_agent_episode_chunks` (on the
+agents' chunks shipped when their multi-agent episode ended: how many agent chunks it shipped in all, else 0;
+carried by the wire codec) lets the learner tell when it has a whole multi-agent episode; `cut()` and `slice()`
 keep `agent_id`, `module_id` and `multi_agent_episode_id`; `to_numpy()` also works on an empty episode and
 converts every column of a length-0 one (RLlib's converts only its observations, so `is_numpy` stays False);
 precondition failures raise RuntimeError / ValueError instead of AssertionError; `add_env_step` does no
@@ -50,6 +52,7 @@ class SingleAgentEpisode:
         "is_truncated",
         "module_id",
         "multi_agent_env_steps",
+        "multi_agent_episode_chunks",
         "multi_agent_episode_id",
         "observations",
         "rewards",
@@ -88,6 +91,7 @@ class SingleAgentEpisode:
         self.multi_agent_episode_id = multi_agent_episode_id
         self.chunk_index = 0
         self.multi_agent_env_steps = 0
+        self.multi_agent_episode_chunks = 0
 
         len_rewards = _count(rewards)
         if len_lookback_buffer == "auto" or len_lookback_buffer > len_rewards:

@@ -34,6 +34,7 @@ from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import ChunkTable, chunk_table, episode_from_proto
 from rlgate.learner.chunk_check import episode_misfit, misfit
+from rlgate.learner.multi_agent_returns import EpisodeReturns, MultiAgentReturns
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
@@ -73,11 +74,15 @@ class Intake:
     episodes_finished: int = 0
     duplicates: int = 0
     rejected: Counter[str] = field(default_factory=Counter)  # chunks refused, by reason
+    # Multi-agent, as RLlib's episode_return_mean and episode_len_mean: per multi-agent episode, the sum of its
+    # agents' returns and its env steps (`multi_agent_returns`).
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
     lengths: deque[int] = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
-    # Multi-agent: each module's own window of its agents' returns (RLlib's module_episode_returns_mean), which
-    # tells a trained module from its opponent where the mean over every agent of a zero-sum game reads 0.
+    # Multi-agent: each module's window of its agents' returns summed per episode (RLlib's
+    # module_episode_returns_mean), which tells a trained module from its opponent where the return of a
+    # zero-sum game reads 0; and each agent's (agent_episode_returns_mean).
     module_returns: dict[str, deque[float]] = field(default_factory=dict)
+    agent_returns: dict[str, deque[float]] = field(default_factory=dict)
     finished: list[tuple[float, int]] = field(default_factory=list)  # (return, length) not yet take_finished()
     resume: bool = True  # reload the intake files found in `directory`; False: set them aside
     lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
@@ -99,6 +104,7 @@ class Intake:
         self._taken = dict(self.partial)  # key -> steps of a split chunk taken so far
         self._files: list[_File] = []
         self._running: dict[str, tuple[float, int]] = {}  # episode id -> return and length of its chunks so far
+        self._multi_agent = MultiAgentReturns()  # multi-agent episodes' chunks so far
         # At most the newest version of every pending chunk: while it is not below the floor, no chunk is stale
         # and drop_stale() scans nothing (it runs on every intake change, and a backlog can be long).
         self._version_floor = np.iinfo(np.int64).max
@@ -319,17 +325,32 @@ class Intake:
         return finished
 
     def _track_return(self, episode: SingleAgentEpisode) -> None:
+        if episode.multi_agent_episode_id is not None:  # an agent's chunk: counted with its multi-agent episode
+            whole = self._multi_agent.add(episode)
+            if whole is not None:
+                self._count_multi_agent(whole)
+            return
         earlier_return, earlier_length = self._running.pop(episode.id_, (0.0, 0))
         total, length = earlier_return + episode.get_return(), earlier_length + len(episode)
         if episode.is_done:
-            self.episodes_finished += 1
-            self.returns.append(total)
-            self.lengths.append(length)
-            if episode.module_id is not None:
-                self.module_returns.setdefault(episode.module_id, deque(maxlen=RETURN_WINDOW)).append(total)
-            self.finished.append((total, length))
+            self._count(total, length)
         else:
             self._running[episode.id_] = (total, length)
+
+    def _count(self, episode_return: float, length: int) -> None:
+        self.episodes_finished += 1
+        self.returns.append(episode_return)
+        self.lengths.append(length)
+        self.finished.append((episode_return, length))
+
+    def _count_multi_agent(self, episode: EpisodeReturns) -> None:
+        self._count(episode.episode_return, episode.env_steps)
+        for windows, returns in (
+            (self.module_returns, episode.module_returns),
+            (self.agent_returns, episode.agent_returns),
+        ):
+            for key, value in returns.items():
+                windows.setdefault(key, deque(maxlen=RETURN_WINDOW)).append(value)
 
 
 def _newest_version(chunk: SingleAgentEpisode) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -429,8 +430,14 @@ class Learner:
         return sum(returns) / len(returns) if returns else None
 
     def module_mean_returns(self) -> dict[str, float]:
-        """Multi-agent: each module's mean return over its agents' last 20 episodes (empty for single-agent runs)."""
-        return {m: sum(r) / len(r) for m, r in sorted(self.intake.module_returns.items())}
+        """Multi-agent: each module's mean return (its agents' rewards summed per episode) over the last 20
+        episodes it played in, as RLlib's module_episode_returns_mean (empty for single-agent runs)."""
+        return _means(self.intake.module_returns)
+
+    def agent_mean_returns(self) -> dict[str, float]:
+        """Multi-agent: each agent's mean return over the last 20 episodes it played in, as RLlib's
+        agent_episode_returns_mean (empty for single-agent runs)."""
+        return _means(self.intake.agent_returns)
 
     def env_steps_received(self) -> int:
         """Env steps trained on plus those waiting for the next update: the episodes' x axis."""
@@ -447,6 +454,7 @@ class Learner:
             "episodes": self.intake.episodes_finished,
             "mean_return": self.mean_return(),
             "module_mean_returns": self.module_mean_returns(),
+            "agent_mean_returns": self.agent_mean_returns(),
             "train_batch_size": self.spec.algorithm.train_batch_size,
             "pending_steps": self.intake.pending_steps,
             "max_pending_steps": self.max_pending_steps,
@@ -493,3 +501,8 @@ def _part(spec: RunSpec, dotted: str) -> Any:
     for name in dotted.split("."):
         value = getattr(value, name)
     return value.model_dump() if hasattr(value, "model_dump") else [v.model_dump() for v in value]
+
+
+def _means(windows: dict[str, deque[float]]) -> dict[str, float]:
+    """Each window's mean, by key in order."""
+    return {key: sum(window) / len(window) for key, window in sorted(windows.items())}

@@ -32,7 +32,7 @@ class LearnerMetrics:
         self.mean_return = Gauge("rlgate_learner_mean_return", "Mean return of the last 20 episodes.", registry=r)
         self.module_mean_return = Gauge(
             "rlgate_learner_module_mean_return",
-            "Multi-agent: mean return of a module's agents over their last 20 episodes.",
+            "Multi-agent: a module's mean return (its agents' rewards summed per episode), last 20 episodes.",
             ["module"],
             registry=r,
         )

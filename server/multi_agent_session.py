@@ -7,7 +7,8 @@ MultiAgentEnvRunner calls `add_env_step`; the batcher then computes actions for 
 and `record` keeps them until the next message. Episodes that ended, and long ones cut every
 `rollout_fragment_length` env or agent steps (`count_steps_by`), ship as their agents' SingleAgentEpisode
 chunks (agents with at least one step in the chunk; encoded, as `server.shipping.Chunk`s), the first
-carrying the chunk's env steps.
+carrying the chunk's env steps. The chunks shipped when an episode ends carry how many agent chunks it shipped
+in all (`multi_agent_episode_chunks`): the learner counts the episode's return once it has all of them.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class MultiAgentSession:
         self._actions: list[dict[str, Any]] = [{} for _ in range(spec.num_envs)]
         self._outputs: list[dict[str, dict]] = [{} for _ in range(spec.num_envs)]
         self._done: list[MultiAgentEpisode] = []  # ended at the latest message, shipped by record()
+        self._shipped: dict[str, int] = {}  # running episode id -> agent chunks shipped so far (cut off)
         self._pending = False
 
     def observe(self, steps: list[AgentsStep]) -> tuple[list[MultiAgentEpisode], int]:
@@ -128,7 +130,7 @@ class MultiAgentSession:
             self._outputs[i] = {
                 agent: {key: outputs[key][i][agent] for key in RECORDED_OUTPUTS if key in outputs} for agent in actions
             }
-        shipped = [chunk for episode in self._done for chunk in _agent_chunks(episode)]
+        shipped = [chunk for episode in self._done for chunk in self._agent_chunks(episode)]
         self._done = []
         if self._fragment is not None:
             for i, episode in enumerate(self._episodes):
@@ -144,7 +146,7 @@ class MultiAgentSession:
         done, self._done = self._done, []
         if self._pending:
             self._write_back([*done, *(self._episodes[i] for i in running)])
-        return [chunk for episode in done for chunk in _agent_chunks(episode)] + [
+        return [chunk for episode in done for chunk in self._agent_chunks(episode)] + [
             chunk for i in running for chunk in self._cut(i)
         ]
 
@@ -155,7 +157,7 @@ class MultiAgentSession:
 
     def close(self) -> list[Chunk]:
         """End the session: episodes that ended and were not shipped yet, and every running one truncated."""
-        shipped = [chunk for episode in self._done for chunk in _agent_chunks(episode)]
+        shipped = [chunk for episode in self._done for chunk in self._agent_chunks(episode)]
         for episode in self._episodes:
             if episode is None or episode.is_done:
                 continue
@@ -163,14 +165,28 @@ class MultiAgentSession:
             for agent_episode in episode.agent_episodes.values():
                 if not agent_episode.is_done and len(agent_episode):
                     agent_episode.is_truncated = True
-            shipped += _agent_chunks(episode)
+            shipped += self._agent_chunks(episode)
         self._episodes = [None] * self.spec.num_envs
         return shipped
 
     def _cut(self, i: int) -> list[Chunk]:
         episode = self._episodes[i]
         self._episodes[i] = episode.cut(len_lookback_buffer=self._lookback)
-        return _agent_chunks(episode)
+        return self._agent_chunks(episode)
+
+    def _agent_chunks(self, episode: MultiAgentEpisode) -> list[Chunk]:
+        """The agents' episodes with at least one step in this chunk, to ship; the first carries its env steps,
+        and if the episode ended, each carries how many agent chunks the episode shipped in all."""
+        chunks = [agent_episode for agent_episode in episode.agent_episodes.values() if len(agent_episode)]
+        if chunks:
+            chunks[0].multi_agent_env_steps = len(episode)
+        shipped = self._shipped.pop(episode.id_, 0) + len(chunks)
+        if episode.is_done:
+            for chunk in chunks:
+                chunk.multi_agent_episode_chunks = shipped
+        else:
+            self._shipped[episode.id_] = shipped
+        return encoded(chunks)
 
     def _steps(self, episode: MultiAgentEpisode) -> int:
         return episode.agent_steps() if self._agent_steps else len(episode)
@@ -182,14 +198,6 @@ class MultiAgentSession:
             action_space={agent: spaces[1] for agent, spaces in self.spec.agent_spaces.items()},
             agent_to_module_mapping_fn=self._mapping_fn,
         )
-
-
-def _agent_chunks(episode: MultiAgentEpisode) -> list[Chunk]:
-    """The agents' episodes with at least one step in this chunk, to ship; the first carries its env steps."""
-    chunks = [agent_episode for agent_episode in episode.agent_episodes.values() if len(agent_episode)]
-    if chunks:
-        chunks[0].multi_agent_env_steps = len(episode)
-    return encoded(chunks)
 
 
 def _step_error(i: int, exc: MultiAgentEnvError) -> CodecError:

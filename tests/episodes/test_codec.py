@@ -290,6 +290,7 @@ def test_multi_agent_chunks_keep_their_agent_fields_one_table_per_module(assert_
         episode = build(BOX, DISCRETE, 4 + i, seed=i)
         episode.agent_id, episode.module_id, episode.multi_agent_episode_id = agent, module, "game-1"
         episode.multi_agent_env_steps = 9 if i == 0 else 0
+        episode.multi_agent_episode_chunks = 5
         episodes.append(episode)
     tables = chunk_tables([episode_columns(e) for e in episodes])
     assert [(t.module_id, list(t.agent_ids)) for t in tables] == [("m0", ["a0", "a2"]), ("m1", ["a1"])]
@@ -297,8 +298,15 @@ def test_multi_agent_chunks_keep_their_agent_fields_one_table_per_module(assert_
     for episode in episodes:
         got = decoded[episode.agent_id]
         assert_episodes_equal(got, episode)
-        fields = ("module_id", "multi_agent_episode_id", "multi_agent_env_steps")
+        fields = ("module_id", "multi_agent_episode_id", "multi_agent_env_steps", "multi_agent_episode_chunks")
         assert [getattr(got, f) for f in fields] == [getattr(episode, f) for f in fields]
+        single = episode_from_proto(episode_to_proto(episode), BOX, DISCRETE)  # the same as one Episode message
+        assert [getattr(single, f) for f in fields] == [getattr(episode, f) for f in fields]
+    for table in tables:  # as a server that predates multi_agent_episode_chunks sends them: 0, not refused
+        del table.multi_agent_episode_chunks[:]
+        assert [e.multi_agent_episode_chunks for e in episodes_from_chunks(table, BOX, DISCRETE)] == [0] * len(
+            table.ids
+        )
 
 
 def test_chunks_of_different_shapes_or_outputs_go_into_separate_tables():
@@ -323,6 +331,7 @@ def two_chunk_table() -> episode_pb2.EpisodeChunks:
         (lambda t: t.ids.append("x"), "chunk_indices: 2 entries for 3 chunks"),
         (lambda t: t.terminated.pop(), "terminated: 1 entries for 2 chunks"),
         (lambda t: t.agent_ids.pop(), "agent_ids: 1 entries for 2 chunks"),
+        (lambda t: t.multi_agent_episode_chunks.pop(), "multi_agent_episode_chunks: 1 entries for 2 chunks"),
         (lambda t: t.steps.__setitem__(1, 6), "rewards: 10 rows, .* make 11"),
         (lambda t: t.len_lookback_buffers.__setitem__(0, 0), "rewards: 10 rows, .* make 9"),
         (lambda t: t.actions.CopyFrom(to_value(np.zeros(9, np.int64))), "actions: 9 rows, .* make 10"),

@@ -8,7 +8,8 @@ from rlgate.server.shipping import Chunk
 from rlgate.v1 import episode_pb2
 from support.episodes import assert_episodes_equal
 
-TRAVELLING = ("agent_id", "module_id", "multi_agent_episode_id", "multi_agent_env_steps")  # beyond the columns
+# Beyond the columns.
+TRAVELLING = ("agent_id", "module_id", "multi_agent_episode_id", "multi_agent_env_steps", "multi_agent_episode_chunks")
 
 
 def decoded(chunks: list[Chunk]) -> list[SingleAgentEpisode]:
