@@ -232,7 +232,7 @@ class EnvClient:
         """A multi-agent stream after its welcome: every sub-env's agents' step, then their actions, until done."""
         steps = self.env.reset(seed=self.seed)
         self.seed = None
-        returns: list[dict[str, float]] = [{} for _ in steps]
+        returns = [0.0 for _ in steps]  # per sub-env: its episode's return so far, every agent's rewards summed
         while True:
             await call.write(pb.ClientMessage(step=pb.Step(agents=[_agents_step(s) for s in steps])))
             reply = await self._read(call)
@@ -247,14 +247,13 @@ class EnvClient:
             steps = self.env.step(actions)
             for i, step in enumerate(steps):
                 if was_done[i]:  # a reset, not an env step
-                    returns[i] = {}
+                    returns[i] = 0.0
                     continue
                 self.stats.env_steps += 1
-                for agent, reward in step.rewards.items():
-                    returns[i][agent] = returns[i].get(agent, 0.0) + reward
+                returns[i] += sum(step.rewards.values())
                 if self.env.done[i]:  # its agents left (with "__all__" or each with its own flag)
                     self.stats.episodes += 1
-                    self.stats.returns.extend(returns[i].values())  # one return per agent
+                    self.stats.returns.append(returns[i])  # as RLlib's episode return: all agents' rewards
             if self._on_step is not None:
                 self._on_step(self.stats)
         await call.write(pb.ClientMessage(close=pb.Close()))

@@ -22,3 +22,17 @@ async def test_a_refusal_the_server_repeats_is_logged_once(server_factory, caplo
         await until(lambda: client.stats.reconnects >= 5, timeout=30)
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "rlgate.client.env_client"]
     assert "stream broke (UNAVAILABLE: no model yet: waiting for the learner's first weights)" in warning
+
+
+async def test_a_multi_agent_episodes_return_sums_its_agents_rewards(server_factory) -> None:
+    """Two agents paid 1 per step for 10 steps: each episode returns 20 (RLlib's episode return, as the
+    learner counts it), not one return of 10 per agent."""
+    pytest.importorskip("pettingzoo")
+    from rlgate.spec.run import RunSpec
+    from tests.support.bad_agent_envs import ParallelSteps
+
+    server = await server_factory(spec=RunSpec.parse({"multi_agent": {"policy_mapping_fn": "shared"}}, "test"))
+    client = EnvClient([ParallelSteps(), ParallelSteps()], target(server))
+    async with running_client(client):
+        await until(lambda: client.stats.episodes >= 4, timeout=30)
+    assert client.stats.episodes == len(client.stats.returns) and set(client.stats.returns) == {20.0}
