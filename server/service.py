@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "rlgate.v1.PolicyService"
 # Longest Hello.client_id, in characters: an id is logged on every session's open and close and listed in /sessions.
 MAX_CLIENT_ID = 256
+# Longest status message, in UTF-8 bytes: messages quote what the client sent (a map key, a module id, a Dict's
+# keys), which may be megabytes; gRPC sends the message percent-encoded (at most 3 bytes per byte) in a trailer,
+# and a client refuses trailers over 8 KiB with a bare RESOURCE_EXHAUSTED in place of the status. Logged as sent.
+MAX_DETAILS = 1024
 
 
 class RequestError(Exception):
@@ -344,9 +348,19 @@ class PolicyService:
         log.info("session closed session=%s client=%r", session.id, session.spec.client_id)
 
     async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        message = bounded(message)
         self.metrics.rejected.labels(code.name).inc()
         log.info("rejected code=%s peer=%s message=%r", code.name, context.peer(), message)  # it may quote the client
         await context.abort(code, message)
+
+
+def bounded(message: str) -> str:
+    """The message, cut to MAX_DETAILS bytes of UTF-8 (at a character) and saying how much was left out."""
+    data = message.encode()
+    if len(data) <= MAX_DETAILS:
+        return message
+    kept = data[:MAX_DETAILS].decode(errors="ignore")
+    return f"{kept}... ({len(message) - len(kept)} more characters)"
 
 
 def _parse(raw: bytes) -> pb.ClientMessage:
