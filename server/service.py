@@ -196,10 +196,11 @@ class PolicyService:
             return await self._open_multi_agent(hello)
         if not hello.HasField("observation_space") or not hello.HasField("action_space"):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello needs observation_space and action_space")
+        budget = codec.SpaceBudget()  # for the hello's spaces together
         spec = SessionSpec(
             client_id=hello.client_id,
-            observation_space=codec.space_from_proto(hello.observation_space, "hello.observation_space"),
-            action_space=codec.space_from_proto(hello.action_space, "hello.action_space"),
+            observation_space=codec.space_from_proto(hello.observation_space, "hello.observation_space", budget),
+            action_space=codec.space_from_proto(hello.action_space, "hello.action_space", budget),
             num_envs=hello.num_envs,
             explore=hello.explore,
         )
@@ -271,6 +272,7 @@ class PolicyService:
                 "action_space unset",
             )
         agent_spaces = {}
+        budget = codec.SpaceBudget()  # for all the agents' spaces together
         for i, agent in enumerate(hello.agents):
             if not agent.agent_id or agent.agent_id in agent_spaces or agent.agent_id == "__all__":
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"hello.agents[{i}]: agent_id {agent.agent_id!r} "
@@ -280,8 +282,8 @@ class PolicyService:
                     grpc.StatusCode.INVALID_ARGUMENT, f"hello.agents[{i}] ({agent.agent_id!r}) needs both spaces"
                 )
             agent_spaces[agent.agent_id] = (
-                codec.space_from_proto(agent.observation_space, f"hello.agents[{i}].observation_space"),
-                codec.space_from_proto(agent.action_space, f"hello.agents[{i}].action_space"),
+                codec.space_from_proto(agent.observation_space, f"hello.agents[{i}].observation_space", budget),
+                codec.space_from_proto(agent.action_space, f"hello.agents[{i}].action_space", budget),
             )
         spec = MultiAgentSessionSpec(
             client_id=hello.client_id, agent_spaces=agent_spaces, num_envs=hello.num_envs, explore=hello.explore

@@ -151,6 +151,12 @@ CASES = {
         "unknown module_id 'nope'",
     ),
     "oversized message": ([hello(), b"\x12" + b"\x00" * (2 << 20)], grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+    # Each space costs gymnasium microseconds to build: a 16 MiB hello of a million of them held every client for 11 s.
+    "more spaces than a message may hold": (
+        [hello(gym.spaces.Tuple([gym.spaces.Discrete(2)] * 20_000))],
+        INVALID,
+        "hello.observation_space[16383]: the message holds more than 16384 spaces",
+    ),
     # Quoted whole, its status message (a trailer) was too large for gRPC: the client got RESOURCE_EXHAUSTED instead.
     "module id of 100,000 characters": (
         [pb.ClientMessage(hello=pb.Hello(num_envs=1, module_id="é" * 100_000))],

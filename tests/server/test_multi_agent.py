@@ -256,6 +256,19 @@ async def test_agent_spaces_no_model_can_be_built_for_are_invalid_argument(
     await stream.close()
 
 
+async def test_a_hello_of_more_agents_than_its_spaces_budget_is_refused_at_once(server_factory):
+    """Agents' spaces count together against the spaces one message may hold (codec.MAX_SPACES); each cost
+    gymnasium microseconds to build, so a 16 MiB hello of 700,000 agents held every client for 12 s."""
+    server = await ma_server(server_factory)
+    stream = RawStream(server)
+    await stream.send(agents_hello(agents=[f"agent_{i}" for i in range(10_000)]))
+    code, details = await stream.status()
+    await stream.close()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("hello.agents[8192].observation_space: the message holds more than 16384 spaces")
+    assert server.policy is None
+
+
 async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
     server = await ma_server(server_factory)
     stream = RawStream(server)
