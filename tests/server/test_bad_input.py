@@ -157,6 +157,12 @@ CASES = {
         INVALID,
         "hello.observation_space[16383]: the message holds more than 16384 spaces",
     ),
+    # Infos are converted, stored and shipped value by value on the event loop: 6 MB of them held others for 2.4 s.
+    "infos of more than 256 KiB": (
+        [hello(), step(GOOD_OBS, infos=[{"values": list(range(40_000))}])],
+        INVALID,
+        "infos: 440020 bytes in one step > 262144: infos are stored with every step",
+    ),
     # Quoted whole, its status message (a trailer) was too large for gRPC: the client got RESOURCE_EXHAUSTED instead.
     "module id of 100,000 characters": (
         [pb.ClientMessage(hello=pb.Hello(num_envs=1, module_id="é" * 100_000))],

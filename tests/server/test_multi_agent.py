@@ -117,7 +117,9 @@ def agents_hello(agents=("a", "b"), num_envs: int = 1) -> pb.ClientMessage:
     return pb.ClientMessage(hello=pb.Hello(client_id="raw", num_envs=num_envs, explore=True, agents=spaces))
 
 
-def agents_step(obs: dict, rewards: dict | None = None, terminateds: dict | None = None) -> pb.ClientMessage:
+def agents_step(
+    obs: dict, rewards: dict | None = None, terminateds: dict | None = None, infos: dict | None = None
+) -> pb.ClientMessage:
     return pb.ClientMessage(
         step=pb.Step(
             agents=[
@@ -126,6 +128,7 @@ def agents_step(obs: dict, rewards: dict | None = None, terminateds: dict | None
                     rewards=rewards or {},
                     terminateds={"__all__": False} if terminateds is None else terminateds,
                     truncateds={"__all__": False},
+                    infos={a: codec.to_struct(info) for a, info in (infos or {}).items()},
                 )
             ]
         )
@@ -183,6 +186,7 @@ async def test_actions_go_to_exactly_the_agents_that_observed(server_factory):
         ([agents_step({"a": OBS, "b": OBS}, terminateds={"b": True})], "agents[0].terminateds: no '__all__'"),
         ([agents_step({"a": np.array([0, 0, np.nan, 0], np.float32)})], "agents[0].obs['a']: NaN at index (2,)"),
         ([agents_step({"a": np.zeros((1, 4), np.float32)})], "agents[0].obs['a']: shape (1, 4) != (4,)"),
+        ([agents_step({"a": OBS}, infos={"a": {"values": list(range(40_000))}})], "agents[*].infos: 440020 bytes"),
     ],
 )
 async def test_bad_multi_agent_steps_name_the_agent(server_factory, messages, expected):

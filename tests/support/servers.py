@@ -130,7 +130,9 @@ def hello(
     return hello_message(observation_space, action_space, num_envs, explore, "raw")
 
 
-def step(obs: Any, n: int = 1, reward: Any = None, terminated: Any = None) -> pb.ClientMessage:
+def step(
+    obs: Any, n: int = 1, reward: Any = None, terminated: Any = None, infos: list[dict] | None = None
+) -> pb.ClientMessage:
     """A step message; `reward` and `terminated` may be arrays or ready Tensor messages (to send malformed ones)."""
     if not isinstance(reward, tensor_pb2.Tensor):
         reward = codec.to_tensor(np.zeros(n) if reward is None else reward)
@@ -142,6 +144,7 @@ def step(obs: Any, n: int = 1, reward: Any = None, terminated: Any = None) -> pb
             reward=reward,
             terminated=terminated,
             truncated=codec.to_tensor(np.zeros(n, bool)),
+            infos=[codec.to_struct(info) for info in infos or ()],
         )
     )
 
