@@ -273,6 +273,21 @@ async def test_a_hello_of_more_agents_than_its_spaces_budget_is_refused_at_once(
     assert server.policy is None
 
 
+async def test_any_agent_id_names_a_module_of_its_own(server_factory):
+    """per_agent makes each agent id a module id: torch refuses ones with a "." or an attribute's name as
+    submodule names, and the fresh model's build failed with INTERNAL."""
+    server = await ma_server(server_factory)
+    agents = ("pursuer.0", "keys", "training", "../x", "a\x00b")
+    stream = RawStream(server)
+    await stream.send(agents_hello(agents=agents))
+    assert (await stream.recv()).HasField("welcome")
+    await stream.send(agents_step(dict.fromkeys(agents, OBS)))
+    reply = await stream.recv()
+    assert [set(per_env.actions) for per_env in reply.actions.agents] == [set(agents)]
+    await stream.close()
+    assert sorted(server.policy.module) == sorted(agents)
+
+
 async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
     server = await ma_server(server_factory)
     stream = RawStream(server)
