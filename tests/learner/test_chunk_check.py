@@ -96,8 +96,32 @@ def wire_column(name: str, dtype: type, width: int | None = None):
     return change
 
 
+def without(name: str):
+    """The first chunk's `model_versions` or extra model output `name` left out of the batch as sent."""
+
+    def change(batch: learner_pb2.EpisodeBatch) -> None:
+        chunk = batch.chunks[0] if batch.chunks else batch.episodes[0]
+        if name == "model_versions":
+            chunk.ClearField(name)
+        else:
+            del chunk.extra_model_outputs[name]
+
+    return change
+
+
+def with_output(name: str):
+    """An extra model output `name` added to the first chunk (its rewards' copy: one float per step)."""
+
+    def change(batch: learner_pb2.EpisodeBatch) -> None:
+        chunk = batch.chunks[0] if batch.chunks else batch.episodes[0]
+        chunk.extra_model_outputs[name].tensor.CopyFrom(chunk.rewards)
+
+    return change
+
+
 # Found by fuzzing the intake: each passed it and failed the update (unsigned and bool tensors do not subtract in
-# torch, a version per step of two columns broadcast into a mask of rows x rows), or trained quietly on integers.
+# torch, a version per step of two columns broadcast into a mask of rows x rows, a column the others lack), or
+# trained quietly on integers.
 @pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
 @pytest.mark.parametrize(
     ("change", "reason"),
@@ -109,6 +133,10 @@ def wire_column(name: str, dtype: type, width: int | None = None):
         (wire_column(Columns.ACTION_LOGP, np.int32), "action_logp of another dtype"),
         (wire_column(Columns.ACTION_DIST_INPUTS, np.uint64), "action_dist_inputs of another dtype"),
         (wire_column("rewards", np.int8), "rewards of another dtype"),
+        # A column the chunks batched with it have (or lack): the update's columns do not add up.
+        (without("model_versions"), "no model_version"),
+        (without(Columns.ACTION_DIST_INPUTS), "no action_dist_inputs"),
+        (with_output("anything"), "unknown model outputs"),
     ],
 )
 def test_a_chunk_whose_columns_have_other_dtypes_is_refused_and_the_next_batch_taken(
