@@ -273,6 +273,20 @@ async def test_a_hello_of_more_agents_than_its_spaces_budget_is_refused_at_once(
     assert server.policy is None
 
 
+async def test_a_hello_of_agents_whose_modules_would_be_too_large_in_all_is_refused_before_building(server_factory):
+    """Each default module is bounded (2**28 parameters); per_agent builds one per agent a hello declares, so their
+    sum is bounded too: one hello of 40 agents made 8.4 million parameters each, 1.3 GB (of 8,192 agents, 270 GB)."""
+    spec = {"multi_agent": {"policy_mapping_fn": "per_agent"}, "model": {"config": {"fcnet_hiddens": [2048, 2048]}}}
+    server = await server_factory(spec=RunSpec.parse(spec, "test"))
+    stream = RawStream(server)
+    await stream.send(agents_hello(agents=[f"agent_{i}" for i in range(40)]))
+    code, details = await stream.status()
+    await stream.close()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("no model for the hello's spaces: The default model's 40 modules would have 336,773,240")
+    assert server.policy is None
+
+
 async def test_any_agent_id_names_a_module_of_its_own(server_factory):
     """per_agent makes each agent id a module id: torch refuses ones with a "." or an attribute's name as
     submodule names, and the fresh model's build failed with INTERNAL."""
