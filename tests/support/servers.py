@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import tomllib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -89,6 +90,18 @@ async def wait_for_steps(client: EnvClient, at_least: int, timeout: float = 10.0
     async with asyncio.timeout(timeout):
         while client.stats.env_steps < at_least:
             await asyncio.sleep(0.005)
+
+
+async def longest_stall(client: EnvClient, done: asyncio.Event) -> float:
+    """Seconds of the longest stretch in which the client made no env step, until `done`."""
+    last_steps, last_change, longest = client.stats.env_steps, time.monotonic(), 0.0
+    while not done.is_set():
+        await asyncio.sleep(0.02)
+        now = time.monotonic()
+        if client.stats.env_steps != last_steps:
+            last_steps, last_change = client.stats.env_steps, now
+        longest = max(longest, now - last_change)
+    return longest
 
 
 class RawStream:
