@@ -24,6 +24,10 @@ from rlgate.v1 import tensor_pb2 as pb
 # make numpy allocate absurd amounts before the length check could catch them.
 MAX_ELEMENTS = 1 << 31
 MAX_DIMS = 32
+# Most spaces (Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple, at any depth) decoded from one message: a
+# space costs gymnasium microseconds to build, and a 16 MiB hello of a million spaces held a server's event loop
+# (every other client) for 11 s.
+MAX_SPACES = 1 << 14
 
 #: Wire dtype code -> numpy dtype (little-endian).
 DTYPES: dict[int, np.dtype] = {
@@ -46,6 +50,23 @@ _CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in DTYPES
 
 class CodecError(ValueError):
     """Data from (or for) the wire does not fit the contract; the message says where and how."""
+
+
+class SpaceBudget:
+    """How many more spaces `space_from_proto` may decode: one budget for all the spaces of a message."""
+
+    def __init__(self, spaces: int = MAX_SPACES) -> None:
+        self.spaces = spaces
+        self.left = spaces
+
+    def take(self, path: str) -> None:
+        """Count one space (at `path`); CodecError once the message holds more than the budget."""
+        self.left -= 1
+        if self.left < 0:
+            raise CodecError(
+                f"{path}: the message holds more than {self.spaces} spaces (each Box, Discrete, MultiDiscrete, "
+                "MultiBinary, Dict and Tuple counts, at any depth, in all its spaces)"
+            )
 
 
 class UnencodableSpace(CodecError, UserError):
@@ -219,8 +240,11 @@ def space_to_proto(space: gym.Space) -> pb.Space:
     raise UnencodableSpace(f"space {space} has no wire encoding")
 
 
-def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
-    """Decode a Space message, rejecting definitions gymnasium would choke on."""
+def space_from_proto(msg: pb.Space, path: str = "space", budget: SpaceBudget | None = None) -> gym.Space:
+    """Decode a Space message, rejecting definitions gymnasium would choke on, and more than `budget`'s spaces (by
+    default MAX_SPACES; pass one budget for all the spaces of a message)."""
+    budget = budget or SpaceBudget()
+    budget.take(path)
     kind = msg.WhichOneof("kind")
     try:
         if kind == "box":
@@ -252,12 +276,14 @@ def space_from_proto(msg: pb.Space, path: str = "space") -> gym.Space:
                 raise CodecError(f"{path}: MultiBinary needs a positive shape, got {shape}")
             return gym.spaces.MultiBinary(shape[0] if len(shape) == 1 else list(shape))
         if kind == "dict":
-            items = [(e.key, space_from_proto(e.space, f'{path}["{e.key}"]')) for e in msg.dict.entries]
+            items = [(e.key, space_from_proto(e.space, f'{path}["{e.key}"]', budget)) for e in msg.dict.entries]
             if len({k for k, _ in items}) != len(items):
                 raise CodecError(f"{path}: Dict has duplicate keys")
             return gym.spaces.Dict(items)
         if kind == "tuple":
-            return gym.spaces.Tuple([space_from_proto(s, f"{path}[{i}]") for i, s in enumerate(msg.tuple.spaces)])
+            return gym.spaces.Tuple(
+                [space_from_proto(s, f"{path}[{i}]", budget) for i, s in enumerate(msg.tuple.spaces)]
+            )
     except CodecError:
         raise
     except (ValueError, TypeError, AssertionError) as exc:  # gymnasium's own checks

@@ -50,3 +50,14 @@ class Columns:
     MODEL_VERSION = "model_version"
     # rlgate's own: log pi(a|s) of the module as it was when the update began (PPO's proximal policy).
     PROXIMAL_ACTION_LOGP = "proximal_action_logp"
+
+
+# The outputs of the module-to-env pipeline that servers record in episodes as extra model outputs (when made),
+# and the only ones a learner takes from their chunks.
+RECORDED_OUTPUTS = (
+    Columns.ACTION_LOGP,
+    Columns.ACTION_DIST_INPUTS,
+    Columns.VF_PREDS,
+    Columns.STATE_OUT,
+    Columns.MODEL_VERSION,
+)

@@ -20,6 +20,7 @@ for NaN and infinities), naming the path and the mismatch.
 from __future__ import annotations
 
 import operator
+from itertools import islice
 from typing import Any
 
 import gymnasium as gym
@@ -124,8 +125,9 @@ class _Dict:
         if value.WhichOneof("kind") != "dict":
             raise CodecError(f"{self._path}: expected a dict, got {_kind(value)}")
         items = value.dict.items
-        if set(items) != self._keys:
-            raise CodecError(f"{self._path}: keys {sorted(items)} != {sorted(self._keys)}")
+        # Sizes first: a message's dict may hold a million keys, and building their set alone would take a while.
+        if len(items) != len(self._keys) or not all(key in items for key in self._keys):
+            raise CodecError(f"{self._path}: keys {_some_keys(items)} != {sorted(self._keys)}")
         return {key: node.decode(items[key], rows) for key, node in self._items.items()}
 
 
@@ -278,6 +280,13 @@ def _bounds(space: gym.Space) -> tuple[np.ndarray, np.ndarray]:
 def _is_full_range(low: np.ndarray, high: np.ndarray, dtype: np.dtype) -> bool:
     info = np.iinfo(dtype)
     return bool(np.all(low <= info.min) and np.all(high >= info.max))
+
+
+def _some_keys(keys: Any) -> str:
+    """Up to 10 of a message's dict keys, sorted, and how many more: a message may hold a million."""
+    shown = sorted(islice(keys, 10))
+    more = len(keys) - len(shown)
+    return f"{shown} and {more} more" if more else str(shown)
 
 
 def _first(mask: np.ndarray) -> tuple[int, ...]:

@@ -413,11 +413,21 @@ def _in_space_order(data: Any, space: gym.Space | None) -> Any:
 
 
 def _rows(column: Any, path: str) -> int:
-    """The common length of the leading (time) axis of every array in `column`."""
+    """The common length of the leading (time) axis of every array in `column` (which holds no empty dict or
+    tuple: no space makes one, and an episode's buffers find their length in the first array)."""
+    if _holds_empty(column):
+        raise CodecError(f"{path}: an empty dict or tuple, which holds no rows")
     lengths = {leaf.shape[0] if leaf.ndim else None for leaf in flatten(column)}
     if len(lengths) != 1 or None in lengths:
         raise CodecError(f"{path}: arrays need one common leading (time) axis, got lengths {lengths}")
     return lengths.pop()
+
+
+def _holds_empty(column: Any) -> bool:
+    if isinstance(column, np.ndarray):
+        return False
+    items = list(column.values()) if isinstance(column, dict) else list(column)
+    return not items or any(map(_holds_empty, items))
 
 
 def _text(value: Any) -> str:

@@ -3,10 +3,11 @@ PPO's outputs.
 
 A non-finite reward or model output poisons the update it is batched into. A chunk that decodes can still
 break every update it is batched into (observations of another shape, a Discrete action of 5 for 2 actions,
-distribution inputs of another width, no `action_logp`), and with it every other server's steps in that batch;
-or be trained on quietly while meaning nothing (float actions for a Discrete space). The intake refuses such
-chunks with the reason `misfit` names. Values are not held to the observation space's bounds: the chunk holds
-what the servers' env-to-module pieces wrote back.
+distribution inputs of another width, no `action_logp`, model versions of another dtype or shape, a model
+output the other chunks lack or do not have), and with it every other server's steps in that batch; or be
+trained on quietly while meaning nothing (float actions for a Discrete space, integer log-probabilities). The
+intake refuses such chunks with the reason `misfit` names. Values are not held to the observation space's
+bounds: the chunk holds what the servers' env-to-module pieces wrote back.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlgate.core.columns import Columns
+from rlgate.core.columns import RECORDED_OUTPUTS, Columns
 from rlgate.core.spaces import space_struct
 from rlgate.core.tree import flatten
 from rlgate.episodes import SingleAgentEpisode
@@ -36,23 +37,32 @@ def misfit(
     """Why the chunk (or the table of chunks) with these columns cannot be trained on, or None.
 
     The columns are arrays with a row per step (lookback included; nested for Dict and Tuple spaces).
-    Checked: every reward and model output finite (observations too, if `finite_observations`); observations
-    and actions of `spaces` (observation space, action space: those they were decoded in); model outputs of
-    `output_shapes` (each output's shape per step, as the learner's module makes them:
-    `models.outputs.output_shapes`). Each check is of all rows at once, so a table passes only if each of
-    its chunks would.
+    Checked: model outputs only of those servers record (`RECORDED_OUTPUTS`), with action_logp, model versions
+    and each recorded one of `output_shapes` (each output's shape per step, as the learner's module makes them:
+    `models.outputs.output_shapes`) there, of those shapes (model versions one per step); every reward and model
+    output finite (observations too, if `finite_observations`) and of a float dtype (model versions int64);
+    observations and actions of `spaces` (observation space, action space: those they were decoded in). Each
+    check is of all rows at once, so a table passes only if each of its chunks would.
     """
+    if any(key not in RECORDED_OUTPUTS for key in outputs):  # named in the log, not in the reason (a metric label)
+        return "unknown model outputs"
     column = _non_finite(rewards, outputs, observations if finite_observations else None)
     if column is not None:
         return f"non-finite {column}"
+    column = _of_another_dtype(rewards, outputs)
+    if column is not None:
+        return f"{column} of another dtype"
     observation_space, action_space = spaces
     if not _fits(observations, observation_space, _observation_fits):
         return "observations not of the observation space"
     if not _fits(actions, action_space, _action_fits):
         return "actions not of the action space"
-    if Columns.ACTION_LOGP not in outputs:
-        return "no action_logp"
-    for key, shape in {Columns.ACTION_LOGP: (), **output_shapes}.items():
+    # An update batches every chunk's outputs as columns: one chunk without a column the others have breaks it.
+    required = (Columns.ACTION_LOGP, Columns.MODEL_VERSION, *(k for k in output_shapes if k in RECORDED_OUTPUTS))
+    for key in required:
+        if key not in outputs:
+            return f"no {key}"
+    for key, shape in {Columns.ACTION_LOGP: (), Columns.MODEL_VERSION: (), **output_shapes}.items():
         output = outputs.get(key)
         if output is not None and any(leaf.shape[1:] != shape for leaf in flatten(output)):
             return f"{key} of another shape"
@@ -85,6 +95,19 @@ def _non_finite(rewards: np.ndarray, outputs: Mapping[str, Any], observations: A
             array = np.asarray(leaf)
             if array.dtype.kind in "fc" and not np.isfinite(array).all():
                 return name
+    return None
+
+
+def _of_another_dtype(rewards: np.ndarray, outputs: Mapping[str, Any]) -> str | None:
+    """The first of "rewards" and the model outputs that is not of its dtype: a float one (any width), but model
+    versions int64. Torch cannot subtract unsigned or bool tensors (a failed update drops every server's steps in
+    it), and integer rewards or log-probabilities would train quietly on what they do not mean."""
+    if rewards.dtype.kind != "f":
+        return "rewards"
+    for key, output in outputs.items():
+        int64 = key == Columns.MODEL_VERSION
+        if any((leaf.dtype != np.int64) if int64 else (leaf.dtype.kind != "f") for leaf in flatten(output)):
+            return key
     return None
 
 

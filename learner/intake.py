@@ -268,9 +268,13 @@ class Intake:
     def _spaces(
         self, observation_space: gym.Space | None, module_id: str, agent_id: str | None, chunks: int, what: str
     ) -> tuple[gym.Space | None, gym.Space] | None:
-        """The spaces to decode chunks in: single-agent, the batch's observation space and the action space;
-        multi-agent, their module's (and the agent, if given, must be known). None when rejected as unknown."""
+        """The spaces to decode chunks in: single-agent, the batch's observation space and the action space (and
+        no module named: the chunks are held to the run's module's outputs); multi-agent, their module's (and the
+        agent, if given, must be known). None when rejected as unknown."""
         if self.module_spaces is None:
+            if module_id:
+                self.reject("unknown module", chunks, f"{what}: module {module_id!r} in a single-agent run")
+                return None
             return observation_space, self.action_space
         if agent_id is not None and agent_id not in self.agents:
             self.reject("unknown agent", chunks, f"{what}: agent {agent_id!r}")

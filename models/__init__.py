@@ -10,6 +10,7 @@ from typing import Any
 _EXPORTS = {
     "ActorCriticModule": "rlgate.models.actor_critic",
     "build_module": "rlgate.models.actor_critic",
+    "parameter_count": "rlgate.models.actor_critic",
     "ModelConfig": "rlgate.models.config",
     "Categorical": "rlgate.models.distributions",
     "Deterministic": "rlgate.models.distributions",

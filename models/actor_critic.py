@@ -117,8 +117,7 @@ def build_module(
     as do spaces that would make it larger than MAX_PARAMETERS: that is found from a build on torch's meta
     device (shapes only, ~1 ms), before any memory is allocated or initialised."""
     config = model_config or ModelConfig()
-    with torch.device("meta"):
-        shapes = dict(ActorCriticModule(observation_space, action_space, config).named_parameters())
+    shapes = _meta_parameters(observation_space, action_space, config)
     size = sum(p.numel() for p in shapes.values())
     if size > MAX_PARAMETERS:
         name, largest = max(shapes.items(), key=lambda item: item[1].numel())
@@ -129,3 +128,14 @@ def build_module(
             f"(fcnet_hiddens), or a module of your own (model.module_class)."
         )
     return ActorCriticModule(observation_space, action_space, config)
+
+
+def parameter_count(observation_space: gym.Space, action_space: gym.Space, model_config: ModelConfig) -> int:
+    """The parameters `build_module` would give the default model for these spaces (from a meta build: ~1 ms, no
+    memory); unsupported spaces raise UnsupportedSpace."""
+    return sum(p.numel() for p in _meta_parameters(observation_space, action_space, model_config).values())
+
+
+def _meta_parameters(observation_space: gym.Space, action_space: gym.Space, config: ModelConfig) -> dict[str, Any]:
+    with torch.device("meta"):
+        return dict(ActorCriticModule(observation_space, action_space, config).named_parameters())

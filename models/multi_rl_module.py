@@ -25,7 +25,10 @@ class MultiRLModule(nn.Module):
         super().__init__()
         if not modules:
             raise ValueError("a MultiRLModule needs at least one module")
-        self._rl_modules = nn.ModuleDict(dict(modules))
+        self._rl_modules = dict(modules)
+        # Registered by position: a module id is any string (under per_agent mapping, the env's agent id, e.g. one
+        # from a client's hello), and torch refuses a submodule name with a "." or one of its attributes' ("keys").
+        self._registered = nn.ModuleList(self._rl_modules.values())
 
     def __getitem__(self, module_id: str) -> RLModule:
         if module_id not in self._rl_modules:

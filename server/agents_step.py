@@ -17,6 +17,7 @@ from rlgate.core import codec
 from rlgate.core.agents_step import ALL, AgentsStep
 from rlgate.core.codec import CodecError
 from rlgate.core.space_check import NonFiniteError, SpaceCheck, finite_as_float32
+from rlgate.server.step_decoder import check_infos_size
 from rlgate.v1 import policy_pb2 as pb
 
 
@@ -36,6 +37,7 @@ class AgentsStepDecoder:
         """The N sub-envs' steps, checked against the agents the hello declared."""
         if len(step.agents) != self.num_envs:
             raise CodecError(f"agents: {len(step.agents)} sub-env steps != num_envs {self.num_envs}")
+        check_infos_size((info for message in step.agents for info in message.infos.values()), "agents[*].infos")
         return [self._decode(message, f"agents[{i}]") for i, message in enumerate(step.agents)]
 
     def _decode(self, message: pb.AgentsStep, path: str) -> AgentsStep:

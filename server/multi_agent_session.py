@@ -22,11 +22,10 @@ import gymnasium as gym
 
 from rlgate.core.agents_step import AgentsStep
 from rlgate.core.codec import CodecError
-from rlgate.core.columns import Columns
+from rlgate.core.columns import RECORDED_OUTPUTS, Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.episodes import MultiAgentEpisode
 from rlgate.episodes.multi_agent_episode import CheckedEnvStep, MappingFn, MultiAgentEnvError, RewardSumNotFinite
-from rlgate.server.session import RECORDED_OUTPUTS
 from rlgate.server.shipping import Chunk, encoded
 
 

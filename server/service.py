@@ -7,6 +7,7 @@ person can act on; nothing it sends can harm another session or the server.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "rlgate.v1.PolicyService"
 # Longest Hello.client_id, in characters: an id is logged on every session's open and close and listed in /sessions.
 MAX_CLIENT_ID = 256
+# Longest status message, in UTF-8 bytes: messages quote what the client sent (a map key, a module id, a Dict's
+# keys), which may be megabytes; gRPC sends the message percent-encoded (at most 3 bytes per byte) in a trailer,
+# and a client refuses trailers over 8 KiB with a bare RESOURCE_EXHAUSTED in place of the status. Logged as sent.
+MAX_DETAILS = 1024
 
 
 class RequestError(Exception):
@@ -55,6 +60,8 @@ class _Stream:
     session: Session | MultiAgentSession | None = None
     batcher: Batcher | None = None
     decoder: StepDecoder | AgentsStepDecoder | None = None
+    idle: IdleWatch | None = None
+    writing: bool = False  # an answer waits for the client to take it
 
 
 class PolicyService:
@@ -102,32 +109,44 @@ class PolicyService:
         """Serve one client stream until it closes, fails or idles out; what went wrong becomes its status."""
         stream = _Stream()
         try:
+            failure = await self._failure(context, stream)
+        finally:  # before the status is sent: a client that takes no answers takes no status either
+            if stream.session is not None:
+                self._end(stream.session)
+        if failure is not None:
+            await self._abort(context, *failure)
+
+    async def _failure(self, context: grpc.aio.ServicerContext, stream: _Stream) -> tuple[grpc.StatusCode, str] | None:
+        """Serve the stream; the status it is to end with, unless OK."""
+        try:
             await self._serve(context, stream)
         except RequestError as exc:
-            await self._abort(context, exc.code, str(exc))
+            return exc.code, str(exc)
         except CodecError as exc:
             if isinstance(exc, NonFiniteError):
                 self.non_finite_rejected[exc.field] += 1
                 self.metrics.non_finite_rejected.labels(exc.field).inc()
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except TimeoutError:
-            message = f"no message for {self.settings.idle_timeout_s:g} s: session closed, episodes shipped"
-            await self._abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, message)
+            waited = "an answer not taken (the client reads none)" if stream.writing else "no message"
+            return (
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{waited} for {self.settings.idle_timeout_s:g} s: session closed, episodes shipped",
+            )
         except Exception as exc:  # our bug, not the client's: say so, keep serving everyone else
             log.exception("session failed")
-            await self._abort(context, grpc.StatusCode.INTERNAL, f"server error: {type(exc).__name__}: {exc}")
-        finally:
-            if stream.session is not None:
-                self._end(stream.session)
+            return grpc.StatusCode.INTERNAL, f"server error: {type(exc).__name__}: {exc}"
+        return None
 
     async def _serve(self, context: grpc.aio.ServicerContext, stream: _Stream) -> None:
-        """Read and answer messages until the client ends the stream; a read waiting idle_timeout_s raises
-        TimeoutError."""
+        """Read and answer messages until the client ends the stream; a read, or a write of an answer, waiting
+        idle_timeout_s raises TimeoutError."""
         async with IdleWatch(self.settings.idle_timeout_s) as idle:
+            stream.idle = idle
             while True:
-                idle.reading_since = idle.now()
+                idle.waiting_since = idle.now()
                 raw = await context.read()
-                idle.reading_since = None
+                idle.waiting_since = None
                 if raw is grpc.aio.EOF or not await self._answer(context, stream, raw):
                     return
 
@@ -143,7 +162,7 @@ class PolicyService:
                 raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
             stream.session, stream.batcher, stream.decoder = await self._open(message.hello)
             welcome = pb.Welcome(session_id=stream.session.id, model_version=stream.batcher.policy.version)
-            await context.write(pb.ServerMessage(welcome=welcome))
+            await _write(context, stream, pb.ServerMessage(welcome=welcome))
         elif kind == "step":
             session, batcher, decoder = stream.session, stream.batcher, stream.decoder
             if session is None or batcher is None or decoder is None:
@@ -152,7 +171,7 @@ class PolicyService:
                 reply = await self._multi_agent_step(session, batcher, decoder, message.step)
             else:
                 reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
-            await context.write(reply)
+            await _write(context, stream, reply)
             self.metrics.step_latency.observe(time.perf_counter() - arrived)
         elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
             if stream.session is None:
@@ -192,10 +211,11 @@ class PolicyService:
             return await self._open_multi_agent(hello)
         if not hello.HasField("observation_space") or not hello.HasField("action_space"):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello needs observation_space and action_space")
+        budget = codec.SpaceBudget()  # for the hello's spaces together
         spec = SessionSpec(
             client_id=hello.client_id,
-            observation_space=codec.space_from_proto(hello.observation_space, "hello.observation_space"),
-            action_space=codec.space_from_proto(hello.action_space, "hello.action_space"),
+            observation_space=codec.space_from_proto(hello.observation_space, "hello.observation_space", budget),
+            action_space=codec.space_from_proto(hello.action_space, "hello.action_space", budget),
             num_envs=hello.num_envs,
             explore=hello.explore,
         )
@@ -267,6 +287,7 @@ class PolicyService:
                 "action_space unset",
             )
         agent_spaces = {}
+        budget = codec.SpaceBudget()  # for all the agents' spaces together
         for i, agent in enumerate(hello.agents):
             if not agent.agent_id or agent.agent_id in agent_spaces or agent.agent_id == "__all__":
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"hello.agents[{i}]: agent_id {agent.agent_id!r} "
@@ -276,8 +297,8 @@ class PolicyService:
                     grpc.StatusCode.INVALID_ARGUMENT, f"hello.agents[{i}] ({agent.agent_id!r}) needs both spaces"
                 )
             agent_spaces[agent.agent_id] = (
-                codec.space_from_proto(agent.observation_space, f"hello.agents[{i}].observation_space"),
-                codec.space_from_proto(agent.action_space, f"hello.agents[{i}].action_space"),
+                codec.space_from_proto(agent.observation_space, f"hello.agents[{i}].observation_space", budget),
+                codec.space_from_proto(agent.action_space, f"hello.agents[{i}].action_space", budget),
             )
         spec = MultiAgentSessionSpec(
             client_id=hello.client_id, agent_spaces=agent_spaces, num_envs=hello.num_envs, explore=hello.explore
@@ -344,9 +365,32 @@ class PolicyService:
         log.info("session closed session=%s client=%r", session.id, session.spec.client_id)
 
     async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        message = bounded(message)
         self.metrics.rejected.labels(code.name).inc()
         log.info("rejected code=%s peer=%s message=%r", code.name, context.peer(), message)  # it may quote the client
-        await context.abort(code, message)
+        try:  # sent after the answers the client has not taken: a client that takes none holds it for ever
+            async with asyncio.timeout(self.settings.idle_timeout_s):
+                await context.abort(code, message)
+        except TimeoutError:
+            log.info("status not taken in %g s peer=%s: stream left", self.settings.idle_timeout_s, context.peer())
+
+
+async def _write(context: grpc.aio.ServicerContext, stream: _Stream, message: pb.ServerMessage) -> None:
+    """Write an answer, with the stream's idle clock running: it waits until the client takes it."""
+    idle = stream.idle
+    assert idle is not None
+    idle.waiting_since, stream.writing = idle.now(), True
+    await context.write(message)
+    idle.waiting_since, stream.writing = None, False
+
+
+def bounded(message: str) -> str:
+    """The message, cut to MAX_DETAILS bytes of UTF-8 (at a character) and saying how much was left out."""
+    data = message.encode()
+    if len(data) <= MAX_DETAILS:
+        return message
+    kept = data[:MAX_DETAILS].decode(errors="ignore")
+    return f"{kept}... ({len(message) - len(kept)} more characters)"
 
 
 def _parse(raw: bytes) -> pb.ClientMessage:

@@ -22,22 +22,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlgate.core.columns import Columns
+from rlgate.core.columns import RECORDED_OUTPUTS, Columns
 from rlgate.core.tree import flatten, map_structure, unbatch
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import ChunkColumns
 from rlgate.episodes.rows import EpisodeRows
 from rlgate.server.shipping import Chunk
 from rlgate.server.step_table import StepTable
-
-# Outputs of the module-to-env pipeline that are stored in the episode as extra model outputs.
-RECORDED_OUTPUTS = (
-    Columns.ACTION_LOGP,
-    Columns.ACTION_DIST_INPUTS,
-    Columns.VF_PREDS,
-    Columns.STATE_OUT,
-    Columns.MODEL_VERSION,
-)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,10 @@ class ServerSettings(ServiceSettings):
     )
     max_message_bytes: int = Field(16 << 20, ge=1024, description="Largest gRPC message accepted or sent.")
     idle_timeout_s: float = Field(
-        300.0, gt=0, description="A session silent this long is closed; its episodes ship as truncated."
+        300.0,
+        gt=0,
+        description="A session silent this long (or leaving an answer unread this long) is closed; its episodes "
+        "ship as truncated.",
     )
     drain_timeout_s: float = Field(10.0, ge=0, description="On SIGTERM, how long open sessions may finish.")
     tls_client_ca: FilePath | None = Field(None, description="PEM CA that client certificates must chain to (mTLS).")

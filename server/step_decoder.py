@@ -6,11 +6,12 @@ step costs what its message holds: per column one dtype, shape and length compar
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from google.protobuf import struct_pb2
 
 from rlgate.core import codec
 from rlgate.core.codec import CodecError
@@ -19,6 +20,9 @@ from rlgate.v1 import policy_pb2 as pb
 
 # Rewards: finite floats (any float dtype on the wire), stored as float32.
 REWARD_SPACE = gym.spaces.Box(-np.inf, np.inf, (), np.float32)
+# Most bytes of infos one step message may hold (all its sub-envs' and agents'): infos are converted, stored and
+# shipped value by value, microseconds each, on the event loop; 6 MB of them held every other client for 2.4 s.
+MAX_INFOS_BYTES = 1 << 18
 # Said when observations hold +-inf and the server does not allow them.
 _INFINITE_HINT = " (+-inf passes only where the Box bound is infinite, on a server started with --allow-non-finite-obs)"
 
@@ -59,8 +63,10 @@ class StepDecoder:
         else:
             rewards, terminateds, truncateds = self._optional_columns(step, resets_only)
         infos = step.infos
-        if infos and len(infos) != n:
-            raise CodecError(f"infos: {len(infos)} items != {n}")
+        if infos:
+            if len(infos) != n:
+                raise CodecError(f"infos: {len(infos)} items != {n}")
+            check_infos_size(infos, "infos")
         return obs, rewards, terminateds, truncateds, [codec.from_struct(s) for s in infos] if infos else None
 
     def _optional_columns(
@@ -84,6 +90,16 @@ class StepDecoder:
                     "in which every sub-env sends a reset observation"
                 )
         return columns[0], columns[1], columns[2]
+
+
+def check_infos_size(infos: Iterable[struct_pb2.Struct], path: str) -> None:
+    """CodecError when a step's infos hold more than MAX_INFOS_BYTES (their wire size: C code measures it)."""
+    size = sum(info.ByteSize() for info in infos)
+    if size > MAX_INFOS_BYTES:
+        raise CodecError(
+            f"{path}: {size} bytes in one step > {MAX_INFOS_BYTES}: infos are stored with every step of the episodes; "
+            "keep them small (what the policy needs belongs in the observation)"
+        )
 
 
 def _with_hint(exc: NonFiniteError) -> NonFiniteError:

@@ -20,8 +20,8 @@ from rlgate.connectors.builders import (
 from rlgate.connectors.common.frame_stacking import FrameStacking
 from rlgate.connectors.env_to_module import FlattenObservations
 from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, default_agent_to_module_mapping_fn
-from rlgate.models import MultiRLModule, load_weights
-from rlgate.models.catalog import encodes
+from rlgate.models import ModelConfig, MultiRLModule, load_weights, parameter_count
+from rlgate.models.catalog import MAX_PARAMETERS, UnsupportedSpace, encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.policy import build_pieces, build_rl_module, output_space, seeded
 from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
@@ -206,7 +206,20 @@ def build_multi_agent_learner_connector(
 
 
 def build_multi_rl_module(spec: RunSpec, modules: dict[str, tuple], imports: ImportPolicy) -> MultiRLModule:
-    """One module of the spec's model per module id, for its (env-to-module output) spaces; seeded once."""
+    """One module of the spec's model per module id, for its (env-to-module output) spaces; seeded once.
+
+    The default model's modules hold at most MAX_PARAMETERS in all, as one default model does (UnsupportedSpace,
+    before any is built): a module per agent (per_agent mapping), for a hello's agents, would otherwise make as
+    many as a client declares."""
+    if spec.model.module_class is None:
+        config = ModelConfig.from_dict(spec.model.config)
+        total = sum(parameter_count(*spaces, config) for spaces in modules.values())
+        if total > MAX_PARAMETERS:
+            raise UnsupportedSpace(
+                f"The default model's {len(modules)} modules would have {total:,} parameters in all, more than the "
+                f"{MAX_PARAMETERS:,} (2**28) rlgate builds. Map agents to fewer modules (multi_agent.policy_mapping_fn)"
+                f" or use smaller ones (model.config fcnet_hiddens)."
+            )
     unseeded = spec.model_copy(update={"seed": None})
     with seeded(spec.seed):
         return MultiRLModule({m: build_rl_module(unseeded, *spaces, imports) for m, spaces in modules.items()})

@@ -264,6 +264,25 @@ def test_malformed_spaces_are_rejected(msg, message):
         codec.space_from_proto(msg)
 
 
+def test_a_budget_of_spaces_holds_for_all_the_spaces_of_a_message():
+    """A million Discretes in a Tuple are refused at the budget's end, having built no more than it allows."""
+    two = pb.Space(discrete=pb.DiscreteSpace(n=2))
+    huge = pb.Space(tuple=pb.TupleSpace(spaces=[two] * 1_000_000))
+    with pytest.raises(
+        CodecError, match=rf"^space\[{codec.MAX_SPACES - 1}\]: the message holds more than {codec.MAX_SPACES} "
+    ):
+        codec.space_from_proto(huge)
+    nested = pb.Space(
+        dict=pb.DictSpace(entries=[pb.DictSpaceEntry(key="a", space=pb.Space(tuple=pb.TupleSpace(spaces=[two, two])))])
+    )
+    budget = codec.SpaceBudget(7)  # two messages of 4 spaces each: the second runs out at its last one
+    assert codec.space_from_proto(nested, "first", budget) == gym.spaces.Dict(
+        {"a": gym.spaces.Tuple([gym.spaces.Discrete(2)] * 2)}
+    )
+    with pytest.raises(CodecError, match=r'^second\["a"\]\[1\]: the message holds more than 7 spaces'):
+        codec.space_from_proto(nested, "second", budget)
+
+
 def test_missing_value_is_rejected_with_its_path():
     value = pb.Value(dict=pb.ValueDict(items={"pos": pb.Value()}))
     with pytest.raises(CodecError, match=r'^obs\["pos"\]: missing value$'):

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 from support.batches import episode_batch
 
+from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
 from rlgate.learner.intake import Intake
 from rlgate.models import ModelConfig, build_module
 from rlgate.models.outputs import output_shapes
+from rlgate.v1 import learner_pb2
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)
@@ -75,6 +77,80 @@ def test_a_chunk_that_does_not_fit_is_refused_and_the_rest_of_its_batch_taken(
     assert (ack.accepted, ack.rejected) == (2, 1)
     assert intake.rejected == {reason: 1}
     assert [chunk.id_ for chunk in intake.pending] == [good.id_, later.id_]
+
+
+def wire_column(name: str, dtype: type, width: int | None = None):
+    """The first chunk's column `name` (rewards, model_versions, an extra model output) cast to `dtype` (and each
+    row repeated `width` times across, if given) in the batch as sent: its encoder makes the columns' dtypes right."""
+
+    def change(batch: learner_pb2.EpisodeBatch) -> None:
+        chunk = batch.chunks[0] if batch.chunks else batch.episodes[0]
+        tensor = (
+            getattr(chunk, name) if name in ("rewards", "model_versions") else chunk.extra_model_outputs[name].tensor
+        )
+        column = codec.from_tensor(tensor)
+        if width is not None:
+            column = np.repeat(column[:, None], width, axis=1)
+        tensor.CopyFrom(codec.to_tensor(column.astype(dtype)))
+
+    return change
+
+
+def without(name: str):
+    """The first chunk's `model_versions` or extra model output `name` left out of the batch as sent."""
+
+    def change(batch: learner_pb2.EpisodeBatch) -> None:
+        chunk = batch.chunks[0] if batch.chunks else batch.episodes[0]
+        if name == "model_versions":
+            chunk.ClearField(name)
+        else:
+            del chunk.extra_model_outputs[name]
+
+    return change
+
+
+def with_output(name: str):
+    """An extra model output `name` added to the first chunk (its rewards' copy: one float per step)."""
+
+    def change(batch: learner_pb2.EpisodeBatch) -> None:
+        chunk = batch.chunks[0] if batch.chunks else batch.episodes[0]
+        chunk.extra_model_outputs[name].tensor.CopyFrom(chunk.rewards)
+
+    return change
+
+
+# Found by fuzzing the intake: each passed it and failed the update (unsigned and bool tensors do not subtract in
+# torch, a version per step of two columns broadcast into a mask of rows x rows, a column the others lack), or
+# trained quietly on integers.
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (wire_column("model_versions", np.uint32), "model_version of another dtype"),
+        (wire_column("model_versions", np.float64), "model_version of another dtype"),
+        (wire_column("model_versions", np.int64, 2), "model_version of another shape"),
+        (wire_column(Columns.ACTION_LOGP, np.bool_), "action_logp of another dtype"),
+        (wire_column(Columns.ACTION_LOGP, np.int32), "action_logp of another dtype"),
+        (wire_column(Columns.ACTION_DIST_INPUTS, np.uint64), "action_dist_inputs of another dtype"),
+        (wire_column("rewards", np.int8), "rewards of another dtype"),
+        # A column the chunks batched with it have (or lack): the update's columns do not add up.
+        (without("model_versions"), "no model_version"),
+        (without(Columns.ACTION_DIST_INPUTS), "no action_dist_inputs"),
+        (with_output("anything"), "unknown model outputs"),
+    ],
+)
+def test_a_chunk_whose_columns_have_other_dtypes_is_refused_and_the_next_batch_taken(
+    tmp_path, cartpole_chunks, change, reason, tables
+):
+    bad, *good = cartpole_chunks(60)[:3]
+    module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
+    intake = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes={None: output_shapes(module)})
+    batch = episode_batch([bad], tables=tables)
+    change(batch)
+    ack = intake.accept(batch)
+    assert (ack.accepted, ack.rejected) == (0, 1)
+    assert intake.rejected == {reason: 1}
+    assert intake.accept(episode_batch(good, seq=2, tables=tables)).accepted == 2
 
 
 @pytest.mark.parametrize(

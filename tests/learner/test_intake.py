@@ -219,6 +219,18 @@ def test_multi_agent_chunks_are_decoded_in_their_modules_spaces_and_dropped_by_t
     assert keys(intake.pending) == keys(frozen)
 
 
+@pytest.mark.parametrize("tables", [True, False], ids=["tables", "messages"])
+def test_a_single_agent_run_refuses_chunks_that_name_a_module(tmp_path, cartpole_chunks, tables):
+    """A single-agent run's chunks are held to its module's outputs; one naming another module was held to
+    none (no action_dist_inputs needed), and batched with the others, failed the update."""
+    good, named = cartpole_chunks(40)[:2]
+    named.module_id = "other"
+    intake = intake_at(tmp_path)
+    ack = intake.accept(batch([named], seq=0, tables=tables))
+    assert (ack.accepted, ack.rejected) == (0, 1) and intake.rejected == {"unknown module": 1}
+    assert intake.accept(batch([good], seq=1, tables=tables)).accepted == 1
+
+
 def test_a_chunk_sent_as_a_message_and_again_in_a_table_is_a_duplicate(tmp_path, cartpole_chunks):
     """A server upgraded with batches in its spool re-sends them in the old form, then sends tables."""
     chunks = cartpole_chunks(60)
@@ -237,6 +249,15 @@ def test_a_chunk_sent_as_a_message_and_again_in_a_table_is_a_duplicate(tmp_path,
         ("observations", lambda table: table.observations.tensor.shape.__setitem__(0, 1), "observations"),
         ("infos", lambda table: table.infos.add(), "infos: 1 for"),
         ("agent_ids", lambda table: table.agent_ids.append("a0"), "agent_ids: 1 entries"),
+        # The chunks' buffers find their length in a column's first array: an empty tuple first failed the intake
+        # with an IndexError, and the stream with it (the server's spool would send the batch again for ever).
+        (
+            "actions",
+            lambda table: table.actions.CopyFrom(
+                codec.to_value(({"a": codec.from_value(table.actions)}, ()))  # rows, then nothing
+            ),
+            r"actions: an empty dict or tuple, which holds no rows",
+        ),
     ],
 )
 def test_a_table_whose_rows_do_not_add_up_is_rejected_whole_and_the_rest_of_its_batch_taken(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import grpc
 import gymnasium as gym
@@ -151,6 +152,24 @@ CASES = {
         "unknown module_id 'nope'",
     ),
     "oversized message": ([hello(), b"\x12" + b"\x00" * (2 << 20)], grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+    # Each space costs gymnasium microseconds to build: a 16 MiB hello of a million of them held every client for 11 s.
+    "more spaces than a message may hold": (
+        [hello(gym.spaces.Tuple([gym.spaces.Discrete(2)] * 20_000))],
+        INVALID,
+        "hello.observation_space[16383]: the message holds more than 16384 spaces",
+    ),
+    # Infos are converted, stored and shipped value by value on the event loop: 6 MB of them held others for 2.4 s.
+    "infos of more than 256 KiB": (
+        [hello(), step(GOOD_OBS, infos=[{"values": list(range(40_000))}])],
+        INVALID,
+        "infos: 440020 bytes in one step > 262144: infos are stored with every step",
+    ),
+    # Quoted whole, its status message (a trailer) was too large for gRPC: the client got RESOURCE_EXHAUSTED instead.
+    "module id of 100,000 characters": (
+        [pb.ClientMessage(hello=pb.Hello(num_envs=1, module_id="é" * 100_000))],
+        grpc.StatusCode.NOT_FOUND,
+        "unknown module_id 'éé",
+    ),
 }
 
 
@@ -175,6 +194,7 @@ async def test_bad_input_gets_its_status_and_spares_other_clients(server_factory
             await raw.close()
         assert status == code, details
         assert words in details
+        assert len(details.encode()) <= 1100  # what the client sent is quoted in part
         before = good.stats.env_steps
         await wait_for_steps(good, before + 20)  # the good client never noticed
     if case != "oversized message":  # gRPC itself refuses those, before any handler of ours runs
@@ -209,6 +229,21 @@ async def test_discrete_obs_out_of_range_is_invalid_argument(server_factory):
     finally:
         await raw.close()
     assert status == INVALID and details == "obs: value 7 at index (0,) outside the Discrete bounds [0, 2]"
+
+
+async def test_a_dict_observation_with_a_thousand_keys_too_many_is_told_in_a_line(server_factory):
+    server = await server_factory()
+    raw = RawStream(server)
+    try:
+        await raw.send(hello(gym.spaces.Dict({"a": BOX4})))
+        assert (await raw.recv()).WhichOneof("kind") == "welcome"
+        obs = {f"key_{i:04}": np.zeros((1, 4), np.float32) for i in range(1000)}
+        await raw.send(step(obs))
+        status, details = await raw.status()
+    finally:
+        await raw.close()
+    assert status == INVALID
+    assert re.fullmatch(r"obs: keys \['key_\d{4}'(, 'key_\d{4}'){9}\] and 990 more != \['a'\]", details), details
 
 
 async def test_a_client_with_other_spaces_is_told_only_what_differs(server):

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
 from support.mutator import MUTATIONS, Mutator
-from support.servers import BOX4, CONNECT, DISCRETE2, SpaceEnv, running_client, target, wait_for_steps
+from support.servers import (
+    BOX4,
+    CONNECT,
+    DISCRETE2,
+    SpaceEnv,
+    longest_stall,
+    running_client,
+    target,
+    wait_for_steps,
+)
 
 from rlgate.client.env_client import EnvClient
 
@@ -96,18 +104,6 @@ async def fuzz(server, spaces: str, cases: int) -> dict[str, int]:
 
     await asyncio.gather(*(worker() for _ in range(CONCURRENT_STREAMS)))
     return sent_by_mutation
-
-
-async def longest_stall(client: EnvClient, done: asyncio.Event) -> float:
-    """Seconds of the longest stretch in which the client made no env step, until `done`."""
-    last_steps, last_change, longest = client.stats.env_steps, time.monotonic(), 0.0
-    while not done.is_set():
-        await asyncio.sleep(0.02)
-        now = time.monotonic()
-        if client.stats.env_steps != last_steps:
-            last_steps, last_change = client.stats.env_steps, now
-        longest = max(longest, now - last_change)
-    return longest
 
 
 async def check_fuzz(server_factory, spaces: str, cases: int) -> None:

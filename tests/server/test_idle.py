@@ -1,4 +1,4 @@
-"""IdleWatch: only a read that waits its whole timeout ends the stream; time spent between reads never does."""
+"""IdleWatch: only a read (or write) that waits its whole timeout ends the stream; time spent between never does."""
 
 import asyncio
 import time
@@ -12,9 +12,9 @@ IDLE_S = 0.1
 
 async def read(idle: IdleWatch, seconds: float) -> None:
     """A read that takes `seconds` (a client that answers after that long)."""
-    idle.reading_since = idle.now()
+    idle.waiting_since = idle.now()
     await asyncio.sleep(seconds)
-    idle.reading_since = None
+    idle.waiting_since = None
 
 
 async def test_a_read_that_waits_the_timeout_raises_timeout_error_soon_after() -> None:
@@ -42,5 +42,5 @@ async def test_reads_each_shorter_than_the_timeout_never_expire_however_long_the
 
 async def test_leaving_the_block_stops_the_watch() -> None:
     async with IdleWatch(IDLE_S) as idle:
-        idle.reading_since = idle.now()  # left reading: the watch must not fire after the block
+        idle.waiting_since = idle.now()  # left waiting: the watch must not fire after the block
     await asyncio.sleep(IDLE_S * 3)  # raises CancelledError here if the watch still ran against this task

@@ -26,6 +26,7 @@ from support.servers import (
     target,
     wait_for_steps,
 )
+from support.stalled_client import stalled_stream
 
 from rlgate.client.env_client import EnvClient
 from rlgate.spec.run import RunSpec, SamplingSpec
@@ -65,6 +66,24 @@ async def test_an_idle_session_is_closed_and_its_episode_shipped(server_factory,
     await server.stop()
     (episode,) = shipped(tmp_path / "episodes")
     assert episode.truncated
+
+
+async def test_a_client_that_takes_no_answers_is_closed_after_the_idle_timeout(server_factory, tmp_path):
+    """A client that reads no answers leaves the server's write waiting for ever (HTTP/2 flow control): its
+    session held its slot and episodes until the server stopped, whatever the idle timeout."""
+    server = await server_factory(idle_timeout_s=0.3)
+    messages = [hello(), *(step(np.full((1, 4), i / 100, np.float32)) for i in range(50))]
+    # Room for the welcome and a few answers, not for 50.
+    async with stalled_stream(server.port, [m.SerializeToString() for m in messages], window=200):
+        async with asyncio.timeout(10):
+            while not server.service.sessions:
+                await asyncio.sleep(0.01)
+            while server.service.sessions:
+                await asyncio.sleep(0.01)
+    assert server.metrics.registry.get_sample_value("rlgate_rejected_total", {"code": "DEADLINE_EXCEEDED"}) == 1
+    await server.stop()
+    (episode,) = shipped(tmp_path / "episodes")
+    assert episode.truncated and 1 <= episode.rewards.shape[0] < 49
 
 
 async def test_long_episodes_are_cut_into_chunks_with_lookback(server_factory, tmp_path):

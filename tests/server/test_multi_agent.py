@@ -117,7 +117,9 @@ def agents_hello(agents=("a", "b"), num_envs: int = 1) -> pb.ClientMessage:
     return pb.ClientMessage(hello=pb.Hello(client_id="raw", num_envs=num_envs, explore=True, agents=spaces))
 
 
-def agents_step(obs: dict, rewards: dict | None = None, terminateds: dict | None = None) -> pb.ClientMessage:
+def agents_step(
+    obs: dict, rewards: dict | None = None, terminateds: dict | None = None, infos: dict | None = None
+) -> pb.ClientMessage:
     return pb.ClientMessage(
         step=pb.Step(
             agents=[
@@ -126,6 +128,7 @@ def agents_step(obs: dict, rewards: dict | None = None, terminateds: dict | None
                     rewards=rewards or {},
                     terminateds={"__all__": False} if terminateds is None else terminateds,
                     truncateds={"__all__": False},
+                    infos={a: codec.to_struct(info) for a, info in (infos or {}).items()},
                 )
             ]
         )
@@ -183,6 +186,7 @@ async def test_actions_go_to_exactly_the_agents_that_observed(server_factory):
         ([agents_step({"a": OBS, "b": OBS}, terminateds={"b": True})], "agents[0].terminateds: no '__all__'"),
         ([agents_step({"a": np.array([0, 0, np.nan, 0], np.float32)})], "agents[0].obs['a']: NaN at index (2,)"),
         ([agents_step({"a": np.zeros((1, 4), np.float32)})], "agents[0].obs['a']: shape (1, 4) != (4,)"),
+        ([agents_step({"a": OBS}, infos={"a": {"values": list(range(40_000))}})], "agents[*].infos: 440020 bytes"),
     ],
 )
 async def test_bad_multi_agent_steps_name_the_agent(server_factory, messages, expected):
@@ -254,6 +258,48 @@ async def test_agent_spaces_no_model_can_be_built_for_are_invalid_argument(
     code, details = await stream.status()
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "no model for the hello's spaces" in details
     await stream.close()
+
+
+async def test_a_hello_of_more_agents_than_its_spaces_budget_is_refused_at_once(server_factory):
+    """Agents' spaces count together against the spaces one message may hold (codec.MAX_SPACES); each cost
+    gymnasium microseconds to build, so a 16 MiB hello of 700,000 agents held every client for 12 s."""
+    server = await ma_server(server_factory)
+    stream = RawStream(server)
+    await stream.send(agents_hello(agents=[f"agent_{i}" for i in range(10_000)]))
+    code, details = await stream.status()
+    await stream.close()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("hello.agents[8192].observation_space: the message holds more than 16384 spaces")
+    assert server.policy is None
+
+
+async def test_a_hello_of_agents_whose_modules_would_be_too_large_in_all_is_refused_before_building(server_factory):
+    """Each default module is bounded (2**28 parameters); per_agent builds one per agent a hello declares, so their
+    sum is bounded too: one hello of 40 agents made 8.4 million parameters each, 1.3 GB (of 8,192 agents, 270 GB)."""
+    spec = {"multi_agent": {"policy_mapping_fn": "per_agent"}, "model": {"config": {"fcnet_hiddens": [2048, 2048]}}}
+    server = await server_factory(spec=RunSpec.parse(spec, "test"))
+    stream = RawStream(server)
+    await stream.send(agents_hello(agents=[f"agent_{i}" for i in range(40)]))
+    code, details = await stream.status()
+    await stream.close()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("no model for the hello's spaces: The default model's 40 modules would have 336,773,240")
+    assert server.policy is None
+
+
+async def test_any_agent_id_names_a_module_of_its_own(server_factory):
+    """per_agent makes each agent id a module id: torch refuses ones with a "." or an attribute's name as
+    submodule names, and the fresh model's build failed with INTERNAL."""
+    server = await ma_server(server_factory)
+    agents = ("pursuer.0", "keys", "training", "../x", "a\x00b")
+    stream = RawStream(server)
+    await stream.send(agents_hello(agents=agents))
+    assert (await stream.recv()).HasField("welcome")
+    await stream.send(agents_step(dict.fromkeys(agents, OBS)))
+    reply = await stream.recv()
+    assert [set(per_env.actions) for per_env in reply.actions.agents] == [set(agents)]
+    await stream.close()
+    assert sorted(server.policy.module) == sorted(agents)
 
 
 async def test_single_and_multi_agent_clients_are_told_apart(server_factory):

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlgate.core.columns import Columns
+from rlgate.core.columns import RECORDED_OUTPUTS, Columns
 from rlgate.core.tree import map_structure
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.server.session import RECORDED_OUTPUTS, SessionSpec
+from rlgate.server.session import SessionSpec
 
 
 class ReferenceSession:

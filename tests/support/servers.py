@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import tomllib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -91,6 +92,18 @@ async def wait_for_steps(client: EnvClient, at_least: int, timeout: float = 10.0
             await asyncio.sleep(0.005)
 
 
+async def longest_stall(client: EnvClient, done: asyncio.Event) -> float:
+    """Seconds of the longest stretch in which the client made no env step, until `done`."""
+    last_steps, last_change, longest = client.stats.env_steps, time.monotonic(), 0.0
+    while not done.is_set():
+        await asyncio.sleep(0.02)
+        now = time.monotonic()
+        if client.stats.env_steps != last_steps:
+            last_steps, last_change = client.stats.env_steps, now
+        longest = max(longest, now - last_change)
+    return longest
+
+
 class RawStream:
     """A Connect stream driven by hand, for sending exactly what a test wants (even invalid bytes)."""
 
@@ -130,7 +143,9 @@ def hello(
     return hello_message(observation_space, action_space, num_envs, explore, "raw")
 
 
-def step(obs: Any, n: int = 1, reward: Any = None, terminated: Any = None) -> pb.ClientMessage:
+def step(
+    obs: Any, n: int = 1, reward: Any = None, terminated: Any = None, infos: list[dict] | None = None
+) -> pb.ClientMessage:
     """A step message; `reward` and `terminated` may be arrays or ready Tensor messages (to send malformed ones)."""
     if not isinstance(reward, tensor_pb2.Tensor):
         reward = codec.to_tensor(np.zeros(n) if reward is None else reward)
@@ -142,6 +157,7 @@ def step(obs: Any, n: int = 1, reward: Any = None, terminated: Any = None) -> pb
             reward=reward,
             terminated=terminated,
             truncated=codec.to_tensor(np.zeros(n, bool)),
+            infos=[codec.to_struct(info) for info in infos or ()],
         )
     )
 

@@ -101,7 +101,9 @@ class Episode(_message.Message):
 
     @_builtins.property
     def model_versions(self) -> _tensor_pb2.Tensor:
-        """int64 model version that chose each action: len_lookback_buffer + len rows (empty when unknown)."""
+        """int64 model version that chose each action: len_lookback_buffer + len rows (empty when unknown; a learner
+        trains only on chunks that have them, since it checks their staleness).
+        """
 
     @_builtins.property
     def infos(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:
@@ -217,7 +219,7 @@ class EpisodeChunks(_message.Message):
     def extra_model_outputs(self) -> _containers.MessageMap[_builtins.str, _tensor_pb2.Value]: ...
     @_builtins.property
     def model_versions(self) -> _tensor_pb2.Tensor:
-        """Unset when unknown (for every chunk)."""
+        """Unset when unknown (for every chunk; a learner trains only on chunks that have them)."""
 
     @_builtins.property
     def infos(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:

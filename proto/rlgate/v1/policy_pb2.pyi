@@ -154,7 +154,7 @@ class Step(_message.Message):
 
     @_builtins.property
     def infos(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:
-        """Optional: empty, or one per sub-env."""
+        """Optional: empty, or one per sub-env; at most 256 KiB in all (their wire size), else INVALID_ARGUMENT."""
 
     @_builtins.property
     def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentsStep]:
