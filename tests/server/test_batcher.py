@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 from support.servers import BOX4, DISCRETE2
 
 from rlgate.core.columns import Columns
@@ -79,3 +80,31 @@ async def test_a_request_that_breaks_a_piece_fails_alone_not_the_requests_sharin
     assert good[Columns.ACTIONS_FOR_ENV].shape == other[Columns.ACTIONS_FOR_ENV].shape == (2,)
     batch_sizes = metrics.batch_size.collect()[0]
     assert next(s.value for s in batch_sizes.samples if s.name.endswith("_count")) == 2  # the two that ran alone
+
+
+@pytest.mark.parametrize("thread", [False, True])
+async def test_a_batch_run_again_request_by_request_counts_each_row_once_in_the_pieces_statistics(thread):
+    """A piece after a MeanStdFilter fails one request of a batch: the filter had added the whole batch to its
+    statistics, and the requests then run again one by one; its statistics count each row once, as if each
+    request had run alone, not the batch's rows twice."""
+    pieces = [{"type": "MeanStdFilter", "clip_by_value": 0.5}, {"type": "support.pieces:FailOnValue", "value": 0.5}]
+    spec = RunSpec.parse({"connectors": {"env_to_module": pieces}}, "t")
+    metrics = ServerMetrics()
+    policy = Policy.create(spec, BOX4, DISCRETE2, metrics=metrics, imports=ImportPolicy(["support"]), seed=0)
+    batcher = Batcher(policy, max_batch_size=256, metrics=metrics, thread=thread)
+    requests = []
+    for value in (0.0, 1000.0, 0.0):  # the middle one normalises to the clip bound, which the piece fails on
+        session = Session(SessionSpec("t", BOX4, DISCRETE2, 2, explore=True), rollout_fragment_length=8, lookback=1)
+        obs = np.full((2, 4), value, np.float32)
+        episodes, _ = session.observe(obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), None)
+        requests.append(asyncio.create_task(batcher.compute(obs, episodes, True)))
+    await asyncio.sleep(0)
+    assert len(batcher._queue) == 3  # one batch will take all three
+    batcher.start()
+    try:
+        good, bad, other = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
+    finally:
+        await batcher.stop()
+    assert isinstance(bad, ValueError) and not isinstance(good, Exception) and not isinstance(other, Exception)
+    (state,) = policy.env_to_module.get_state().values()
+    assert state["delta"][0]["count"] == 6  # three requests of two rows, each row once
