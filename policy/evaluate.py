@@ -36,7 +36,7 @@ class Evaluation:
             out[f"{name}_min"] = min(values, default=None)
             out[f"{name}_max"] = max(values, default=None)
         if self.agent_returns:
-            out["agent_return_mean"] = {agent: statistics.fmean(v) for agent, v in self.agent_returns.items()}
+            out["agent_return_mean"] = {a: statistics.fmean(v) if v else None for a, v in self.agent_returns.items()}
         return out
 
 

@@ -164,9 +164,11 @@ class Batcher:
             return
         try:
             if self._executor is None:
-                results = self._compute(requests)
+                results = self._compute_or_undo(requests)
             else:
-                results = await asyncio.get_running_loop().run_in_executor(self._executor, self._compute, requests)
+                results = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._compute_or_undo, requests
+                )
         except Exception as exc:
             if len(requests) > 1:
                 log.warning("a batch of %d requests failed (%r): running them one by one", len(requests), exc)
@@ -178,6 +180,22 @@ class Batcher:
         for request, result in zip(requests, results, strict=True):
             if not request.future.done():  # the client may have gone meanwhile
                 request.future.set_result(result)
+
+    def _compute_or_undo(self, requests: Sequence[Rows]) -> list[dict[str, Any]]:
+        """`_compute`; if a batch of several requests raises, first the env-to-module pieces' state is put back as
+        it was before it (`_piece_state`), so that running the requests again one by one counts each row once in
+        a stateful piece (MeanStdFilter's statistics, a user's piece's), not the failed batch's rows twice."""
+        state = self._piece_state() if len(requests) > 1 else None
+        try:
+            return self._compute(requests)
+        except Exception:
+            if state is not None:
+                self.policy.env_to_module.set_state(state)
+            raise
+
+    def _piece_state(self) -> dict[str, Any] | None:
+        """The env-to-module pieces' state to restore if a batch fails (see `_compute_or_undo`)."""
+        return self.policy.env_to_module.get_state()
 
     def _take(self) -> list[Request]:
         """Requests for one batch: whole requests, up to max_batch_size rows (at least one request)."""

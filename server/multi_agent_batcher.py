@@ -20,3 +20,9 @@ class MultiAgentBatcher(Batcher):
         """One MultiAgentPolicy.compute over all the requests' episodes: per column, one dict per episode."""
         episodes = [episode for request in requests for episode in request.episodes]
         return self.policy.compute(episodes, explore), len(episodes)
+
+    def _piece_state(self) -> None:
+        """None: nothing to restore. Multi-agent pieces normalise, augment and flatten in the episodes and leave
+        what they wrote there as it is when the pipeline runs again (as after a server's flush), so a batch run
+        again adds no row twice; restoring their state would drop the failed batch's rows instead."""
+        return None

@@ -18,7 +18,7 @@ from rlgate.connectors.builders import (
     build_module_to_env_pipeline,
 )
 from rlgate.connectors.common.frame_stacking import FrameStacking
-from rlgate.connectors.env_to_module import FlattenObservations
+from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
 from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, default_agent_to_module_mapping_fn
 from rlgate.models import ModelConfig, MultiRLModule, load_weights, parameter_count
 from rlgate.models.catalog import MAX_PARAMETERS, UnsupportedSpace, encodes
@@ -149,12 +149,13 @@ def build_multi_agent_env_to_module(
 def _check_after_frame_stacking(pieces: list[ConnectorV2]) -> None:
     """SpecError for a piece after a FrameStacking that changes observations: multi-agent pieces change them in
     the episodes, but the stacks are in the batch (the episodes keep single frames), so the module would get
-    stacks its space does not describe."""
+    stacks its space does not describe. Such a piece changes the space, or is a MeanStdFilter (unclipped over
+    an unbounded Box, it normalises within its input's space)."""
     stacking = next((i for i, piece in enumerate(pieces) if isinstance(piece, FrameStacking)), None)
     if stacking is None:
         return
     for i, piece in enumerate(pieces[stacking + 1 :], stacking + 1):
-        if piece.observation_space != piece.input_observation_space:
+        if piece.observation_space != piece.input_observation_space or isinstance(piece, MeanStdFilter):
             raise SpecError(
                 f"connectors.env_to_module[{i}]: {type(piece).__name__} changes the observations that "
                 f"FrameStackingEnvToModule (connectors.env_to_module[{stacking}]) has stacked already: put it before"

@@ -453,3 +453,26 @@ def test_a_multi_agent_spec_refuses_frame_stacking_it_cannot_serve_in_one_line()
     game = gym.spaces.Dict({"observation": gym.spaces.Box(0, 1, (3, 3, 2), np.int8), "action_mask": FRAME})
     with pytest.raises(SpecError, match=r"^connectors.env_to_module: FrameStacking needs a Box observation space for"):
         build_multi_agent_env_to_module(_stacking_spec(), {"a": (game, ACT)}, ImportPolicy([]))
+
+
+def test_a_mean_std_filter_after_frame_stacking_is_refused_even_where_it_keeps_the_space():
+    """Unclipped over an unbounded Box, MeanStdFilter(multi_agent=True) has its input's space, yet it normalises
+    in the episodes, after the stacks of raw frames went into the batch: the module would act on raw stacks
+    and learn from normalised ones. Refused as a clipped one is."""
+    from rlgate.spec.imports import ImportPolicy, SpecError
+    from rlgate.spec.multi_agent import build_multi_agent_env_to_module
+
+    unbounded = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    spec = RunSpec.model_validate(
+        {
+            "multi_agent": {"policy_mapping_fn": "shared"},
+            "connectors": {
+                "env_to_module": [
+                    {"type": "FrameStackingEnvToModule", "multi_agent": True, "num_frames": 3},
+                    {"type": "MeanStdFilter", "multi_agent": True, "clip_by_value": None},
+                ]
+            },
+        }
+    )
+    with pytest.raises(SpecError, match=r"env_to_module\[1\]: MeanStdFilter changes the observations that Frame"):
+        build_multi_agent_env_to_module(spec, {"a": (unbounded, ACT), "b": (unbounded, ACT)}, ImportPolicy([]))

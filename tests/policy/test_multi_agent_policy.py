@@ -99,6 +99,15 @@ def test_evaluate_plays_whole_games_with_agent_returns_and_is_deterministic_when
     assert any(lengths != first.lengths for lengths in sampled)  # exploring samples other moves
 
 
+def test_no_episodes_summarise_as_nothing_measured_as_a_single_agent_evaluation_does(tmp_path):
+    path, _ = multi_agent_checkpoint(tmp_path, RPS)
+    policy = MultiAgentPolicy.load(path, allow_import=["pettingzoo"])
+    env = make_agent_envs(policy.spec.env, ImportPolicy(policy.spec.modules()), 1)[0]
+    summary = evaluate_multi_agent(policy, env, 0).summary()
+    assert summary["episodes"] == 0 and summary["return_mean"] is None
+    assert summary["agent_return_mean"] == {"player_0": None, "player_1": None}
+
+
 def test_single_and_multi_agent_policies_each_refuse_the_other_kind_in_one_line(tmp_path):
     path, _ = multi_agent_checkpoint(tmp_path, RPS)
     with pytest.raises(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 from support.servers import BOX4, DISCRETE2
 
 from rlgate.core.columns import Columns
@@ -79,3 +80,82 @@ async def test_a_request_that_breaks_a_piece_fails_alone_not_the_requests_sharin
     assert good[Columns.ACTIONS_FOR_ENV].shape == other[Columns.ACTIONS_FOR_ENV].shape == (2,)
     batch_sizes = metrics.batch_size.collect()[0]
     assert next(s.value for s in batch_sizes.samples if s.name.endswith("_count")) == 2  # the two that ran alone
+
+
+@pytest.mark.parametrize("thread", [False, True])
+async def test_a_batch_run_again_request_by_request_counts_each_row_once_in_the_pieces_statistics(thread):
+    """A piece after a MeanStdFilter fails one request of a batch: the filter had added the whole batch to its
+    statistics, and the requests then run again one by one; its statistics count each row once, as if each
+    request had run alone, not the batch's rows twice."""
+    pieces = [{"type": "MeanStdFilter", "clip_by_value": 0.5}, {"type": "support.pieces:FailOnValue", "value": 0.5}]
+    spec = RunSpec.parse({"connectors": {"env_to_module": pieces}}, "t")
+    metrics = ServerMetrics()
+    policy = Policy.create(spec, BOX4, DISCRETE2, metrics=metrics, imports=ImportPolicy(["support"]), seed=0)
+    batcher = Batcher(policy, max_batch_size=256, metrics=metrics, thread=thread)
+    requests = []
+    for value in (0.0, 1000.0, 0.0):  # the middle one normalises to the clip bound, which the piece fails on
+        session = Session(SessionSpec("t", BOX4, DISCRETE2, 2, explore=True), rollout_fragment_length=8, lookback=1)
+        obs = np.full((2, 4), value, np.float32)
+        episodes, _ = session.observe(obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), None)
+        requests.append(asyncio.create_task(batcher.compute(obs, episodes, True)))
+    await asyncio.sleep(0)
+    assert len(batcher._queue) == 3  # one batch will take all three
+    batcher.start()
+    try:
+        good, bad, other = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
+    finally:
+        await batcher.stop()
+    assert isinstance(bad, ValueError) and not isinstance(good, Exception) and not isinstance(other, Exception)
+    (state,) = policy.env_to_module.get_state().values()
+    assert state["delta"][0]["count"] == 6  # three requests of two rows, each row once
+
+
+@pytest.mark.parametrize("thread", [False, True])
+async def test_a_multi_agent_batch_run_again_request_by_request_counts_each_row_once_in_the_statistics(
+    examples_importable, thread
+):
+    """The multi-agent form: a MeanStdFilter normalises in the episodes and leaves what it normalised as it is
+    when the requests run again one by one, so each agent's observation enters its statistics once (none
+    twice, none lost) while the request that breaks a later piece fails alone."""
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+    from rlgate.server.multi_agent_batcher import MultiAgentBatcher
+    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+    from rlgate.spec.agent_envs import AgentEnvs
+
+    pieces = [{"type": "MeanStdFilter", "multi_agent": True}, {"type": "support.pieces:FailOnMarkedEpisode"}]
+    spec = RunSpec.parse(
+        {
+            "env": {"id": "examples.multi_agent_cartpole:MultiAgentCartPole"},
+            "multi_agent": {},
+            "connectors": {"env_to_module": pieces},
+        },
+        "t",
+    )
+    envs = AgentEnvs([MultiAgentCartPole()])
+    metrics = ServerMetrics()
+    policy = MultiAgentPolicy.create(spec, envs.agent_spaces, metrics=metrics, imports=ImportPolicy(["support"]))
+    batcher = MultiAgentBatcher(policy, max_batch_size=256, metrics=metrics, thread=thread)
+    requests = []
+    for seed in range(3):
+        session = MultiAgentSession(
+            MultiAgentSessionSpec("t", envs.agent_spaces, 1, True),
+            mapping_fn=policy.mapping_fn,
+            rollout_fragment_length=None,
+            count_steps_by="env_steps",
+            lookback=1,
+            write_back=policy.write_back,
+        )
+        episodes, _ = session.observe(envs.reset(seed=seed))
+        episodes[0].custom_data["fail"] = seed == 1
+        requests.append(asyncio.create_task(batcher.compute(None, episodes, True)))
+    await asyncio.sleep(0)
+    assert len(batcher._queue) == 3  # one batch will take all three
+    batcher.start()
+    try:
+        good, bad, other = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
+    finally:
+        await batcher.stop()
+    assert isinstance(bad, ValueError) and not isinstance(good, Exception) and not isinstance(other, Exception)
+    (state,) = policy.env_to_module.get_state().values()
+    assert {agent: stats["delta"][0]["count"] for agent, stats in state.items()} == {"agent_0": 3, "agent_1": 3}

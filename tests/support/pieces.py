@@ -49,3 +49,15 @@ class FailOnValue(ConnectorV2):
         if (np.asarray(batch[Columns.OBS]) == self.value).any():
             raise ValueError(f"observation value {self.value} is not for me")
         return batch
+
+
+class FailOnMarkedEpisode(ConnectorV2):
+    """A multi-agent env-to-module piece that raises when an episode's custom_data holds "fail": a user's piece
+    that some client's data breaks."""
+
+    multi_agent = True
+
+    def __call__(self, *, batch: dict[str, Any], episodes: list, **kwargs: Any) -> dict[str, Any]:
+        if any(episode.custom_data.get("fail") for episode in episodes):
+            raise ValueError("this episode is not for me")
+        return batch
