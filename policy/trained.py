@@ -135,8 +135,11 @@ def published_weights(target: str, *, token: str | None, tls_ca: bytes | None, t
             request, metadata=metadata, timeout=timeout_s, wait_for_ready=True
         )
         try:
-            return next(call)
+            weights = next(call, None)
         except grpc.RpcError as exc:
             raise ConnectionError(f"learner {target}: {exc.code().name}: {exc.details()}") from None
         finally:
             call.cancel()
+    if weights is None:  # not rlgate's learner, or one stopping: WatchWeights ended without a message
+        raise ConnectionError(f"learner {target}: WatchWeights ended without weights")
+    return weights

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import socket
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
+from rlgate.v1 import learner_pb2_grpc
 
 FRAME_STACKING = {
     "connectors": {"env_to_module": [{"type": "FrameStackingEnvToModule", "num_frames": 4}]},
@@ -186,3 +189,19 @@ def test_a_multi_agent_run_is_refused_with_a_pointer_to_what_acts_in_one():
     spaces = gym.spaces.Dict({"a": BOX4}), gym.spaces.Dict({"a": DISCRETE2})
     with pytest.raises(SpecError, match=r"multi-agent run.*use rlgate.MultiAgentPolicy"):
         Policy(spec, *spaces)
+
+
+def test_a_learner_that_ends_watch_weights_without_weights_is_a_connection_error():
+    class Empty(learner_pb2_grpc.LearnerServiceServicer):
+        def WatchWeights(self, request, context):
+            return iter(())
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    learner_pb2_grpc.add_LearnerServiceServicer_to_server(Empty(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(ConnectionError, match=f"^learner 127.0.0.1:{port}: WatchWeights ended without weights$"):
+            Policy.from_learner(f"127.0.0.1:{port}", timeout_s=5)
+    finally:
+        server.stop(None)
