@@ -28,6 +28,18 @@ def batcher_and_rows(paused: list[bool]) -> tuple[Batcher, np.ndarray, object]:
     return batcher, obs, episodes
 
 
+async def one_batch(batcher: Batcher, requests: list[asyncio.Task]) -> list:
+    """Start the batcher once the requests are all queued (its first batch takes them all); their results or
+    exceptions, in order."""
+    await asyncio.sleep(0)
+    assert len(batcher._queue) == len(requests)
+    batcher.start()
+    try:
+        return await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
+    finally:
+        await batcher.stop()
+
+
 async def test_a_lone_sessions_request_runs_at_once_without_the_batchers_task():
     batcher, obs, episodes = batcher_and_rows([False])
     outputs = await asyncio.wait_for(batcher.compute(obs, episodes, True, alone=True), 10)
@@ -68,13 +80,7 @@ async def test_a_request_that_breaks_a_piece_fails_alone_not_the_requests_sharin
         obs = np.full((2, 4), value, np.float32)
         episodes, _ = session.observe(obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), None)
         requests.append(asyncio.create_task(batcher.compute(obs, episodes, True)))  # queued: the task runs later
-    await asyncio.sleep(0)
-    assert len(batcher._queue) == 3  # one batch will take all three
-    batcher.start()
-    try:
-        results = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
-    finally:
-        await batcher.stop()
+    results = await one_batch(batcher, requests)
     good, bad, other = results
     assert isinstance(bad, ValueError) and "not for me" in str(bad)
     assert good[Columns.ACTIONS_FOR_ENV].shape == other[Columns.ACTIONS_FOR_ENV].shape == (2,)
@@ -98,13 +104,7 @@ async def test_a_batch_run_again_request_by_request_counts_each_row_once_in_the_
         obs = np.full((2, 4), value, np.float32)
         episodes, _ = session.observe(obs, np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), None)
         requests.append(asyncio.create_task(batcher.compute(obs, episodes, True)))
-    await asyncio.sleep(0)
-    assert len(batcher._queue) == 3  # one batch will take all three
-    batcher.start()
-    try:
-        good, bad, other = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
-    finally:
-        await batcher.stop()
+    good, bad, other = await one_batch(batcher, requests)
     assert isinstance(bad, ValueError) and not isinstance(good, Exception) and not isinstance(other, Exception)
     (state,) = policy.env_to_module.get_state().values()
     assert state["delta"][0]["count"] == 6  # three requests of two rows, each row once
@@ -149,13 +149,7 @@ async def test_a_multi_agent_batch_run_again_request_by_request_counts_each_row_
         episodes, _ = session.observe(envs.reset(seed=seed))
         episodes[0].custom_data["fail"] = seed == 1
         requests.append(asyncio.create_task(batcher.compute(None, episodes, True)))
-    await asyncio.sleep(0)
-    assert len(batcher._queue) == 3  # one batch will take all three
-    batcher.start()
-    try:
-        good, bad, other = await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
-    finally:
-        await batcher.stop()
+    good, bad, other = await one_batch(batcher, requests)
     assert isinstance(bad, ValueError) and not isinstance(good, Exception) and not isinstance(other, Exception)
     (state,) = policy.env_to_module.get_state().values()
     assert {agent: stats["delta"][0]["count"] for agent, stats in state.items()} == {"agent_0": 3, "agent_1": 3}

@@ -18,6 +18,7 @@ import pytest
 from support.mutator import MUTATIONS, Mutator
 from support.servers import (
     BOX4,
+    CLIENT_ERRORS,
     CONNECT,
     DISCRETE2,
     SpaceEnv,
@@ -30,14 +31,6 @@ from support.servers import (
 from rlgate.client.env_client import EnvClient
 
 SEED = int(os.environ.get("RLGATE_FUZZ_SEED", "18"))
-# What a client may be told about what it sent; anything else (INTERNAL, UNKNOWN, ...) is the server's fault.
-CLIENT_ERRORS = {
-    grpc.StatusCode.OK,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
 # name -> (observation space, action space) of the served model
 SPACES = {
     "box": (BOX4, DISCRETE2),

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from support.hostile import multi_agent_streams, single_agent_streams
 from support.servers import (
     BOX4,
+    CLIENT_ERRORS,
     CONNECT,
     DISCRETE2,
     SpaceEnv,
@@ -36,14 +37,6 @@ from rlgate.client.env_client import EnvClient
 from rlgate.server.main import InferenceServer
 from rlgate.spec.run import RunSpec
 
-# What a client may be told about what it sent; anything else (INTERNAL, UNKNOWN, ...) is the server's fault.
-CLIENT_ERRORS = {
-    grpc.StatusCode.OK,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
 # A status message names what was wrong by the message's field (or the message itself).
 NAMES_A_FIELD = re.compile(
     r"\b(hello|step|close|message|obs|rewards?|terminateds?|truncateds?|infos|agents?|num_envs|client_id|module_id|"

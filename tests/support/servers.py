@@ -21,6 +21,14 @@ from rlgate.v1 import episode_pb2, tensor_pb2
 from rlgate.v1 import policy_pb2 as pb
 
 CONNECT = "/rlgate.v1.PolicyService/Connect"
+# What a client may be told about what it sent; anything else (INTERNAL, UNKNOWN, ...) is the server's fault.
+CLIENT_ERRORS = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 
 
 class SpaceEnv(gym.Env):
