@@ -85,7 +85,9 @@ def up(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, s
 def test_updates_that_all_fail_stop_the_run_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "pieces.py").write_text(BOOM)
     learner = json.dumps([{"type": "pieces:Boom"}])
-    code, out, err = up(tmp_path, "--spec.connectors.learner", learner, "--max-steps", "1000000", "--stop-return", "1")
+    # A return CartPole never pays (500 at most): the failed updates, not 20 random episodes, must end the run.
+    args = ("--spec.connectors.learner", learner, "--max-steps", "1000000", "--stop-return", "1000")
+    code, out, err = up(tmp_path, *args)
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert code == 1, out + err
     assert err.strip().splitlines()[-1] == (
