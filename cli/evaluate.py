@@ -22,6 +22,7 @@ from rlgate.policy import Evaluation, MultiAgentPolicy, Policy, evaluate, evalua
 from rlgate.policy.evaluate import make_eval_env
 from rlgate.service.settings import require_device
 from rlgate.spec import checkpoint
+from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import EnvSpec
@@ -99,15 +100,15 @@ def _evaluate_multi_agent(
         raise UserError("--video records gymnasium envs: a multi-agent run's PettingZoo env is not recorded")
     env = make_agent_envs(env_spec, imports, 1)[0]
     try:
-        for agent in env.possible_agents:
-            spaces = (env.observation_space(agent), env.action_space(agent))
-            if spaces != policy.agent_spaces.get(agent):
+        for agent, spaces in AgentEnvs([env]).agent_spaces.items():
+            served = policy.agent_spaces.get(agent)
+            if spaces != served:
+                known = ", ".join(policy.agent_spaces)
+                takes = f"takes {served[0]} and {served[1]}" if served else f"has no such agent (agents: {known})"
                 raise UserError(
                     f"env {env_spec.id}'s agent {agent!r} has observations {spaces[0]} and actions {spaces[1]}; "
-                    f"the policy in {found} "
-                    + (f"takes {' and '.join(map(str, policy.agent_spaces[agent]))}" if agent in policy.agent_spaces
-                       else f"has no such agent (agents: {', '.join(policy.agent_spaces)})")
-                )  # fmt: skip
+                    f"the policy in {found} {takes}"
+                )
         return evaluate_multi_agent(policy, env, args.episodes, explore=args.explore, seed=args.seed)
     finally:
         env.close()
