@@ -10,6 +10,11 @@ from rlgate.v1 import learner_pb2
 
 # A server that has not reported for this long no longer counts as connected (they report every second).
 CONNECTED_S = 5.0
+# Most servers remembered: far more than report to one learner; a flood of made-up ids pushes out the longest silent
+# instead of growing the learner's memory until its status is next read.
+MAX_SERVERS = 1024
+# Longest server id, in characters (a server's is a uuid's hex with its host name): it is kept and shown on the page.
+MAX_SERVER_ID = 256
 
 
 @dataclass
@@ -26,8 +31,15 @@ class Servers:
         self._seen: dict[str, _Seen] = {}
 
     def report(self, report: learner_pb2.ServerReport, peer: str) -> None:
-        """Take a report; `peer` is gRPC's peer string ("ipv4:10.0.0.5:41234"), whose host serves its page."""
+        """Take a report; `peer` is gRPC's peer string ("ipv4:10.0.0.5:41234"), whose host serves its page.
+
+        ValueError for an id over MAX_SERVER_ID characters."""
+        if len(report.server_id) > MAX_SERVER_ID:
+            raise ValueError(f"server_id: {len(report.server_id)} characters > {MAX_SERVER_ID}")
+        self._seen.pop(report.server_id, None)  # inserted again last: the dict stays in the order of last reports
         self._seen[report.server_id] = _Seen(report, peer_host(peer), time.monotonic())
+        if len(self._seen) > MAX_SERVERS:
+            del self._seen[next(iter(self._seen))]  # the longest silent
 
     def connected(self) -> list[dict[str, Any]]:
         """The servers heard from in the last CONNECTED_S seconds, by id, as JSON-ready dicts."""

@@ -58,6 +58,8 @@ class ServerSettings(ServiceSettings):
     )
     server_id: str = Field(
         default_factory=socket.gethostname,
+        min_length=1,
+        max_length=200,  # a learner takes ids of up to 256 characters; `--workers` adds "-w<i>"
         description="Name of this server towards the learner; its spool lives in spool_dir/server_id.",
     )
     torch_threads: int = Field(

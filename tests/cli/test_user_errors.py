@@ -106,6 +106,7 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
             str(a_file),
             *free,
         ): f"--tls-key {a_file} are not a valid PEM",
+        ("serve", "--server-id", "s" * 201, *free): "--server-id: string should have at most 200 characters",
         ("serve", "--learner", "not a host", *free): "--learner: not a gRPC target: write host:port",
         ("serve", "--learner", "learner:65536", *free): "--learner: not a gRPC target: write host:port",
         ("learn", "--config", str(bad_yaml), *free): "not valid YAML: mapping values are not allowed here (line 3,",
