@@ -43,6 +43,11 @@ from rlgate.v1 import learner_pb2
 log = logging.getLogger(__name__)
 
 RETURN_WINDOW = 20
+# Single-agent episodes with chunks in and their end to come, at most (an id and three numbers each, ~250 bytes:
+# 25 MB in all): far more than the sub-envs a learner's servers run at once, since only an episode whose client
+# left after a cut, or whose server crashed, never ends. Beyond it, the one that waited longest for its next chunk
+# is forgotten, and never counted in returns (RLlib counts no unfinished episode either).
+MAX_RUNNING = 100_000
 
 
 def chunk_key(episode_id: str, chunk_index: int) -> str:
@@ -110,6 +115,7 @@ class Intake:
     split_chunks: bool = True  # False (multi-agent): chunks are taken whole; their env steps count per chunk
     # Each module's output shapes (chunk_check.output_shapes), by module id; a single-agent run's under None.
     output_shapes: Mapping[str | None, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    max_running: int = MAX_RUNNING  # single-agent episodes whose returns are summed while they run, at most
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -119,7 +125,8 @@ class Intake:
         self._finished: set[str] = set()  # keys taken whole (or dropped as stale) since the last checkpoint
         self._taken = dict(self.partial)  # key -> steps of a split chunk taken so far
         self._files: list[_File] = []
-        self._running: dict[str, tuple[float, int]] = {}  # episode id -> return and length of its chunks so far
+        # Episode id -> return, length and number of its chunks so far, least recently added to first.
+        self._running: dict[str, tuple[float, int, int]] = {}
         self._multi_agent = MultiAgentReturns()  # multi-agent episodes' chunks so far
         # At most the newest version of every pending chunk: while it is not below the floor, no chunk is stale
         # and drop_stale() scans nothing (it runs on every intake change, and a backlog can be long).
@@ -366,17 +373,24 @@ class Intake:
         return finished
 
     def _track_return(self, episode: SingleAgentEpisode) -> None:
+        """Add a taken chunk to its episode's return and length; count the episode when its last chunk comes."""
         if episode.multi_agent_episode_id is not None:  # an agent's chunk: counted with its multi-agent episode
             whole = self._multi_agent.add(episode)
             if whole is not None:
                 self._count_multi_agent(whole)
             return
-        earlier_return, earlier_length = self._running.pop(episode.id_, (0.0, 0))
+        earlier_return, earlier_length, chunks = self._running.pop(episode.id_, (0.0, 0, 0))
+        if episode.chunk_index != chunks:  # not all its earlier chunks were counted: refused, forgotten (below), or
+            return  # trained before a restart. Its return would be partial: it is not counted.
         total, length = earlier_return + episode.get_return(), earlier_length + len(episode)
         if episode.is_done:
             self._count(total, length)
-        else:
-            self._running[episode.id_] = (total, length)
+            return
+        self._running[episode.id_] = (total, length, chunks + 1)
+        if len(self._running) > self.max_running:
+            forgotten = next(iter(self._running))
+            del self._running[forgotten]
+            log.info("episode %s not counted: %d others ran on since its last chunk", forgotten, self.max_running)
 
     def _count(self, episode_return: float, length: int) -> None:
         self.episodes_finished += 1
