@@ -12,7 +12,10 @@ actions came from another model, whose version numbers mean nothing to the new o
 Nothing that could poison training gets in: a chunk that does not decode, holds a non-finite reward,
 model output (logp, value, distribution inputs) or observation (unless the run spec's env allows them:
 `env.allow_nonfinite_obs`), or does not fit the run's spaces and model (`chunk_check`) is rejected, counted by
-reason and logged; the rest of its batch is taken.
+reason and logged; the rest of its batch is taken. A batch whose sorting raises anything else (a bug, or a user's
+space or code failing on an odd batch) is refused whole ("unreadable batch"), acknowledged all the same: a server
+would re-send a batch that ended its stream for ever. Its chunks are sorted before any of them is recorded, so such
+a batch leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ from rlgate.v1 import learner_pb2
 log = logging.getLogger(__name__)
 
 RETURN_WINDOW = 20
+# Single-agent episodes with chunks in and their end to come, at most (an id and three numbers each, ~250 bytes:
+# 25 MB in all): far more than the sub-envs a learner's servers run at once, since only an episode whose client
+# left after a cut, or whose server crashed, never ends. Beyond it, the one that waited longest for its next chunk
+# is forgotten, and never counted in returns (RLlib counts no unfinished episode either).
+MAX_RUNNING = 100_000
 
 
 def chunk_key(episode_id: str, chunk_index: int) -> str:
@@ -50,6 +58,19 @@ def chunk_key(episode_id: str, chunk_index: int) -> str:
 class _File:
     path: Path
     keys: list[str]
+
+
+@dataclass
+class _Sorted:
+    """A batch's chunks, sorted before any of them is recorded: new ones to take (each with its steps and newest
+    model version), refusals (reason, chunks, what), and how many were duplicates."""
+
+    taken: dict[str, tuple[SingleAgentEpisode, int, int]] = field(default_factory=dict)  # by key, in batch order
+    refused: list[tuple[str, int, str]] = field(default_factory=list)
+    duplicates: int = 0
+
+    def refuse(self, reason: str, chunks: int, what: str) -> None:
+        self.refused.append((reason, chunks, what))
 
 
 @dataclass
@@ -94,6 +115,7 @@ class Intake:
     split_chunks: bool = True  # False (multi-agent): chunks are taken whole; their env steps count per chunk
     # Each module's output shapes (chunk_check.output_shapes), by module id; a single-agent run's under None.
     output_shapes: Mapping[str | None, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    max_running: int = MAX_RUNNING  # single-agent episodes whose returns are summed while they run, at most
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -103,7 +125,8 @@ class Intake:
         self._finished: set[str] = set()  # keys taken whole (or dropped as stale) since the last checkpoint
         self._taken = dict(self.partial)  # key -> steps of a split chunk taken so far
         self._files: list[_File] = []
-        self._running: dict[str, tuple[float, int]] = {}  # episode id -> return and length of its chunks so far
+        # Episode id -> return, length and number of its chunks so far, least recently added to first.
+        self._running: dict[str, tuple[float, int, int]] = {}
         self._multi_agent = MultiAgentReturns()  # multi-agent episodes' chunks so far
         # At most the newest version of every pending chunk: while it is not below the floor, no chunk is stale
         # and drop_stale() scans nothing (it runs on every intake change, and a backlog can be long).
@@ -198,52 +221,72 @@ class Intake:
         self._files = [f for f in self._files if f.path not in gone]
 
     def _add(self, batch: learner_pb2.EpisodeBatch) -> list[str]:
-        accepted: list[str] = []
+        """Take a batch's new chunks, count its refused and duplicate ones; the keys taken."""
+        try:
+            sorted_ = self._sort(batch)
+        except Exception as exc:  # not a refusal the sorting knows: nothing of the batch was recorded
+            what = f"all of the batch from server {batch.server_id}: {exc!r}"
+            self.reject("unreadable batch", _chunks(batch), what, exc_info=exc)
+            return []
+        for reason, chunks, what in sorted_.refused:
+            self.reject(reason, chunks, what)
+        self.duplicates += sorted_.duplicates
+        for key, (episode, steps, newest_version) in sorted_.taken.items():
+            self._seen.add(key)
+            self.pending.append(episode)
+            self._version_floor = min(self._version_floor, newest_version)
+            self.pending_steps += steps
+            self._track_return(episode)
+        return list(sorted_.taken)
+
+    def _sort(self, batch: learner_pb2.EpisodeBatch) -> _Sorted:
+        """Decode and check a batch's chunks, changing nothing: which are new and fit, which refused, which
+        duplicates."""
+        sorted_ = _Sorted()
         server = batch.server_id
         try:  # multi-agent chunks are decoded in their module's spaces instead
             observation_space = self._observation_space(batch) if self.module_spaces is None else None
         except ValueError as exc:
-            chunks = len(batch.episodes) + sum(len(table.ids) for table in batch.chunks)
-            self.reject("unknown observation space", chunks, f"all of the batch from server {server}: {exc}")
-            return accepted
+            what = f"all of the batch from server {server}: {exc}"
+            sorted_.refuse("unknown observation space", _chunks(batch), what)
+            return sorted_
         for message in batch.episodes:  # one message per chunk (servers before EpisodeChunks, spooled)
             key = chunk_key(message.id, message.chunk_index)
-            if self._duplicate(key):
+            if self._duplicate(key, sorted_):
                 continue
-            spaces = self._spaces(
-                observation_space, message.module_id, message.agent_id, 1, f"{key} from server {server}"
-            )
+            what = f"{key} from server {server}"
+            spaces = self._spaces(observation_space, message.module_id, message.agent_id, 1, what, sorted_)
             if spaces is None:
                 continue
             try:
                 episode = episode_from_proto(message, *spaces)
             except ValueError as exc:  # CodecError included: one bad chunk never blocks the others
-                self.reject("malformed", 1, f"{key} from server {server}: {exc}")
+                sorted_.refuse("malformed", 1, f"{what}: {exc}")
                 continue
-            self._take_chunk(key, episode, server, accepted)
+            self._sort_chunk(key, episode, server, sorted_)
         for table in batch.chunks:
             if not table.ids:  # an empty table: nothing in it
                 continue
             what = f"a table of {len(table.ids)} chunks from server {server}"
-            spaces = self._spaces(observation_space, table.module_id, None, len(table.ids), what)
+            spaces = self._spaces(observation_space, table.module_id, None, len(table.ids), what, sorted_)
             if spaces is None:
                 continue
             try:
                 decoded = chunk_table(table, *spaces)
             except ValueError as exc:  # the table's rows do not add up: none of its chunks can be told apart
-                self.reject("malformed", len(table.ids), f"{what}: {exc}")
+                sorted_.refuse("malformed", len(table.ids), f"{what}: {exc}")
                 continue
             # One check of the whole table; only a table that fails is checked chunk by chunk, to find which.
             fits = self._misfit_table(decoded, spaces, table.module_id or None) is None
             for episode in decoded.chunks:
                 key = chunk_key(episode.id_, episode.chunk_index)
-                if self._duplicate(key):
+                if self._duplicate(key, sorted_):
                     continue
                 if self.module_spaces is not None and episode.agent_id not in self.agents:
-                    self.reject("unknown agent", 1, f"{key} from server {server}: agent {episode.agent_id!r}")
+                    sorted_.refuse("unknown agent", 1, f"{key} from server {server}: agent {episode.agent_id!r}")
                     continue
-                self._take_chunk(key, episode, server, accepted, checked=fits)
-        return accepted
+                self._sort_chunk(key, episode, server, sorted_, checked=fits)
+        return sorted_
 
     def _misfit_table(
         self, table: ChunkTable, spaces: tuple[gym.Space | None, gym.Space], module_id: str | None
@@ -258,37 +301,43 @@ class Intake:
             finite_observations=not self.allow_nonfinite_obs,
         )
 
-    def _duplicate(self, key: str) -> bool:
-        """Whether a chunk was taken before (counted as a duplicate, dropped)."""
-        if key in self._seen:
-            self.duplicates += 1
+    def _duplicate(self, key: str, sorted_: _Sorted) -> bool:
+        """Whether a chunk was taken before, or earlier in its batch (counted as a duplicate, dropped)."""
+        if key in self._seen or key in sorted_.taken:
+            sorted_.duplicates += 1
             return True
         return False
 
     def _spaces(
-        self, observation_space: gym.Space | None, module_id: str, agent_id: str | None, chunks: int, what: str
+        self,
+        observation_space: gym.Space | None,
+        module_id: str,
+        agent_id: str | None,
+        chunks: int,
+        what: str,
+        sorted_: _Sorted,
     ) -> tuple[gym.Space | None, gym.Space] | None:
         """The spaces to decode chunks in: single-agent, the batch's observation space and the action space (and
         no module named: the chunks are held to the run's module's outputs); multi-agent, their module's (and the
-        agent, if given, must be known). None when rejected as unknown."""
+        agent, if given, must be known). None when refused as unknown."""
         if self.module_spaces is None:
             if module_id:
-                self.reject("unknown module", chunks, f"{what}: module {module_id!r} in a single-agent run")
+                sorted_.refuse("unknown module", chunks, f"{what}: module {module_id!r} in a single-agent run")
                 return None
             return observation_space, self.action_space
         if agent_id is not None and agent_id not in self.agents:
-            self.reject("unknown agent", chunks, f"{what}: agent {agent_id!r}")
+            sorted_.refuse("unknown agent", chunks, f"{what}: agent {agent_id!r}")
             return None
         if module_id not in self.module_spaces:
-            self.reject("unknown module", chunks, f"{what}: module {module_id!r}")
+            sorted_.refuse("unknown module", chunks, f"{what}: module {module_id!r}")
             return None
         return self.module_spaces[module_id]
 
-    def _take_chunk(
-        self, key: str, episode: SingleAgentEpisode, server: str, accepted: list[str], *, checked: bool = False
+    def _sort_chunk(
+        self, key: str, episode: SingleAgentEpisode, server: str, sorted_: _Sorted, *, checked: bool = False
     ) -> None:
-        """A new chunk, decoded: pending for training, unless it holds what could poison training (`checked`:
-        its table was found fit as a whole)."""
+        """A new chunk, decoded: to take, unless it holds what could poison training (`checked`: its table was
+        found fit as a whole)."""
         if not checked:
             reason = episode_misfit(
                 episode,
@@ -296,16 +345,11 @@ class Intake:
                 finite_observations=not self.allow_nonfinite_obs,
             )
             if reason is not None:
-                self.reject(reason, 1, f"{key} from server {server}: {reason}")
+                sorted_.refuse(reason, 1, f"{key} from server {server}: {reason}")
                 return
-        self._seen.add(key)
         if key in self._taken:  # split before a restart: its first steps are trained already
             episode = episode.slice(slice(self._taken[key], None), len_lookback_buffer=self.lookback)
-        self.pending.append(episode)
-        self._version_floor = min(self._version_floor, _newest_version(episode))
-        self.pending_steps += self.count([episode])
-        accepted.append(key)
-        self._track_return(episode)
+        sorted_.taken[key] = (episode, self.count([episode]), _newest_version(episode))
 
     def _observation_space(self, batch: learner_pb2.EpisodeBatch) -> gym.Space:
         """The space the batch's observations are in: what it says, if that is one of the known spaces."""
@@ -316,12 +360,12 @@ class Intake:
             raise ValueError(f"observation_space {space} is neither the env's nor an env-to-module piece's")
         return space
 
-    def reject(self, reason: str, chunks: int, what: str) -> None:
-        """Count `chunks` refused for `reason` (status, and `on_reject`: metrics) and log one line saying `what`;
-        the learner counts a server's connector state it refuses here too."""
+    def reject(self, reason: str, chunks: int, what: str, exc_info: BaseException | None = None) -> None:
+        """Count `chunks` refused for `reason` (status, and `on_reject`: metrics) and log one line saying `what`
+        (with `exc_info`'s traceback, if given); the learner counts a server's connector state it refuses here too."""
         self.rejected[reason] += chunks
         self.on_reject(reason, chunks)
-        log.warning("rejected %s", what)
+        log.warning("rejected %s", what, exc_info=exc_info)
 
     def take_finished(self) -> list[tuple[float, int]]:
         """(return, length) of every episode that finished since the last call, in order."""
@@ -329,17 +373,24 @@ class Intake:
         return finished
 
     def _track_return(self, episode: SingleAgentEpisode) -> None:
+        """Add a taken chunk to its episode's return and length; count the episode when its last chunk comes."""
         if episode.multi_agent_episode_id is not None:  # an agent's chunk: counted with its multi-agent episode
             whole = self._multi_agent.add(episode)
             if whole is not None:
                 self._count_multi_agent(whole)
             return
-        earlier_return, earlier_length = self._running.pop(episode.id_, (0.0, 0))
+        earlier_return, earlier_length, chunks = self._running.pop(episode.id_, (0.0, 0, 0))
+        if episode.chunk_index != chunks:  # not all its earlier chunks were counted: refused, forgotten (below), or
+            return  # trained before a restart. Its return would be partial: it is not counted.
         total, length = earlier_return + episode.get_return(), earlier_length + len(episode)
         if episode.is_done:
             self._count(total, length)
-        else:
-            self._running[episode.id_] = (total, length)
+            return
+        self._running[episode.id_] = (total, length, chunks + 1)
+        if len(self._running) > self.max_running:
+            forgotten = next(iter(self._running))
+            del self._running[forgotten]
+            log.info("episode %s not counted: %d others ran on since its last chunk", forgotten, self.max_running)
 
     def _count(self, episode_return: float, length: int) -> None:
         self.episodes_finished += 1
@@ -355,6 +406,11 @@ class Intake:
         ):
             for key, value in returns.items():
                 windows.setdefault(key, deque(maxlen=RETURN_WINDOW)).append(value)
+
+
+def _chunks(batch: learner_pb2.EpisodeBatch) -> int:
+    """The chunks a batch holds, in messages and tables."""
+    return len(batch.episodes) + sum(len(table.ids) for table in batch.chunks)
 
 
 def _newest_version(chunk: SingleAgentEpisode) -> int:

@@ -17,7 +17,6 @@ from rlgate.learner.servicer import SERVICE_NAME, LearnerServicer
 from rlgate.learner.settings import LearnerSettings
 from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import ensure_free, run_until_signal, start_grpc_server
-from rlgate.v1 import learner_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +64,8 @@ class LearnerServer:
         self._http = HttpServer(app, s.host, s.http_port)  # both ports are taken before anything starts
         self._grpc, self.port = await start_grpc_server(
             SERVICE_NAME,
-            lambda server: learner_pb2_grpc.add_LearnerServiceServicer_to_server(
-                LearnerServicer(self.learner, http_port=lambda: self.http_port), server
+            lambda server: server.add_generic_rpc_handlers(
+                [LearnerServicer(self.learner, http_port=lambda: self.http_port).handler()]
             ),
             self._health,
             address=f"{s.host}:{s.port}",

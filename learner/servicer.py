@@ -1,4 +1,8 @@
-"""`rlgate.v1.LearnerService` over gRPC: a thin layer that hands every call to the `Learner`."""
+"""`rlgate.v1.LearnerService` over gRPC: a thin layer that hands every call to the `Learner`.
+
+Registered by `handler()`, which parses the requests (`service.requests`): bytes that are no message of the
+proto are INVALID_ARGUMENT naming its type, for a client in any language.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from rlgate.learner.learner import Learner
+from rlgate.service.requests import parsing_handler
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
-SERVICE_NAME = "rlgate.v1.LearnerService"
+SERVICE = learner_pb2.DESCRIPTOR.services_by_name["LearnerService"]
+SERVICE_NAME = SERVICE.full_name
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
@@ -21,6 +27,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     def __init__(self, learner: Learner, http_port: Callable[[], int] = lambda: 0) -> None:
         self.learner = learner
         self._http_port = http_port
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """Every method, its requests parsed here (not by gRPC's generated deserializers)."""
+        return parsing_handler(SERVICE, self)
 
     async def SubmitEpisodes(
         self, request_iterator: AsyncIterator[learner_pb2.EpisodeBatch], context: grpc.aio.ServicerContext
