@@ -56,5 +56,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
     async def ReportServer(
         self, request: learner_pb2.ServerReport, context: grpc.aio.ServicerContext
     ) -> learner_pb2.ServerReportAck:
-        self.learner.servers.report(request, context.peer())
+        try:
+            self.learner.servers.report(request, context.peer())
+        except ValueError as exc:  # an id too long to keep
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return learner_pb2.ServerReportAck(http_port=self._http_port())

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from support.batches import episode_batch
 
+from rlgate.learner.servers import MAX_SERVER_ID
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
 SERVICE = "/rlgate.v1.LearnerService/"
@@ -75,3 +76,14 @@ async def test_health_and_reflection_serve_the_learner_service(learner_server):
         stream = reflect(iter([symbol]))
         files = [f async for r in stream for f in r.file_descriptor_response.file_descriptor_proto]
         assert files  # a client can build the service's stubs from what reflection gives
+
+
+async def test_a_server_id_too_long_to_keep_is_invalid_argument(learner_server):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{learner_server.port}") as channel:
+        stub = learner_pb2_grpc.LearnerServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ReportServer(learner_pb2.ServerReport(server_id="s" * (MAX_SERVER_ID + 1)), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"server_id: {MAX_SERVER_ID + 1} characters > {MAX_SERVER_ID}" in caught.value.details()
+        await stub.ReportServer(learner_pb2.ServerReport(server_id="s" * MAX_SERVER_ID), timeout=30)
+        assert [s["id"] for s in learner_server.learner.servers.connected()] == ["s" * MAX_SERVER_ID]
