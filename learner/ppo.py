@@ -44,7 +44,10 @@ def ppo_loss(module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig
     weight = torch.exp(proximal - batch[Columns.ACTION_LOGP]).clamp(max=MAX_IMPORTANCE_WEIGHT)
     advantages = batch[Columns.ADVANTAGES] * weight
     surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip, 1 + clip) * advantages)
-    vf_error = (outputs[Columns.VF_PREDS] - batch[Columns.VALUE_TARGETS]) ** 2
+    values = outputs.get(Columns.VF_PREDS)
+    if values is None:  # a train forward that makes none (RLlib's way): the module's value function
+        values = module.compute_values(batch)
+    vf_error = (values - batch[Columns.VALUE_TARGETS]) ** 2
     vf_loss = vf_error if config.vf_clip_param is None else torch.clamp(vf_error, 0, config.vf_clip_param)
     entropy = dist.entropy()
     mask = batch[Columns.LOSS_MASK]
@@ -58,7 +61,7 @@ def ppo_loss(module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig
     with torch.no_grad():
         kl = mean((ratio - 1) - log_ratio)  # the low-variance estimator of KL(proximal || new)
         clip_fraction = mean(((ratio - 1).abs() > clip).float())
-        explained = explained_variance(batch[Columns.VALUE_TARGETS], outputs[Columns.VF_PREDS], mask)
+        explained = explained_variance(batch[Columns.VALUE_TARGETS], values, mask)
     return total, {
         "policy_loss": policy_loss.item(),
         "vf_loss": mean(vf_loss).item(),

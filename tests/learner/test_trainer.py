@@ -98,3 +98,18 @@ def test_a_stateful_module_trains_on_its_own_chunks(learner_settings, cartpole_c
     stats = t.update(chunks)
     assert t.version == 1 and weights_to_bytes(t.module) != before
     assert all(math.isfinite(stats[key]) for key in ("policy_loss", "vf_loss", "entropy", "kl")), stats
+
+
+def test_a_module_written_rllibs_way_trains(learner_settings, cartpole_chunks):
+    """Layers from `setup()`, the distribution from RLlib's default for Discrete, values from `compute_values`
+    (tests/support/rllib_style_module.py): an update trains its policy and value layers."""
+    spec = learner_settings({"model": {"module_class": "support.rllib_style_module:RLlibStyleModule"}}).spec
+    module = build_rl_module(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy(["support"]))
+    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+    t = Trainer(module, pipeline, spec.algorithm, max_staleness=4, seed=spec.seed)
+    before = {name: p.detach().clone() for name, p in module.named_parameters()}
+    stats = t.update(cartpole_chunks(128))
+    assert t.version == 1
+    assert all(math.isfinite(stats[key]) for key in ("policy_loss", "vf_loss", "entropy", "kl")), stats
+    changed = {name for name, p in module.named_parameters() if not torch.equal(p, before[name])}
+    assert {"pi.weight", "vf.weight", "body.0.weight"} <= changed
