@@ -72,9 +72,9 @@ class RLModule(nn.Module, abc.ABC):
     def get_train_action_dist_cls(self) -> type[Distribution]:
         """The distribution class of ACTION_DIST_INPUTS, bound to the action space: `action_dist_cls` if set,
         else the catalog's for the action space (UnsupportedSpace, a ValueError, where it has none)."""
-        if self.action_dist_cls is not None:
-            return self.action_dist_cls
-        return action_distribution(self.action_space)[0]
+        if self.action_dist_cls is None:  # looked up once: a MultiDiscrete space's is a class bound to its nvec
+            self.action_dist_cls = action_distribution(self.action_space)[0]
+        return self.action_dist_cls
 
     def forward_inference(self, batch: dict[str, Any]) -> dict[str, Any]:
         return self._forward_inference(batch)

@@ -52,7 +52,9 @@ class _Bare(RLModule):
     ],
 )
 def test_default_distribution_per_action_space(action_space: gym.Space, expected: type) -> None:
-    assert issubclass(_Bare(BOX4, action_space, {}).get_train_action_dist_cls(), expected)
+    module = _Bare(BOX4, action_space, {})
+    assert issubclass(module.get_train_action_dist_cls(), expected)
+    assert module.get_exploration_action_dist_cls() is module.get_train_action_dist_cls()  # one class, not one a call
 
 
 def test_action_dist_cls_set_in_setup_is_every_forwards_and_an_unknown_space_says_what_to_do() -> None:
