@@ -15,7 +15,8 @@ model output (logp, value, distribution inputs) or observation (unless the run s
 reason and logged; the rest of its batch is taken. A batch whose sorting raises anything else (a bug, or a user's
 space or code failing on an odd batch) is refused whole ("unreadable batch"), acknowledged all the same: a server
 would re-send a batch that ended its stream for ever. Its chunks are sorted before any of them is recorded, so such
-a batch leaves nothing behind.
+a batch leaves nothing behind. An intake file that fails so when read back at start-up was taken once: it is
+renamed aside (`*.unreadable`), kept, not refused.
 """
 
 from __future__ import annotations
@@ -134,10 +135,15 @@ class Intake:
         for path in sorted(self.directory.glob("*.pb"), key=lambda p: p.stat().st_mtime):
             try:
                 batch = learner_pb2.EpisodeBatch.FromString(path.read_bytes())
-            except DecodeError:
-                _set_unreadable_aside(path)
+            except DecodeError as exc:
+                _set_unreadable_aside(path, f"does not decode as an EpisodeBatch ({exc})")
                 continue
-            self._files.append(_File(path, self._add(batch)))
+            try:  # a batch this learner took once, that its code (or a user's space) now fails on: kept on disk
+                sorted_ = self._sort(batch)
+            except Exception as exc:
+                _set_unreadable_aside(path, f"cannot be read back ({exc!r})")
+                continue
+            self._files.append(_File(path, self._record(sorted_)))
         if self._files:
             log.info("resumed intake files=%d pending_steps=%d", len(self._files), self.pending_steps)
 
@@ -228,6 +234,10 @@ class Intake:
             what = f"all of the batch from server {batch.server_id}: {exc!r}"
             self.reject("unreadable batch", _chunks(batch), what, exc_info=exc)
             return []
+        return self._record(sorted_)
+
+    def _record(self, sorted_: _Sorted) -> list[str]:
+        """Count a sorted batch's refused and duplicate chunks, take its new ones; their keys."""
         for reason, chunks, what in sorted_.refused:
             self.reject(reason, chunks, what)
         self.duplicates += sorted_.duplicates
@@ -421,12 +431,13 @@ def _newest_version(chunk: SingleAgentEpisode) -> int:
     return int(np.max(versions.data[versions.lookback :]))  # the chunk's own steps (as get(), for less)
 
 
-def _set_unreadable_aside(path: Path) -> None:
-    """Rename an intake file that does not decode (not written by a learner: those are written whole) so no
-    intake reads it again, and say so: the learner goes on with the rest, nothing is deleted."""
+def _set_unreadable_aside(path: Path, why: str) -> None:
+    """Rename an intake file that cannot be read (`why`: one that does not decode was not written by a learner,
+    which writes them whole) so no intake reads it again, and say so: the learner goes on with the rest, nothing
+    is deleted."""
     aside = path.with_name(f"{path.name}.unreadable")
     path.rename(aside)
-    log.warning("intake file %s does not decode as an EpisodeBatch: moved to %s, unread", path, aside)
+    log.warning("intake file %s %s: moved to %s, unread", path, why, aside)
 
 
 def _set_aside(directory: Path) -> None:

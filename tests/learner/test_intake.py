@@ -131,6 +131,28 @@ def test_an_intake_file_that_does_not_decode_is_set_aside_and_the_rest_resume(tm
     assert not junk.exists() and junk.with_name(f"{junk.name}.unreadable").read_bytes() == b"\xff junk"
 
 
+def test_a_stored_batch_that_fails_when_read_back_is_set_aside_not_lost(tmp_path, two_batches):
+    """A batch taken (and acknowledged) once that the intake's code fails on at start-up (here its step count): its
+    file is kept aside, unread, and the learner resumes the rest, instead of deleting it at the next checkpoint."""
+    first, second = two_batches
+    earlier = intake_at(tmp_path)
+    earlier.accept(batch(first, seq=0))
+    earlier.accept(batch(second, seq=1))
+    stored = sorted(tmp_path.glob("*.pb"))
+    doomed = set(keys(second))
+
+    def count(episodes: list[SingleAgentEpisode]) -> int:
+        if doomed & set(keys(episodes)):
+            raise RuntimeError("a bug in counting")
+        return sum(map(len, episodes))
+
+    resumed = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, count=count)
+    assert keys(resumed.pending) == keys(first)
+    assert resumed.rejected.total() == 0  # nothing counted as refused: it was taken once, and is kept
+    assert stored[0].exists() and not stored[1].exists()
+    assert stored[1].with_name(f"{stored[1].name}.unreadable").exists()
+
+
 def test_a_batch_says_which_known_space_its_observations_are_in(tmp_path, cartpole_chunks):
     """Observations stay as the servers' write-back pieces left them (a FrameStacking module input is never
     written back); the intake decodes with the space the batch names, if it is one it knows."""
