@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
-import torch
 
 from rlgate.core.agents_step import ALL, AgentsStep
 from rlgate.core.columns import Columns
@@ -152,17 +151,9 @@ class MultiAgentPolicy(TrainedPolicy):
         episode.observe(step)
         if episode.episode.is_done:
             return {}
-        episodes, shared = [episode.episode], {}
-        batch = self.env_to_module(
-            rl_module=self.module, batch={}, episodes=episodes, explore=explore, shared_data=shared
-        )
-        if not batch:  # no agent acts
+        to_env = self._act({}, [episode.episode], explore)
+        if to_env is None:  # no agent acts
             return {}
-        with torch.inference_mode():
-            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
-        to_env = self.module_to_env(
-            rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
-        )
         episode.last_outputs = {
             agent: {column: values[0][agent] for column, values in to_env.items() if agent in values[0]}
             for agent in to_env[Columns.ACTIONS][0]

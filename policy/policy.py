@@ -26,7 +26,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from rlgate.core.columns import Columns
 from rlgate.core.tree import first_leaf, map_structure
@@ -148,19 +147,10 @@ class Policy(TrainedPolicy):
             raise ValueError(f"{size} observations need as many episodes and rewards ({len(episodes)}, {len(rewards)})")
         for i, episode in enumerate(episodes):
             episode.observe(map_structure(lambda x, i=i: x[i], observations), rewards[i])
-        outputs = self._forward(observations, [e.episode for e in episodes], explore)
+        outputs = self._act(
+            {Columns.OBS: map_structure(np.asarray, observations)}, [e.episode for e in episodes], explore
+        )
+        assert outputs is not None  # a batch of observations is never empty
         for i, episode in enumerate(episodes):
             episode.last_outputs = map_structure(lambda x, i=i: x[i], outputs)
         return outputs[Columns.ACTIONS_FOR_ENV]
-
-    def _forward(self, observations: Any, episodes: list[SingleAgentEpisode], explore: bool) -> dict[str, Any]:
-        shared: dict[str, Any] = {}
-        batch = {Columns.OBS: map_structure(np.asarray, observations)}
-        batch = self.env_to_module(
-            rl_module=self.module, batch=batch, episodes=episodes, explore=explore, shared_data=shared
-        )
-        with torch.inference_mode():
-            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
-        return self.module_to_env(
-            rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
-        )

@@ -45,6 +45,21 @@ class TrainedPolicy:
         if seed is not None:
             torch.manual_seed(seed)
 
+    def _act(self, batch: dict[str, Any], episodes: list[Any], explore: bool) -> dict[str, Any] | None:
+        """The env-to-module pipeline, the module's forward (sampling or greedy) and the module-to-env pipeline,
+        as a server runs them; None when the env-to-module batch is empty (no agent acts)."""
+        shared: dict[str, Any] = {}
+        batch = self.env_to_module(
+            rl_module=self.module, batch=batch, episodes=episodes, explore=explore, shared_data=shared
+        )
+        if not batch:
+            return None
+        with torch.inference_mode():
+            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
+        return self.module_to_env(
+            rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
+        )
+
     @classmethod
     def from_parts(
         cls,
