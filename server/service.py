@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from rlgate.core import codec
 from rlgate.core.codec import CodecError
@@ -32,6 +31,7 @@ from rlgate.server.session import Session, SessionSpec
 from rlgate.server.settings import ServerSettings
 from rlgate.server.shipping import Chunk
 from rlgate.server.step_decoder import StepDecoder
+from rlgate.service.requests import NotAMessage, from_bytes
 from rlgate.v1 import policy_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -395,6 +395,6 @@ def bounded(message: str) -> str:
 
 def _parse(raw: bytes) -> pb.ClientMessage:
     try:
-        return pb.ClientMessage.FromString(raw)
-    except DecodeError as exc:
-        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid rlgate.v1.ClientMessage: {exc}") from exc
+        return from_bytes(pb.ClientMessage, raw)
+    except NotAMessage as exc:
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc

@@ -40,12 +40,24 @@ def parsing_handler(service: ServiceDescriptor, servicer: object) -> grpc.Generi
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
-async def parse(message_type: type[M], raw: bytes, context: grpc.aio.ServicerContext) -> M:
-    """`raw` as a `message_type`; bytes that are none end the call with INVALID_ARGUMENT naming the type."""
+class NotAMessage(ValueError):
+    """Bytes that are no message of the expected type; the message names the type, for the client."""
+
+
+def from_bytes(message_type: type[M], raw: bytes) -> M:
+    """`raw` as a `message_type`; NotAMessage naming the type when the bytes are none."""
     try:
         return message_type.FromString(raw)
     except DecodeError as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid {message_type.DESCRIPTOR.full_name}: {exc}")
+        raise NotAMessage(f"not a valid {message_type.DESCRIPTOR.full_name}: {exc}") from exc
+
+
+async def parse(message_type: type[M], raw: bytes, context: grpc.aio.ServicerContext) -> M:
+    """`raw` as a `message_type`; bytes that are none end the call with INVALID_ARGUMENT naming the type."""
+    try:
+        return from_bytes(message_type, raw)
+    except NotAMessage as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 def _parsing(behaviour: Callable[..., Any], message_type: type[Message], streaming: bool) -> Callable[..., Any]:
