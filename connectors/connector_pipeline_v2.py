@@ -85,6 +85,10 @@ class ConnectorPipelineV2(ConnectorV2):
                 raise TypeError(f"{connector.name} returned {type(batch).__name__}, not the batch dict")
         return batch
 
+    def takes_batched_obs(self) -> bool:
+        """Whether every piece takes a batched OBS (see ConnectorV2.accepts_batched_obs)."""
+        return all(connector.takes_batched_obs() for connector in self.connectors)
+
     # --- editing ----------------------------------------------------------------------------------------
 
     def __len__(self) -> int:

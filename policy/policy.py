@@ -30,9 +30,9 @@ import numpy as np
 from rlgate.core.columns import Columns
 from rlgate.core.tree import first_leaf, map_structure
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.policy.acting import ActingCore
 from rlgate.policy.trained import TrainedPolicy
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
 
 # An episode keeps at most this many steps (plus the spec's lookback) in memory; older ones are cut off.
@@ -89,16 +89,19 @@ class Policy(TrainedPolicy):
             raise SpecError(
                 "a multi-agent run ([multi_agent]): Policy acts in single-agent runs; use rlgate.MultiAgentPolicy"
             )
-        built = build_policy(
-            spec,
-            observation_space,
-            action_space,
-            imports or ImportPolicy(),
-            weights=weights,
-            connector_state=connector_state,
-            device=device,
+        self._act_with(
+            ActingCore.build(
+                spec,
+                observation_space,
+                action_space,
+                imports,
+                weights=weights,
+                connector_state=connector_state,
+                version=version,
+                device=device,
+                seed=seed,
+            )
         )
-        self._act_with(built, spec, version, seed)
         self.observation_space = observation_space
         self.action_space = action_space
 
@@ -147,10 +150,7 @@ class Policy(TrainedPolicy):
             raise ValueError(f"{size} observations need as many episodes and rewards ({len(episodes)}, {len(rewards)})")
         for i, episode in enumerate(episodes):
             episode.observe(map_structure(lambda x, i=i: x[i], observations), rewards[i])
-        outputs = self._act(
-            {Columns.OBS: map_structure(np.asarray, observations)}, [e.episode for e in episodes], explore
-        )
-        assert outputs is not None  # a batch of observations is never empty
+        outputs = self.core.act([e.episode for e in episodes], explore, map_structure(np.asarray, observations))
         for i, episode in enumerate(episodes):
             episode.last_outputs = map_structure(lambda x, i=i: x[i], outputs)
         return outputs[Columns.ACTIONS_FOR_ENV]

@@ -13,13 +13,12 @@ from grpc_health.v1 import health
 
 from rlgate.core import codec
 from rlgate.core.spaces import flat_size
+from rlgate.policy.acting import ActingCore
 from rlgate.server.batcher import Batcher
 from rlgate.server.learner_link import LearnerLink
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_batcher import MultiAgentBatcher
-from rlgate.server.multi_agent_policy import MultiAgentPolicy
 from rlgate.server.multi_agent_session import MultiAgentSessionSpec
-from rlgate.server.policy import Policy
 from rlgate.server.service import SERVICE_NAME, PolicyService, RequestError
 from rlgate.server.session import SessionSpec
 from rlgate.server.settings import ServerSettings
@@ -31,6 +30,7 @@ from rlgate.service.settings import require_device
 from rlgate.spec import checkpoint
 from rlgate.spec.env import agent_spaces, env_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
 
@@ -95,7 +95,7 @@ class InferenceServer:
             self._ship,
             ships=self._ships,
         )
-        self.policy: Policy | MultiAgentPolicy | None = None
+        self.policy: ActingCore | None = None
         self.batcher: Batcher | None = None
         self.port = 0
         self.http_port = 0
@@ -111,7 +111,7 @@ class InferenceServer:
         if s.checkpoint:
             found = checkpoint.load(s.checkpoint)
             weights = (
-                {"module_weights": found.module_weights, "module_versions": found.module_versions}
+                {"weights": found.module_weights, "module_versions": found.module_versions}
                 if found.spec.multi_agent
                 else {"weights": found.weights}
             )
@@ -127,7 +127,7 @@ class InferenceServer:
             self._set_policy(policy)
         elif self.spec is not None and "env" in self.spec.model_fields_set:
             if self.spec.multi_agent:
-                spaces = _agent_dicts(agent_spaces(self.spec.env, self.imports))
+                spaces = spaces_by_agent(agent_spaces(self.spec.env, self.imports))
             else:
                 spaces = env_spaces(self.spec.env, self.imports)
             self._set_policy(await self._new_policy(self.spec, *spaces))
@@ -287,7 +287,7 @@ class InferenceServer:
     def _pause_reason(self) -> str | None:
         return self.batcher.pause_reason() if self.batcher else None
 
-    async def _policy_for(self, session: SessionSpec | MultiAgentSessionSpec) -> tuple[Policy, Batcher]:
+    async def _policy_for(self, session: SessionSpec | MultiAgentSessionSpec) -> tuple[ActingCore, Batcher]:
         """The served policy; without one yet, a fresh model for the first session's spaces (of bounded size;
         later hellos wait for it, while the event loop goes on serving)."""
         async with self._policy_lock:
@@ -306,7 +306,7 @@ class InferenceServer:
                         "[multi_agent]",
                     )
                 if isinstance(session, MultiAgentSessionSpec):
-                    spaces = _agent_dicts(session.agent_spaces)
+                    spaces = spaces_by_agent(session.agent_spaces)
                 else:
                     spaces = (session.observation_space, session.action_space)
                 limit = self.settings.max_fresh_space_size
@@ -328,38 +328,28 @@ class InferenceServer:
         observation_space: gym.Space,
         action_space: gym.Space,
         **source: Any,
-    ) -> Policy | MultiAgentPolicy:
+    ) -> ActingCore:
         """The spec's policy for these env spaces on this server; `source`: weights, version, ... if any.
         Multi-agent: the spaces are Dicts by agent id. Built on a worker thread: a large model takes seconds,
         and the event loop serves /healthz meanwhile."""
         s = self.settings
-        if spec.multi_agent:
-            return await asyncio.to_thread(
-                MultiAgentPolicy.create,
-                spec,
-                {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces},
-                imports=self.imports,
-                metrics=self.metrics,
-                device=s.device,
-                seed=s.seed,
-                **source,
-            )
         return await asyncio.to_thread(
-            Policy.create,
+            ActingCore.build,
             spec,
             observation_space,
             action_space,
-            imports=self.imports,
-            metrics=self.metrics,
+            self.imports,
             device=s.device,
             seed=s.seed,
+            stage_seconds=self.metrics.stage_seconds,
             **source,
         )
 
-    def _set_policy(self, policy: Policy | MultiAgentPolicy) -> None:
+    def _set_policy(self, policy: ActingCore) -> None:
         self.policy = policy
+        self.metrics.model_version.set(policy.version)
         s = self.settings
-        self.batcher = (MultiAgentBatcher if isinstance(policy, MultiAgentPolicy) else Batcher)(
+        self.batcher = (MultiAgentBatcher if policy.multi_agent else Batcher)(
             policy,
             waiting_for_acks=self.learner.over_window if self.learner else lambda: False,
             flush=self._flush_sessions,
@@ -446,12 +436,16 @@ class InferenceServer:
             )
             return
         elif self.batcher is not None:
-            await self.batcher.between_batches(
-                self.policy.set_weights, weights.version, *_weights(weights, spec).values(), _connector_state(weights)
-            )
+            await self.batcher.between_batches(self._swap_weights, weights, spec)
         self.from_learner, self.refused = True, None  # (a learner that came back with the spec served)
         if self.learner is not None:
             self.learner.release_episodes()
+
+    def _swap_weights(self, weights: learner_pb2.Weights, spec: RunSpec) -> None:
+        """Act with a newer version's weights and connector state (between batches)."""
+        assert self.policy is not None
+        self.policy.set_weights(weights.version, connector_state=_connector_state(weights), **_weights(weights, spec))
+        self.metrics.model_version.set(self.policy.version)
 
     def _refuse(self, reason: str) -> None:
         if reason != self.refused:
@@ -460,18 +454,10 @@ class InferenceServer:
 
 
 def _weights(weights: learner_pb2.Weights, spec: RunSpec) -> dict[str, Any]:
-    """A Weights message's weights, as the policy of `spec` takes them (per module when multi-agent)."""
+    """A Weights message's weights, as the acting core of `spec` takes them (per module when multi-agent)."""
     if spec.multi_agent:
-        return {"module_weights": dict(weights.module_weights), "module_versions": dict(weights.module_versions)}
+        return {"weights": dict(weights.module_weights), "module_versions": dict(weights.module_versions)}
     return {"weights": weights.safetensors}
-
-
-def _agent_dicts(spaces: dict[str, tuple[gym.Space, gym.Space]]) -> tuple[gym.spaces.Dict, gym.spaces.Dict]:
-    """agent id -> (observation space, action space) as two Dict spaces by agent id (how weights carry them)."""
-    return (
-        gym.spaces.Dict({agent: pair[0] for agent, pair in spaces.items()}),
-        gym.spaces.Dict({agent: pair[1] for agent, pair in spaces.items()}),
-    )
 
 
 def _connector_state(weights: learner_pb2.Weights) -> dict[str, Any] | None:

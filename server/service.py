@@ -21,12 +21,12 @@ from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.core.space_diff import space_differences
+from rlgate.policy.acting import ActingCore
 from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.batcher import Batcher
 from rlgate.server.idle import IdleWatch
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-from rlgate.server.policy import Policy
 from rlgate.server.session import Session, SessionSpec
 from rlgate.server.settings import ServerSettings
 from rlgate.server.shipping import Chunk
@@ -71,7 +71,7 @@ class PolicyService:
         self,
         settings: ServerSettings,
         metrics: ServerMetrics,
-        get_policy: Callable[[SessionSpec | MultiAgentSessionSpec], Awaitable[tuple[Policy, Batcher]]],
+        get_policy: Callable[[SessionSpec | MultiAgentSessionSpec], Awaitable[tuple[ActingCore, Batcher]]],
         ship: Callable[[list[Chunk], bool], None],
         *,
         ships: Callable[[bool], bool] = lambda explore: True,
@@ -161,7 +161,7 @@ class PolicyService:
             if stream.session is not None:
                 raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
             stream.session, stream.batcher, stream.decoder = await self._open(message.hello)
-            welcome = pb.Welcome(session_id=stream.session.id, model_version=stream.batcher.policy.version)
+            welcome = pb.Welcome(session_id=stream.session.id, model_version=stream.batcher.core.version)
             await _write(context, stream, pb.ServerMessage(welcome=welcome))
         elif kind == "step":
             session, batcher, decoder = stream.session, stream.batcher, stream.decoder
@@ -223,7 +223,7 @@ class PolicyService:
             policy, batcher = await self._get_policy(spec)
         except ValueError as exc:  # a fresh model that cannot be built for these spaces (e.g. an action space it lacks)
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"no model for the hello's spaces: {exc}") from exc
-        if getattr(policy, "multi_agent", False):
+        if policy.multi_agent:
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this server serves a multi-agent run: declare the env's agents in hello.agents (rlgate env: a "
@@ -246,6 +246,7 @@ class PolicyService:
             else None,
             lookback=sampling.episode_lookback_horizon,
             ships=self._ships(spec.explore),
+            observation_spaces=[piece.observation_space for piece in policy.env_to_module.connectors],
         )
         self.sessions[session.id] = session
         self.metrics.sessions.set(len(self.sessions))
@@ -307,7 +308,7 @@ class PolicyService:
             policy, batcher = await self._get_policy(spec)
         except ValueError as exc:  # as for a single-agent hello: no model can be built for these spaces
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"no model for the hello's spaces: {exc}") from exc
-        if not getattr(policy, "multi_agent", False):
+        if not policy.multi_agent:
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this server serves a single-agent run: a multi-agent client needs a run spec with [multi_agent]",
@@ -352,7 +353,7 @@ class PolicyService:
         self._ship(session.record(outputs), session.spec.explore)
         reply = pb.ServerMessage(
             actions=pb.Actions(
-                agents=encode_agent_actions(outputs[Columns.ACTIONS_FOR_ENV]), model_version=batcher.policy.version
+                agents=encode_agent_actions(outputs[Columns.ACTIONS_FOR_ENV]), model_version=batcher.core.version
             )
         )
         self.metrics.env_steps.inc(completed)

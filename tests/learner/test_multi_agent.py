@@ -131,11 +131,10 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     from examples.multi_agent_cartpole import MultiAgentCartPole
     from rlgate.core.columns import Columns
     from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
-    from rlgate.server.metrics import ServerMetrics
-    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.policy.acting import ActingCore
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
     from rlgate.spec.agent_envs import AgentEnvs
-    from rlgate.spec.multi_agent import build_multi_agent_learner_connector
+    from rlgate.spec.multi_agent import build_multi_agent_learner_connector, spaces_by_agent
     from rlgate.spec.run import RunSpec
 
     spec = RunSpec.parse(
@@ -147,7 +146,7 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
         "test",
     )
     envs = AgentEnvs([MultiAgentCartPole() for _ in range(2)])
-    policy = MultiAgentPolicy.create(spec, envs.agent_spaces, metrics=ServerMetrics(), seed=0)
+    policy = ActingCore.build(spec, *spaces_by_agent(envs.agent_spaces), seed=0)
     session = MultiAgentSession(
         MultiAgentSessionSpec("test", envs.agent_spaces, 2, True),
         mapping_fn=policy.mapping_fn,
@@ -159,7 +158,7 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     steps, chunks = envs.reset(seed=0), []
     for _ in range(60):
         episodes, _ = session.observe(steps)
-        outputs = policy.compute(episodes, explore=True)
+        outputs = policy.act(episodes, True)
         chunks += decoded(session.record(outputs))
         steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
     groups: dict[tuple, list] = {}  # the agents' chunks of each multi-agent chunk

@@ -22,12 +22,12 @@ from rlgate.episodes.codec import chunk_tables
 from rlgate.learner.intake import RETURN_WINDOW, Intake, chunk_key
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.multi_agent_returns import MultiAgentReturns
-from rlgate.server.metrics import ServerMetrics
-from rlgate.server.multi_agent_policy import MultiAgentPolicy
+from rlgate.policy.acting import ActingCore
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
 from rlgate.server.shipping import Chunk
 from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
@@ -48,7 +48,7 @@ class Played:
 
     shipments: list[list[Chunk]]
     episodes: dict[str, tuple[float, int]]
-    policy: MultiAgentPolicy
+    policy: ActingCore
     agents: frozenset[str]
     session: MultiAgentSession
 
@@ -69,8 +69,8 @@ def play(env_factory: Any, spec: dict, rounds: int, *, fragment: int, seed: int 
     agent steps (the spec's count_steps_by). Returns what shipped and the ended episodes' true figures."""
     run_spec = RunSpec.parse(spec, "test")
     envs = AgentEnvs([env_factory() for _ in range(4)])
-    policy = MultiAgentPolicy.create(
-        run_spec, envs.agent_spaces, metrics=ServerMetrics(), imports=ImportPolicy(["examples"]), seed=seed
+    policy = ActingCore.build(
+        run_spec, *spaces_by_agent(envs.agent_spaces), imports=ImportPolicy(["examples"]), seed=seed
     )
     session = MultiAgentSession(
         MultiAgentSessionSpec("test", envs.agent_spaces, envs.num_envs, True),
@@ -92,7 +92,7 @@ def play(env_factory: Any, spec: dict, rounds: int, *, fragment: int, seed: int 
             if resetting[i]:
                 ended.append((running[i][0], running[i][1]))
         episodes, _ = session.observe(steps)
-        outputs = policy.compute(episodes, explore=True)
+        outputs = policy.act(episodes, True)
         shipments.append(session.record(outputs))
         steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
     envs.close()
