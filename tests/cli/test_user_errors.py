@@ -22,6 +22,7 @@ from tests.support.cli import ROOT, rlgate
 
 MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"
 BAD = "tests.support.bad_envs"
+WRONG = "tests.support.wrong_module"
 NO_MULTI_BINARY = "The default model does not support the action space MultiBinary(3)"
 
 
@@ -45,6 +46,7 @@ def held_port() -> int:
 @pytest.mark.timeout(300)
 async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port: int) -> None:
     free = ("--port", "0", "--http-port", "0")
+    in_tmp = ("--run-dir", str(tmp_path))
     nowhere = tmp_path / "nothing-here"
     a_file = tmp_path / "a-file"
     a_file.write_text("neither a directory nor a certificate\n")
@@ -78,6 +80,10 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         # Found by a child (learner or server): its own line.
         ("up", "--spec.model.module-class", "nosuch.mod:X", "--stop-return", "1", "--run-dir", str(tmp_path)): (
             "model.module_class: cannot import 'nosuch.mod': No module named 'nosuch'"
+        ),
+        # A module whose greedy forward gives no action distribution inputs: named with the key, when it is built.
+        ("up", "--spec.model.module-class", f"{WRONG}:LogitsNotDistInputs", "--stop-return", "1", *in_tmp): (
+            f"'{WRONG}:LogitsNotDistInputs': its forward_inference returned no 'action_dist_inputs'"
         ),
         ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
