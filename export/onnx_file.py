@@ -39,6 +39,7 @@ def to_onnx(graph: PolicyGraph, contract: dict[str, Any], *, fold_constants: boo
         # The TorchScript exporter's deprecation notice, and its LSTM note on batch sizes (the state is an input).
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*LSTM.*", category=UserWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # constants (space bounds) and LSTM size checks
         torch.onnx.export(
             graph,
             example,
