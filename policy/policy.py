@@ -14,14 +14,16 @@ LSTM's state, the previous reward) lives in a `PolicyEpisode`, one per env and e
         obs, reward, terminated, truncated, _ = env.step(action)
         done = terminated or truncated
 
-Without an episode each call is a fresh episode's first step (enough for a plain MLP policy).
+Without an episode each call is a fresh episode's first step (enough for a plain MLP policy). `Policy.load` of a
+file `rlgate export` wrote (.onnx) gives an `OnnxPolicy`, which acts the same with onnxruntime alone.
 MeanStdFilter statistics stay as loaded: evaluating does not change the normalisation.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -30,6 +32,7 @@ import numpy as np
 from rlgate.core.columns import Columns
 from rlgate.core.tree import first_leaf, map_structure
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.export.runtime import OnnxPolicy
 from rlgate.policy.acting import ActingCore
 from rlgate.policy.trained import TrainedPolicy
 from rlgate.spec.imports import ImportPolicy, SpecError
@@ -104,6 +107,17 @@ class Policy(TrainedPolicy):
         )
         self.observation_space = observation_space
         self.action_space = action_space
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, allow_import: Iterable[str] = (), device: str = "cpu", seed: int | None = None
+    ) -> Policy | OnnxPolicy:
+        """The policy in a checkpoint directory (see TrainedPolicy.load), or in a file `rlgate export` wrote
+        (.onnx): an OnnxPolicy then, with the same calls, acting in onnxruntime (no torch; `seed` seeds its
+        noise)."""
+        if Path(path).suffix == ".onnx":
+            return OnnxPolicy.load(path, seed=seed)
+        return super().load(path, allow_import=allow_import, device=device, seed=seed)
 
     @classmethod
     def from_parts(
