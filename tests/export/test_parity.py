@@ -70,7 +70,7 @@ def save_checkpoint(
     """A checkpoint whose weights are spread wide (N(0, 0.5)): logits far apart and Box means past the bounds, so
     the actions cover every class and the clipping, and near-ties (where rounding could pick either) are rare."""
     run = RunSpec.model_validate({**spec, "seed": 3})
-    built = build_policy(run, observation_space, action_space, ImportPolicy())
+    built = build_policy(run, observation_space, action_space, ImportPolicy(run.modules()))
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for parameter in built.module.parameters():
