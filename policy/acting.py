@@ -26,7 +26,9 @@ import torch
 
 from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
+from rlgate.core.errors import UserError
 from rlgate.episodes.multi_agent_episode import MappingFn
+from rlgate.export.serving import OnnxForward
 from rlgate.models import RLModule, load_weights
 from rlgate.policy.fast_path import Pieces, batched_pieces
 from rlgate.spec.imports import ImportPolicy, SpecError
@@ -38,6 +40,8 @@ from rlgate.spec.run import RunSpec
 STAGES = ("env_to_module", "forward", "module_to_env")
 #: The columns of a multi-agent batch in which no agent acts.
 NO_ACTIONS = (Columns.ACTIONS, Columns.ACTIONS_FOR_ENV)
+#: What runs the module's forward pass: torch, or (single-agent, CPU) onnxruntime with the exported module.
+BACKENDS = ("torch", "onnxruntime")
 
 
 class ActingCore:
@@ -77,6 +81,20 @@ class ActingCore:
         self._whole: Pieces = ([env_to_module], [module_to_env])
         self._batched: Pieces | None = None
         self._batched_for: tuple | None = None  # the pipelines' pieces `_batched` was chosen for
+        self.onnx: OnnxForward | None = None  # the onnxruntime backend (`use_onnxruntime`)
+
+    def use_onnxruntime(self) -> None:
+        """Run the forward pass (and GetActions' sampling) in onnxruntime, with the module and its action selection
+        exported as one graph (export.serving), on torch's number of threads; the pipelines' pieces stay as they
+        are. Single-agent runs on the CPU (SpecError otherwise, or where the module cannot be exported)."""
+        if self.multi_agent:
+            raise SpecError("--backend onnxruntime serves single-agent runs: use --backend torch")
+        if next(self.module.parameters()).device.type != "cpu":
+            raise SpecError("--backend onnxruntime runs on the CPU: use --device cpu")
+        try:
+            self.onnx = OnnxForward(self.module, self.module_to_env, self.action_space, torch.get_num_threads())
+        except UserError as exc:
+            raise SpecError(f"--backend onnxruntime: {exc}") from None
 
     @classmethod
     def build(
@@ -93,12 +111,14 @@ class ActingCore:
         device: str = "cpu",
         seed: int | None = None,
         stage_seconds: dict[str, float] | None = None,
+        backend: str = "torch",
     ) -> ActingCore:
         """The spec's policy for the env's spaces (Dicts by agent id in a multi-agent run): fresh, or with these
         weights (one set per module id in a multi-agent run) and connector state (MeanStdFilter's statistics).
 
         A fresh model's weights follow the spec's seed; `seed` then seeds torch's generator, which samples the
         actions of exploring batches. `imports`: where code the spec names may come from (default: rlgate's own).
+        `backend`: one of BACKENDS (see `use_onnxruntime`).
         """
         imports = imports or ImportPolicy()
         mapping_fn = None
@@ -128,7 +148,7 @@ class ActingCore:
             env_to_module, module, module_to_env = built.env_to_module, built.module, built.module_to_env
         if seed is not None:
             torch.manual_seed(seed)
-        return cls(
+        core = cls(
             spec,
             env_to_module,
             module,
@@ -140,6 +160,9 @@ class ActingCore:
             module_versions=module_versions,
             stage_seconds=stage_seconds,
         )
+        if backend == "onnxruntime":
+            core.use_onnxruntime()
+        return core
 
     def act(self, episodes: Sequence[Any], explore: bool, observations: Any = None) -> dict[str, Any]:
         """Actions for the latest step of each episode: sampled (`explore`) or the module's greedy ones.
@@ -151,6 +174,8 @@ class ActingCore:
         that act now (none in an episode that just ended); MODEL_VERSION is each agent's module's version.
         """
         module, shared = self.module, {}
+        if self.onnx is not None:
+            self._swap_when_bound()
         batch, (env_to_module, module_to_env) = self._start(observations)
         # One inference_mode for all three stages: torch ops in the pipelines (to tensors, sampling, logp)
         # then skip autograd's dispatch too, not only the forward's.
@@ -163,7 +188,10 @@ class ActingCore:
                 outputs: dict[str, Any] = {column: [{} for _ in episodes] for column in NO_ACTIONS}
                 t2 = time.thread_time()
             else:
-                outputs = module.forward_exploration(batch) if explore else module.forward_inference(batch)
+                if self.onnx is not None:
+                    outputs = self.onnx.forward(batch, explore)
+                else:
+                    outputs = module.forward_exploration(batch) if explore else module.forward_inference(batch)
                 t2 = time.thread_time()
                 for piece in module_to_env:
                     outputs = piece(
@@ -213,8 +241,13 @@ class ActingCore:
         module_versions: dict[str, int] | None = None,
     ) -> None:
         """Swap to a newer version (call between batches): its weights (multi-agent: of the modules that changed,
-        with their `module_versions`) and the learner's merged connector state. An older version is ignored."""
+        with their `module_versions`) and the learner's merged connector state. An older version is ignored.
+        With onnxruntime, the version (and its connector state) acts once its session is built (`act` swaps)."""
         if version <= self.version:
+            return
+        if self.onnx is not None:
+            load_weights(self.module, weights)
+            self.onnx.rebind(version, self.module, connector_state)
             return
         if isinstance(weights, dict):
             for module_id, module_weights in weights.items():
@@ -226,6 +259,15 @@ class ActingCore:
         if connector_state:
             self.env_to_module.set_state(connector_state)
         self.version = version
+
+    def _swap_when_bound(self) -> None:
+        """Act with the newest version whose onnxruntime session is built, and its connector state."""
+        bound = self.onnx.ready()
+        if bound is not None:
+            version, connector_state = bound
+            if connector_state:
+                self.env_to_module.set_state(connector_state)
+            self.version = version
 
     def take_connector_delta(self) -> dict[str, Any]:
         """The connector statistics gathered since the last call, for the learner to merge (between batches).

@@ -342,6 +342,7 @@ class InferenceServer:
             device=s.device,
             seed=s.seed,
             stage_seconds=self.metrics.stage_seconds,
+            backend=s.backend,
             **source,
         )
 
