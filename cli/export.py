@@ -26,13 +26,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--module", help="the module to export (a multi-agent run's module id)")
     p.add_argument("--explore", action="store_true", help="sample actions from a noise input (and give their logp)")
     p.add_argument("--module-only", action="store_true", help="the module alone: no env-to-module pieces folded in")
-    p.add_argument(
-        "--allow-import",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="a module the checkpoint's run spec may name code in (repeatable)",
-    )
+    p.add_allow_import()
     args = p.parse_args(argv)
     folder = args.output.parent
     if args.output.is_dir():

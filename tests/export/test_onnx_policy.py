@@ -7,11 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from export.test_parity import LSTM, save_checkpoint
+from support.play import play
 
 from rlgate import OnnxPolicy, Policy
 from rlgate.core.errors import UserError
@@ -27,19 +29,6 @@ def files(tmp_path):
     file = tmp_path / "cartpole.onnx"
     file.write_bytes(export_checkpoint(path))
     return path, file
-
-
-def play(policy, seed: int) -> list[int]:
-    env = gym.make("CartPole-v1")
-    obs, _ = env.reset(seed=seed)
-    episode, reward, actions = policy.new_episode(), 0.0, []
-    for _ in range(200):
-        action = policy.compute_action(obs, episode, reward=reward)
-        actions.append(int(action))
-        obs, reward, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            break
-    return actions
 
 
 def test_policy_load_of_an_exported_file_plays_as_the_checkpoints_policy(files):
@@ -59,19 +48,11 @@ def test_an_exported_file_acts_where_torch_cannot_be_imported(files):
         f"""
         import json, sys
         sys.modules["torch"] = None  # `import torch` raises ImportError
-        import gymnasium as gym
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
         import rlgate
-        policy = rlgate.OnnxPolicy.load({str(file)!r})
-        env = gym.make("CartPole-v1")
-        obs, _ = env.reset(seed=4)
-        episode, reward, actions = policy.new_episode(), 0.0, []
-        for _ in range(200):
-            action = policy.compute_action(obs, episode, reward=reward)
-            actions.append(int(action))
-            obs, reward, terminated, truncated, _ = env.step(action)
-            if terminated or truncated:
-                break
-        print(json.dumps({{"actions": actions, "torch": "torch" in sys.modules and sys.modules["torch"] is not None}}))
+        from support.play import play
+        actions = play(rlgate.OnnxPolicy.load({str(file)!r}), seed=4)
+        print(json.dumps({{"actions": actions, "torch": sys.modules["torch"] is not None}}))
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

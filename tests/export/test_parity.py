@@ -67,23 +67,28 @@ def save_checkpoint(
     action_space: gym.Space,
     connector_state: dict[str, Any] | None = None,
 ) -> Path:
-    """A checkpoint whose weights are spread wide (N(0, 0.5)): logits far apart and Box means past the bounds, so
-    the actions cover every class and the clipping, and near-ties (where rounding could pick either) are rare."""
+    """A checkpoint of `spec` (seed 3) with `wide_weights`, version 7."""
     run = RunSpec.model_validate({**spec, "seed": 3})
-    built = build_policy(run, observation_space, action_space, ImportPolicy(run.modules()))
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in built.module.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
     return checkpoint.save(
         directory,
         version=7,
         spec=run,
         observation_space=observation_space,
         action_space=action_space,
-        weights=weights_to_bytes(built.module),
+        weights=wide_weights(run, observation_space, action_space, seed=5),
         connector_state=connector_state,
     )
+
+
+def wide_weights(run: RunSpec, observation_space: gym.Space, action_space: gym.Space, seed: int) -> bytes:
+    """The spec's module with its weights spread wide (N(0, 0.5)): logits far apart and Box means past the bounds,
+    so the actions cover every class and the clipping, and near-ties (where rounding could pick either) are rare."""
+    built = build_policy(run, observation_space, action_space, ImportPolicy(run.modules()))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in built.module.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return weights_to_bytes(built.module)
 
 
 def exported(path: Path, tmp_path: Path, explore: bool = False) -> OnnxPolicy:

@@ -12,29 +12,18 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from export.test_parity import FILTERED_FRAMES, LSTM, STATELESS
+from export.test_parity import FILTERED_FRAMES, LSTM, STATELESS, wide_weights
 from support.servers import BOX4, DISCRETE2, RawStream, hello, shipped, step
 
 from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_from_proto
-from rlgate.models import weights_to_bytes
 from rlgate.policy.acting import ActingCore
-from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_policy
+from rlgate.spec.imports import SpecError
 from rlgate.spec.run import RunSpec
 
 FAMILIES = {**STATELESS, "lstm": (BOX4, DISCRETE2, LSTM), "frame-stacking": (BOX4, DISCRETE2, FILTERED_FRAMES)}
-
-
-def wide_weights(spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, seed: int) -> bytes:
-    built = build_policy(spec, observation_space, action_space, ImportPolicy())
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in built.module.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return weights_to_bytes(built.module)
 
 
 def fresh_episodes(
