@@ -64,6 +64,36 @@ def state_names(state: dict[str, Any], prefix: str = "") -> list[tuple[str, tupl
     return names
 
 
+def at(struct: Any, path: tuple) -> Any:
+    """The leaf of a nested struct at a path of keys (the struct itself at path ())."""
+    for key in path:
+        struct = struct[key]
+    return struct
+
+
+def nest(leaves: list[Any], paths: list[tuple]) -> Any:
+    """The nested structure whose leaf at each path is the leaf given (a single leaf at path ())."""
+    if paths == [()]:
+        return leaves[0]
+    root: dict = {}
+    for leaf, path in zip(leaves, paths, strict=True):
+        node = root
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = leaf
+    return _tuples(root)
+
+
+def _tuples(node: Any) -> Any:
+    """Dicts keyed 0..n-1 by int as tuples (a Tuple space's leaves)."""
+    if not isinstance(node, dict):
+        return node
+    items = {key: _tuples(value) for key, value in node.items()}
+    if items and all(isinstance(key, int) for key in items):
+        return tuple(items[i] for i in range(len(items)))
+    return items
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output of the graph: its name, numpy dtype name, shape (the batch axis first, as BATCH) and

@@ -14,7 +14,7 @@ from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 from rlgate.export import contract
 from rlgate.export.actions import ActionSelection
-from rlgate.export.contract import BATCH, TensorSpec, leaf_paths, state_names
+from rlgate.export.contract import BATCH, TensorSpec, at, leaf_paths, nest, state_names
 from rlgate.export.folded import Folded
 from rlgate.export.pieces import NotExportable
 from rlgate.models import RLModule
@@ -47,8 +47,9 @@ class PolicyGraph(nn.Module):
         self.obs_leaves = leaf_paths(observation_space)
         self.obs_spaces = [_leaf_space(observation_space, path) for _, path in self.obs_leaves]
         self.stateful = module.is_stateful()
-        module_state = {k: v.detach().cpu().numpy() for k, v in _flat_state(module.get_initial_state()).items()}
-        self.module_state_paths = dict(state_names(module.get_initial_state()))
+        initial = module.get_initial_state()
+        module_state = {k: v.detach().cpu().numpy() for k, v in _flat_state(initial).items()}
+        self.module_state_paths = dict(state_names(initial))
         self.piece_state = [list(piece.initial_state) for piece in folded]
         self.initial_state: dict[str, np.ndarray] = {}
         for part in [*(piece.initial_state for piece in folded), module_state]:
@@ -58,7 +59,7 @@ class PolicyGraph(nn.Module):
                 self.initial_state[name] = value
         self.uses_reward = any(piece.uses_reward for piece in folded)
         self.inputs = self._inputs()
-        self.outputs: list[TensorSpec] = []  # known after the first forward (`describe_outputs`)
+        self.outputs: list[TensorSpec] = []  # set by the first forward outside a trace
 
     def _inputs(self) -> list[TensorSpec]:
         specs = [
@@ -80,7 +81,7 @@ class PolicyGraph(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         named = dict(zip([spec.name for spec in self.inputs], inputs, strict=True))
-        obs = _unflatten([named[name] for name, _ in self.obs_leaves], [path for _, path in self.obs_leaves])
+        obs = nest([named[name] for name, _ in self.obs_leaves], [path for _, path in self.obs_leaves])
         reward = named.get(contract.REWARD)
         states = []
         for piece, names in zip(self.folded, self.piece_state, strict=True):
@@ -90,7 +91,7 @@ class PolicyGraph(nn.Module):
         batch: dict[str, Any] = {Columns.OBS: obs}
         if self.stateful:
             batch[Columns.OBS] = map_structure(lambda x: x.unsqueeze(1), obs)  # a time axis of 1
-            batch[Columns.STATE_IN] = _unflatten(
+            batch[Columns.STATE_IN] = nest(
                 [named[contract.STATE_IN + n] for n in self.module_state_paths], list(self.module_state_paths.values())
             )
         out = self.module.forward_exploration(batch) if self.selection.explore else self.module.forward_inference(batch)
@@ -140,38 +141,9 @@ def _dtype_name(space: gym.Space) -> str:
     return np.dtype(space.dtype).name
 
 
-def _unflatten(leaves: list[Any], paths: list[tuple]) -> Any:
-    """The nested structure whose leaf at each path is the leaf given (a single leaf at path ())."""
-    if paths == [()]:
-        return leaves[0]
-    root: dict = {}
-    for leaf, path in zip(leaves, paths, strict=True):
-        node = root
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = leaf
-    return _tuples(root)
-
-
-def _tuples(node: Any) -> Any:
-    """Dicts keyed 0..n-1 by int as tuples (a Tuple space's leaves)."""
-    if not isinstance(node, dict):
-        return node
-    items = {key: _tuples(value) for key, value in node.items()}
-    if items and all(isinstance(key, int) for key in items):
-        return tuple(items[i] for i in range(len(items)))
-    return items
-
-
 def _flat_state(state: dict[str, Any]) -> dict[str, Any]:
     """A (nested) state dict as {dotted name: leaf}."""
-    flat = {}
-    for name, path in state_names(state):
-        value = state
-        for key in path:
-            value = value[key]
-        flat[name] = value
-    return flat
+    return {name: at(state, path) for name, path in state_names(state)}
 
 
 def _output_spec(name: str, value: torch.Tensor) -> TensorSpec:

@@ -30,6 +30,7 @@ from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 from rlgate.export import contract
 from rlgate.export.actions import ActionSelection
+from rlgate.export.contract import at, nest
 from rlgate.export.graph import PolicyGraph
 from rlgate.export.onnx_file import rebind, to_onnx
 from rlgate.export.pieces import NotExportable
@@ -97,12 +98,12 @@ class OnnxForward:
         if self.stateful:
             obs = map_structure(lambda x: x[:, 0], obs)
         feeds = {
-            spec.name: np.asarray(_at(obs, path), spec.dtype)
+            spec.name: np.asarray(at(obs, path), spec.dtype)
             for spec, (_, path) in zip(graph.inputs, graph.obs_leaves, strict=False)
         }
         rows = len(next(iter(feeds.values())))
         for name, path in graph.module_state_paths.items():
-            feeds[contract.STATE_IN + name] = np.asarray(_at(batch[Columns.STATE_IN], path))
+            feeds[contract.STATE_IN + name] = np.asarray(at(batch[Columns.STATE_IN], path))
         if explore:  # drawn as the distributions' `noise()` draws it (Categorical: exponential_, DiagGaussian: randn)
             shape = (rows, self._noise_width)
             feeds[contract.NOISE] = (
@@ -117,13 +118,8 @@ class OnnxForward:
             outputs[Columns.ACTION_LOGP] = results[contract.ACTION_LOGP]
         if self.stateful:
             outputs = {column: value[:, None] for column, value in outputs.items()}  # the time axis back
-            state_out: dict[str, Any] = {}
-            for name, path in graph.module_state_paths.items():
-                node = state_out
-                for key in path[:-1]:
-                    node = node.setdefault(key, {})
-                node[path[-1]] = results[contract.STATE_OUT + name]
-            outputs[Columns.STATE_OUT] = state_out
+            paths = graph.module_state_paths
+            outputs[Columns.STATE_OUT] = nest([results[contract.STATE_OUT + n] for n in paths], list(paths.values()))
         return outputs
 
     def rebind(self, version: int, module: RLModule, extra: Any = None) -> None:
@@ -148,10 +144,3 @@ class OnnxForward:
 
 def _parameters(module: RLModule) -> dict[str, np.ndarray]:
     return {PREFIX + name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()}
-
-
-def _at(struct: Any, path: tuple) -> Any:
-    """The leaf of a nested struct at a path of keys."""
-    for key in path:
-        struct = struct[key]
-    return struct
