@@ -39,8 +39,23 @@ NOISE = {Categorical: ("exponential", 1.0), MultiCategorical: ("exponential", 1.
 ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
 
+def env_action_flags(module_to_env: ConnectorPipelineV2) -> dict[str, bool]:
+    """NormalizeAndClipActions' flags in a module-to-env pipeline, whose every piece must be one of rlgate's defaults
+    (NotExportable naming the first that is not): what `ActionSelection.for_env` does then is the whole pipeline."""
+    flags = {"normalize_actions": False, "clip_actions": False}
+    for i, piece in enumerate(module_to_env.connectors):
+        if not isinstance(piece, DEFAULT_PIECES):
+            raise NotExportable(
+                f"connectors.module_to_env[{i}]: {type(piece).__name__} cannot be folded into an ONNX graph (only "
+                "rlgate's default module-to-env pieces are): export the module alone with --module-only"
+            )
+        if isinstance(piece, NormalizeAndClipActions):
+            flags = {"normalize_actions": piece.normalize_actions, "clip_actions": piece.clip_actions}
+    return flags
+
+
 class ActionSelection(nn.Module):
-    """GetActions and NormalizeAndClipActions as the module-to-env pipeline has them (its flags), for one action
+    """GetActions and NormalizeAndClipActions (with the pipeline's flags: `env_action_flags`), for one action
     space (the env's, or in a multi-agent run the agent's).
 
     `forward(dist_inputs, noise)` -> (the module's action [B, ...], its log-probability [B] or None): the
@@ -50,18 +65,16 @@ class ActionSelection(nn.Module):
     """
 
     def __init__(
-        self, module: RLModule, module_to_env: ConnectorPipelineV2, action_space: gym.Space, explore: bool
+        self,
+        module: RLModule,
+        action_space: gym.Space,
+        explore: bool,
+        *,
+        normalize_actions: bool = False,
+        clip_actions: bool = False,
     ) -> None:
         super().__init__()
-        normalize = clip = False
-        for i, piece in enumerate(module_to_env.connectors):
-            if not isinstance(piece, DEFAULT_PIECES):
-                raise NotExportable(
-                    f"connectors.module_to_env[{i}]: {type(piece).__name__} cannot be folded into an ONNX graph (only "
-                    "rlgate's default module-to-env pieces are): export the module alone with --module-only"
-                )
-            if isinstance(piece, NormalizeAndClipActions):
-                normalize, clip = piece.normalize_actions, piece.clip_actions
+        normalize, clip = normalize_actions, clip_actions
         if not isinstance(action_space, ACTION_SPACES):
             raise NotExportable(f"actions in {action_space} cannot be exported (Discrete, MultiDiscrete and Box can)")
         self.explore = explore

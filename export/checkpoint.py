@@ -14,7 +14,7 @@ from rlgate.connectors.env_to_module import MeanStdFilter
 from rlgate.core import codec
 from rlgate.core.errors import UserError
 from rlgate.episodes.multi_agent_episode import DEFAULT_MODULE_ID, MultiAgentEpisode
-from rlgate.export.actions import ActionSelection
+from rlgate.export.actions import ActionSelection, env_action_flags
 from rlgate.export.graph import PolicyGraph
 from rlgate.export.onnx_file import to_onnx
 from rlgate.export.pieces import NotExportable, fold
@@ -38,9 +38,10 @@ def policy_graph(
 ) -> PolicyGraph:
     """The graph of a policy whose env takes `observation_space` and `action_space` (`agent`'s in a multi-agent
     run): its env-to-module pieces folded in, or (`module_only`) the module's observations as inputs."""
-    selection = ActionSelection(module, module_to_env, action_space, explore)
     if module_only:
+        selection = ActionSelection(module, action_space, explore)
         return PolicyGraph(module, [], selection, module.observation_space, module_only=True)
+    selection = ActionSelection(module, action_space, explore, **env_action_flags(module_to_env))
     return PolicyGraph(module, fold(env_to_module.connectors, agent), selection, observation_space, module_only=False)
 
 

@@ -25,7 +25,6 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 from rlgate.export import contract
@@ -44,7 +43,7 @@ class OnnxForward:
     batch (numpy arrays: ACTION_DIST_INPUTS, ACTIONS, ACTION_LOGP when exploring, STATE_OUT; a stateful module's
     with their time axis), from onnxruntime sessions of the module's weights."""
 
-    def __init__(self, module: RLModule, module_to_env: ConnectorPipelineV2, action_space: gym.Space, threads: int):
+    def __init__(self, module: RLModule, action_space: gym.Space, threads: int):
         self.stateful = module.is_stateful()
         placeholder = copy.deepcopy(module)
         generator = torch.Generator().manual_seed(0)
@@ -54,9 +53,7 @@ class OnnxForward:
                     tensor.copy_(torch.randn(tensor.shape, generator=generator))
         shape = {"observation_space": module.observation_space, "module_only": True}
         self.graphs = {
-            explore: PolicyGraph(
-                placeholder, [], ActionSelection(placeholder, module_to_env, action_space, explore), **shape
-            )
+            explore: PolicyGraph(placeholder, [], ActionSelection(placeholder, action_space, explore), **shape)
             for explore in (False, True)
         }
         self.models = {
@@ -69,7 +66,8 @@ class OnnxForward:
         self._options.intra_op_num_threads = threads
         self._options.inter_op_num_threads = 1
         self.sessions = self._bind(_parameters(module))
-        self._check(PolicyGraph(module, [], ActionSelection(module, module_to_env, action_space, False), **shape))
+        for explore in (False, True):
+            self._check(PolicyGraph(module, [], ActionSelection(module, action_space, explore), **shape), explore)
         self._binding: Future | None = None
         self._pending: Any = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="onnx-rebind")
@@ -80,15 +78,16 @@ class OnnxForward:
             for explore, model in self.models.items()
         }
 
-    def _check(self, reference: PolicyGraph) -> None:
-        """The greedy session's outputs are the module's (`reference`, its greedy graph) on the graph's example
-        inputs: every parameter was rebound (one the trace had renamed would keep its placeholder value)."""
+    def _check(self, reference: PolicyGraph, explore: bool) -> None:
+        """A session's distribution inputs are the module's (`reference`: its graph traced from the module itself)
+        on the graph's example inputs: every parameter was rebound (one the trace had renamed would keep its
+        placeholder value), and the trace holds (a forward whose path depends on its inputs' values may not)."""
         example = reference.example_inputs()
         with torch.no_grad():
             values = reference(*example)  # (names reference.outputs)
         expected = dict(zip([spec.name for spec in reference.outputs], values, strict=True))
         feeds = {spec.name: x.numpy() for spec, x in zip(reference.inputs, example, strict=True)}
-        (got,) = self.sessions[False].run([contract.ACTION_DIST_INPUTS], feeds)
+        (got,) = self.sessions[explore].run([contract.ACTION_DIST_INPUTS], feeds)
         if not np.allclose(got, expected[contract.ACTION_DIST_INPUTS].numpy(), rtol=1e-4, atol=1e-5):
             raise NotExportable("the module's exported graph does not reproduce its outputs: use --backend torch")
 

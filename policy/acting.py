@@ -30,6 +30,7 @@ from rlgate.core.errors import UserError
 from rlgate.episodes.multi_agent_episode import MappingFn
 from rlgate.export.serving import OnnxForward
 from rlgate.models import RLModule, load_weights
+from rlgate.models.actor_critic import ActorCriticModule
 from rlgate.policy.fast_path import Pieces, batched_pieces
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import AgentSpaces, agent_spaces_of, build_multi_agent_policy
@@ -40,8 +41,11 @@ from rlgate.spec.run import RunSpec
 STAGES = ("env_to_module", "forward", "module_to_env")
 #: The columns of a multi-agent batch in which no agent acts.
 NO_ACTIONS = (Columns.ACTIONS, Columns.ACTIONS_FOR_ENV)
-#: What runs the module's forward pass: torch, or (single-agent, CPU) onnxruntime with the exported module.
-BACKENDS = ("torch", "onnxruntime")
+#: What runs the module's forward pass: torch, or (single-agent, CPU) onnxruntime with the exported module;
+#: "auto": onnxruntime for the default model of a single-agent run on the CPU (it costs less CPU at every batch
+#: size measured: BENCHMARKS.md, "ONNX Runtime backend"), torch for everything else (a module of the user's keeps
+#: its own Python forward).
+BACKENDS = ("auto", "torch", "onnxruntime")
 
 
 class ActingCore:
@@ -92,7 +96,7 @@ class ActingCore:
         if next(self.module.parameters()).device.type != "cpu":
             raise SpecError("--backend onnxruntime runs on the CPU: use --device cpu")
         try:
-            self.onnx = OnnxForward(self.module, self.module_to_env, self.action_space, torch.get_num_threads())
+            self.onnx = OnnxForward(self.module, self.action_space, torch.get_num_threads())
         except UserError as exc:
             raise SpecError(f"--backend onnxruntime: {exc}") from None
 
@@ -160,6 +164,9 @@ class ActingCore:
             module_versions=module_versions,
             stage_seconds=stage_seconds,
         )
+        if backend == "auto":
+            default_model = type(core.module) is ActorCriticModule and device == "cpu"
+            backend = "onnxruntime" if default_model and not core.multi_agent else "torch"
         if backend == "onnxruntime":
             core.use_onnxruntime()
         return core
