@@ -137,9 +137,6 @@ class OnnxForward:
         self._binding = None
         return self._pending
 
-    def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
-
 
 def _parameters(module: RLModule) -> dict[str, np.ndarray]:
     return {PREFIX + name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()}

@@ -93,7 +93,7 @@ class ActingCore:
         are. Single-agent runs on the CPU (SpecError otherwise, or where the module cannot be exported)."""
         if self.multi_agent:
             raise SpecError("--backend onnxruntime serves single-agent runs: use --backend torch")
-        if next(self.module.parameters()).device.type != "cpu":
+        if any(parameter.device.type != "cpu" for parameter in self.module.parameters()):
             raise SpecError("--backend onnxruntime runs on the CPU: use --device cpu")
         try:
             self.onnx = OnnxForward(self.module, self.action_space, torch.get_num_threads())
