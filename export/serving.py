@@ -69,7 +69,7 @@ class OnnxForward:
         for explore in (False, True):
             self._check(PolicyGraph(module, [], ActionSelection(module, action_space, explore), **shape), explore)
         self._binding: Future | None = None
-        self._pending: Any = None
+        self._pending = 0
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="onnx-rebind")
 
     def _bind(self, tensors: dict[str, np.ndarray]) -> dict[bool, ort.InferenceSession]:
@@ -121,15 +121,15 @@ class OnnxForward:
             outputs[Columns.STATE_OUT] = nest([results[contract.STATE_OUT + n] for n in paths], list(paths.values()))
         return outputs
 
-    def rebind(self, version: int, module: RLModule, extra: Any = None) -> None:
+    def rebind(self, version: int, module: RLModule) -> None:
         """Act with the module's weights as they are now, as `version`, once `ready` says so: the new sessions
-        are built on a worker thread (a binding still running is superseded). `extra` comes back with `ready`."""
+        are built on a worker thread (a binding still running is superseded)."""
         tensors = _parameters(module)  # copied now: the module's weights may change again meanwhile
         self._binding = self._worker.submit(self._bind, tensors)
-        self._pending = (version, extra)
+        self._pending = version
 
-    def ready(self) -> tuple[int, Any] | None:
-        """(version, extra) of a rebinding that has finished, now acting; None while none has."""
+    def ready(self) -> int | None:
+        """The version of a rebinding that has finished, now acting; None while none has."""
         binding = self._binding
         if binding is None or not binding.done():
             return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -28,7 +28,6 @@ from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core.columns import Columns
 from rlgate.core.errors import UserError
 from rlgate.episodes.multi_agent_episode import MappingFn
-from rlgate.export.serving import OnnxForward
 from rlgate.models import RLModule, load_weights
 from rlgate.models.actor_critic import ActorCriticModule
 from rlgate.policy.fast_path import Pieces, batched_pieces
@@ -36,6 +35,9 @@ from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import AgentSpaces, agent_spaces_of, build_multi_agent_policy
 from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
+
+if TYPE_CHECKING:
+    from rlgate.export.serving import OnnxForward
 
 #: The stages `act` times (CPU seconds of the acting thread), in order.
 STAGES = ("env_to_module", "forward", "module_to_env")
@@ -95,6 +97,8 @@ class ActingCore:
             raise SpecError("--backend onnxruntime serves single-agent runs: use --backend torch")
         if any(parameter.device.type != "cpu" for parameter in self.module.parameters()):
             raise SpecError("--backend onnxruntime runs on the CPU: use --device cpu")
+        from rlgate.export.serving import OnnxForward  # onnx and onnxruntime load only for this backend
+
         try:
             self.onnx = OnnxForward(self.module, self.action_space, torch.get_num_threads())
         except UserError as exc:
@@ -249,14 +253,14 @@ class ActingCore:
     ) -> None:
         """Swap to a newer version (call between batches): its weights (multi-agent: of the modules that changed,
         with their `module_versions`) and the learner's merged connector state. An older version is ignored.
-        With onnxruntime, the version (and its connector state) acts once its session is built (`act` swaps)."""
+        With onnxruntime, the weights act (and `version` says so) once their session is built: the first batch
+        after that swaps to it (an idle core swaps at its next batch)."""
         if version <= self.version:
             return
-        if self.onnx is not None:
+        if self.onnx is not None:  # (single-agent)
             load_weights(self.module, weights)
-            self.onnx.rebind(version, self.module, connector_state)
-            return
-        if isinstance(weights, dict):
+            self.onnx.rebind(version, self.module)
+        elif isinstance(weights, dict):
             for module_id, module_weights in weights.items():
                 load_weights(self.module[module_id], module_weights)
             changed = module_versions or {}
@@ -265,15 +269,14 @@ class ActingCore:
             load_weights(self.module, weights)
         if connector_state:
             self.env_to_module.set_state(connector_state)
-        self.version = version
+        if self.onnx is None:
+            self.version = version
 
     def _swap_when_bound(self) -> None:
-        """Act with the newest version whose onnxruntime session is built, and its connector state."""
-        bound = self.onnx.ready()
-        if bound is not None:
-            version, connector_state = bound
-            if connector_state:
-                self.env_to_module.set_state(connector_state)
+        """Act with the newest version whose onnxruntime session is built (its connector state applies at once:
+        what a batch records, observations, actions and their logp, is what acted either way)."""
+        version = self.onnx.ready()
+        if version is not None:
             self.version = version
 
     def take_connector_delta(self) -> dict[str, Any]:

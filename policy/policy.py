@@ -24,7 +24,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -32,11 +32,13 @@ import numpy as np
 from rlgate.core.columns import Columns
 from rlgate.core.tree import first_leaf, map_structure
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.export.runtime import OnnxPolicy
 from rlgate.policy.acting import ActingCore
 from rlgate.policy.trained import TrainedPolicy
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.run import RunSpec
+
+if TYPE_CHECKING:
+    from rlgate.export.runtime import OnnxPolicy
 
 # An episode keeps at most this many steps (plus the spec's lookback) in memory; older ones are cut off.
 KEEP_STEPS = 1000
@@ -116,6 +118,8 @@ class Policy(TrainedPolicy):
         (.onnx): an OnnxPolicy then, with the same calls, acting in onnxruntime (no torch; `seed` seeds its
         noise)."""
         if Path(path).suffix == ".onnx":
+            from rlgate.export.runtime import OnnxPolicy  # onnxruntime loads only for such a file
+
             return OnnxPolicy.load(path, seed=seed)
         return super().load(path, allow_import=allow_import, device=device, seed=seed)
 
