@@ -16,6 +16,7 @@ Everything here runs one call at a time on one thread (the server's batches run 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,8 @@ from rlgate.spec.run import RunSpec
 
 if TYPE_CHECKING:
     from rlgate.export.serving import OnnxForward
+
+log = logging.getLogger(__name__)
 
 #: The stages `act` times (CPU seconds of the acting thread), in order.
 STAGES = ("env_to_module", "forward", "module_to_env")
@@ -103,6 +106,7 @@ class ActingCore:
             self.onnx = OnnxForward(self.module, self.action_space, torch.get_num_threads())
         except UserError as exc:
             raise SpecError(f"--backend onnxruntime: {exc}") from None
+        log.info("forward pass in onnxruntime (the module exported to ONNX; --backend torch to keep torch)")
 
     @classmethod
     def build(
