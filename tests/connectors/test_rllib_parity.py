@@ -109,7 +109,7 @@ def serve(pipeline: ConnectorPipelineV2, obs: np.ndarray) -> np.ndarray:
 
 def test_two_mean_std_filters_sync_their_own_statistics_across_servers():
     """Two servers and a learner, each with [MeanStdFilter (de-mean only), MeanStdFilter]: the deltas travel as
-    server.policy.take_connector_delta and the learner's merge send them, and each piece's statistics merge
+    server.host.core.take_connector_delta and the learner's merge send them, and each piece's statistics merge
     with its own (the first's are the raw observations', the second's those of the first's output)."""
     space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
 
