@@ -453,8 +453,10 @@ class MultiAgentEpisode:
     def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> MultiAgentEpisode:
         """A new episode with env steps `slice_` of this one (step 1; indices exclude the lookback).
 
-        Each agent keeps its steps whose observations fall within the slice's env steps (a step that starts
-        inside the slice and ends after it becomes hanging, as in RLlib); `len_lookback_buffer` (default:
+        Each agent keeps its steps whose observations fall within the slice's env steps `a..b`; as in RLlib, an
+        action taken before env step b whose next observation comes after it (or has not come yet) hangs, with
+        its reward and outputs, while the action after an observation at b itself belongs to the next env step
+        and is left out; `len_lookback_buffer` (default:
         the agents' current lookback) applies to each agent's steps. Done flags are kept only for agents
         whose episode ends inside the slice.
         """
@@ -472,8 +474,8 @@ class MultiAgentEpisode:
         )
         sliced.env_t = self.env_t_started + stop
         for agent_id, episode in self.agent_episodes.items():
-            mapping = self.env_t_to_agent_t[agent_id]
-            steps = [t for t in mapping.get(slice(start, stop + 1), fill=self.SKIP_ENV_TS_TAG) if t != "S"]
+            window = self.env_t_to_agent_t[agent_id].get(slice(start, stop + 1), fill=self.SKIP_ENV_TS_TAG)
+            steps = [t for t in window if t != self.SKIP_ENV_TS_TAG]
             if not steps:
                 continue
             first, last = steps[0] - episode.t_started, steps[-1] - episode.t_started
@@ -482,20 +484,23 @@ class MultiAgentEpisode:
             sa.is_terminated, sa.is_truncated = episode.is_terminated and keep_done, episode.is_truncated and keep_done
             sliced.agent_episodes[agent_id] = sa
             sliced.agent_t_started[agent_id] = sa.t_started
-            sliced.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(
-                [t for t in mapping.get(slice(start, stop + 1), fill=self.SKIP_ENV_TS_TAG)]
-            )
-            if not keep_done and not sa.is_done:  # the step after the slice's last observation hangs
-                if last < len(episode):
-                    sliced._hanging_actions_end[agent_id] = episode.get_actions(last)
-                    sliced._hanging_rewards_end[agent_id] = float(episode.get_rewards(last))
-                    sliced._hanging_extra_model_outputs_end[agent_id] = {
-                        k: episode.get_extra_model_outputs(k, last) for k in episode.extra_model_outputs
-                    }
-                elif agent_id in self._hanging_actions_end:
-                    sliced._hanging_actions_end[agent_id] = self._hanging_actions_end[agent_id]
-                    sliced._hanging_rewards_end[agent_id] = self._hanging_rewards_end[agent_id]
-                    sliced._hanging_extra_model_outputs_end[agent_id] = self._hanging_extra_model_outputs_end[agent_id]
+            sliced.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(list(window))
+            # The action after the slice's last observation hangs if it was taken inside the slice: an observation at
+            # env step `stop` itself is followed by the action of the step after the slice.
+            if sa.is_done or window[-1] != self.SKIP_ENV_TS_TAG:
+                continue
+            if last < len(episode):  # completed later in this episode
+                sliced._hanging_actions_end[agent_id] = episode.get_actions(last)
+                sliced._hanging_rewards_end[agent_id] = float(episode.get_rewards(last))
+                sliced._hanging_extra_model_outputs_end[agent_id] = {
+                    k: episode.get_extra_model_outputs(k, last) for k in episode.extra_model_outputs
+                }
+            elif agent_id in self._hanging_actions_end:  # still hanging here
+                sliced._hanging_actions_end[agent_id] = copy.deepcopy(self._hanging_actions_end[agent_id])
+                sliced._hanging_rewards_end[agent_id] = self._hanging_rewards_end[agent_id]
+                sliced._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
+                    self._hanging_extra_model_outputs_end[agent_id]
+                )
         ends = stop == n
         sliced.is_terminated, sliced.is_truncated = self.is_terminated and ends, self.is_truncated and ends
         return sliced

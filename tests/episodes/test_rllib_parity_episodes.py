@@ -9,6 +9,8 @@ rlgate's documented behaviour.
 
 from __future__ import annotations
 
+import itertools
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -163,3 +165,51 @@ def test_an_agent_new_to_a_chunk_is_mapped_from_the_chunk_start():
     rows = e.get_observations(fill=-5.0)
     assert rows["a1"] == [-5.0, -5.0, 8.0, -5.0, 6.0, -5.0, -5.0, 8.0, 5.0, -5.0, 3.0]
     assert {len(row) for row in rows.values()} == {len(e) + 1}
+
+
+def turns(n_observations: int) -> MultiAgentEpisode:
+    """RLlib's slice docstring episode, continued: a0 observes at env steps 0, 3 (and 5), a1 at every step; each
+    action is the observation it follows, logp its -1/10; an observation brings reward obs / 10 + 0.1, a0's env
+    steps without one 0.05."""
+    observations = [{"a0": 0, "a1": 0}, {"a1": 1}, {"a1": 2}, {"a0": 3, "a1": 3}, {"a1": 4}, {"a0": 5, "a1": 5}]
+    e = MultiAgentEpisode()
+    e.add_env_reset(observations=observations[0])
+    for before, after in itertools.pairwise(observations[:n_observations]):
+        rewards = {a: o / 10 + 0.1 for a, o in after.items()} | ({} if "a0" in after else {"a0": 0.05})
+        e.add_env_step(after, before, rewards, extra_model_outputs={a: {"logp": -o / 10} for a, o in before.items()})
+    return e
+
+
+def hanging(e: MultiAgentEpisode) -> dict:
+    return {
+        a: (int(x), round(e._hanging_rewards_end[a], 5), float(e._hanging_extra_model_outputs_end[a]["logp"]))
+        for a, x in e._hanging_actions_end.items()
+    }
+
+
+@pytest.mark.parametrize("numpy", [False, True])
+def test_slice_hangs_only_the_actions_taken_inside_it_as_rllib(numpy):
+    """RLlib, the 6-observation episode: in [0:3] and [1:3] a0's last observation is at env step 3, the slice's
+    end, so the action it takes there (3) belongs to env step 4 and nothing hangs (a0 holds observations [0, 3] /
+    [3], action [0] / []); [3:4] and [0:2] end before a0 observes again, so its action there hangs with the step's
+    reward (3, 0.65; 0, 0.5). Numpy mode (and to_numpy() of a slice) alike."""
+    e = turns(6).to_numpy() if numpy else turns(6)
+    for part, obs, actions, hangs in [
+        (e[0:3], [0, 3], [0], {}),
+        (e[1:3], [3], [], {}),
+        (e[3:4], [3], [], {"a0": (3, 0.65, -0.3)}),
+        (e[0:2], [0], [], {"a0": (0, 0.5, -0.0)}),
+    ]:
+        a0 = part.to_numpy().agent_episodes["a0"]
+        assert (plain(a0.get_observations()), plain(a0.get_actions()), hanging(part)) == (obs, actions, hangs)
+
+
+@pytest.mark.parametrize("numpy", [False, True])
+def test_slice_to_the_end_keeps_the_actions_that_still_hang_as_rllib(numpy):
+    """RLlib, the 5-observation episode (a0 acted 3 at env step 3 and has not observed since): [3:], [-2:],
+    [2:4] and [0:] keep a0's hanging action with its reward so far (0.05) and logp; a0 is not done in any."""
+    e = turns(5).to_numpy() if numpy else turns(5)
+    for part, a1 in [(e[3:], [3, 4]), (e[-2:], [2, 3, 4]), (e[2:4], [2, 3, 4]), (e[0:], [0, 1, 2, 3, 4])]:
+        assert hanging(part.to_numpy()) == {"a0": (3, 0.05, -0.3)}
+        assert plain(part.agent_episodes["a1"].get_observations()) == a1
+        assert not part.agent_episodes["a0"].is_done and not part.is_done
