@@ -20,6 +20,9 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
 - An agent that first observes in a successor chunk is mapped from the chunk's start (its lookback is skip
   tags): RLlib counts its skip tags from the episode's reset (`env_t`, not `env_t - env_t_started`), which
   puts its steps at later env steps than they happened unless the chunk's lookback equals `env_t_started`.
+- `cut()` extends the env-step lookback back to the last observation of every agent whose action hangs for every
+  `len_lookback_buffer`, 0 included: RLlib's loop reads index -0 (the chunk's first entry) first, so with 0 it
+  extends only for an agent that was absent at the chunk's start.
 - `cut(len_lookback_buffer)` keeps at most the env steps that exist as env-step lookback: RLlib pads its
   env-step mappings to the full length with skip tags, so an index before the episode's reset answers `{}`
   there and raises IndexError here (as for a single-agent episode).
@@ -376,12 +379,18 @@ class MultiAgentEpisode:
         Every agent that is not done continues with its episode's `cut()` successor (same id, `chunk_index
         + 1`): with up to `len_lookback_buffer` of its steps as lookback, or all steps taken within the last
         `len_lookback_buffer` env steps, whichever are fewer; at least its last observation. Hanging
-        actions, outputs and rewards move into the successor, so pending steps complete there.
+        actions, outputs and rewards move into the successor, so pending steps complete there; as in RLlib,
+        `len_lookback_buffer` grows to reach back to the last observation of every agent whose action hangs.
         """
         if self.is_done:
             raise RuntimeError(f"episode {self.id_} is done: it has no successor")
         if len_lookback_buffer < 0:
             raise ValueError(f"len_lookback_buffer must be >= 0, got {len_lookback_buffer}")
+        # As RLlib: the env-step lookback reaches back to the last observation of every agent whose action hangs,
+        # so the successor can look up the observation its pending step starts from.
+        len_lookback_buffer = max(
+            [len_lookback_buffer] + [self._env_steps_since_observed(a) for a in self._hanging_actions_end]
+        )
         successor = MultiAgentEpisode(
             self.id_,
             observation_space=self.observation_space,
@@ -413,6 +422,11 @@ class MultiAgentEpisode:
         )
         successor.custom_data = copy.deepcopy(self.custom_data)
         return successor
+
+    def _env_steps_since_observed(self, agent_id: AgentID) -> int:
+        """Env steps since the agent's last observation (0: it observed at the latest one)."""
+        mapping = self.env_t_to_agent_t[agent_id].data
+        return next(i for i, t in enumerate(reversed(mapping)) if t != self.SKIP_ENV_TS_TAG)
 
     def concat_episode(self, other: MultiAgentEpisode) -> None:
         """Append `other` (the chunk that continues this one: same id, `other.env_t_started == self.env_t`)."""

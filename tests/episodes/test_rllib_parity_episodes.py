@@ -213,3 +213,33 @@ def test_slice_to_the_end_keeps_the_actions_that_still_hang_as_rllib(numpy):
         assert hanging(part.to_numpy()) == {"a0": (3, 0.05, -0.3)}
         assert plain(part.agent_episodes["a1"].get_observations()) == a1
         assert not part.agent_episodes["a0"].is_done and not part.is_done
+
+
+def hanging_b() -> MultiAgentEpisode:
+    """a observes at env steps 0..3; b at 0 and 1, then acts (1) at env step 1 and waits: its action hangs."""
+    e = MultiAgentEpisode()
+    e.add_env_reset(observations={"a": 0.0, "b": 0.0})
+    e.add_env_step({"a": 1.0, "b": 1.0}, {"a": 0, "b": 0}, {"a": 1.0, "b": 1.0})
+    e.add_env_step({"a": 2.0}, {"a": 1, "b": 1}, {"a": 1.0, "b": 0.5})
+    e.add_env_step({"a": 3.0}, {"a": 2}, {"a": 1.0, "b": 0.25})
+    return e
+
+
+@pytest.mark.parametrize("len_lookback_buffer", [0, 1, 2])
+def test_cut_lookback_reaches_the_last_observation_of_an_agent_whose_action_hangs(len_lookback_buffer):
+    """RLlib, cut(len_lookback_buffer=1) or 2: the env-step lookback grows to 2, back to b's last observation (env
+    step 1): mappings a [1, 2, 3] and b [1, "S", "S"] (lookback 2), a's agent episode observations 1..3 with
+    lookback 2, b's [1.0] (its pending step, t_started 1), get_observations(-2, neg_index_as_lookback=True) ==
+    {"a": 1.0, "b": 1.0}; b's step completes in the successor (reward 0.5 + 0.25 + 1.0). RLlib's cut(0) extends
+    only when the agent's first mapping entry is a skip tag (its loop starts reading at index -0, the first
+    entry), so here it drops b's pending step; rlgate extends for every lookback length."""
+    successor = hanging_b().cut(len_lookback_buffer=len_lookback_buffer)
+    mappings = {agent: (list(m.data), m.lookback) for agent, m in successor.env_t_to_agent_t.items()}
+    assert mappings == {"a": ([1, 2, 3], 2), "b": ([1, "S", "S"], 2)}
+    a, b = successor.agent_episodes["a"], successor.agent_episodes["b"]
+    assert (a.get_observations(slice(-2, None), neg_index_as_lookback=True), a.t_started) == ([1.0, 2.0, 3.0], 3)
+    assert (b.get_observations(), b.t_started) == ([1.0], 1)
+    assert successor.get_observations(-1, neg_index_as_lookback=True) == {"a": 2.0}
+    assert successor.get_observations(-2, neg_index_as_lookback=True) == {"a": 1.0, "b": 1.0}
+    successor.add_env_step({"a": 4.0, "b": 4.0}, {"a": 3}, {"a": 1.0, "b": 1.0})
+    assert (b.get_observations(), b.get_actions(), b.get_rewards()) == ([1.0, 4.0], [1], [1.75])
