@@ -23,6 +23,10 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
 - `cut()` extends the env-step lookback back to the last observation of every agent whose action hangs for every
   `len_lookback_buffer`, 0 included: RLlib's loop reads index -0 (the chunk's first entry) first, so with 0 it
   extends only for an agent that was absent at the chunk's start.
+- `cut()` carries the rewards of agents that have not observed yet into the successor's `_hanging_rewards_begin`,
+  and `concat_episode()` takes the successor's (summed further, or cleared where the agent left unobserved): RLlib
+  copies the hanging end rewards there (counted twice by `get_return(include_hanging_rewards=True)`) and keeps the
+  first chunk's in a concatenation.
 - `cut(len_lookback_buffer)` keeps at most the env steps that exist as env-step lookback: RLlib pads its
   env-step mappings to the full length with skip tags, so an index before the episode's reset answers `{}`
   there and raises IndexError here (as for a single-agent episode).
@@ -436,6 +440,14 @@ class MultiAgentEpisode:
             raise RuntimeError(f"episode {self.id_} is done: nothing can follow it")
         if self.env_t != other.env_t_started:
             raise ValueError(f"chunk starts at env_t={other.env_t_started}, this episode ends at env_t={self.env_t}")
+        # Rewards of agents that had not observed by this chunk's end: `other` carries them on (summed further, or
+        # cleared when the agent left without observing), as the uncut episode holds them.
+        observed = set(self.agent_episodes)
+        self._hanging_rewards_begin = defaultdict(
+            float,
+            {a: r for a, r in self._hanging_rewards_begin.items() if a in observed}
+            | {a: r for a, r in other._hanging_rewards_begin.items() if a not in observed},
+        )
         for agent_id, theirs in other.agent_episodes.items():
             mine = self.agent_episodes.get(agent_id)
             tail = other.env_t_to_agent_t[agent_id].get()
