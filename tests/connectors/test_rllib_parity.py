@@ -64,7 +64,34 @@ def test_two_pieces_of_one_class_edit_at_the_first_as_rllib_does():
     assert [c.tag for c in pipeline.connectors] == ["N", "B"]
     assert pipeline.insert_before("Counter", Counter(tag="F")).tag == "N"
     assert [c.tag for c in pipeline.connectors] == ["F", "N", "B"]
-    assert pipeline[Counter].tag == "F"  # RLlib returns the list of all three; here the first
+    assert [c.tag for c in pipeline[Counter]] == ["F", "N", "B"]
+
+
+def test_indexing_by_class_gives_every_piece_of_it_or_a_subclass_as_rllib():
+    """RLlib: pipeline[Counter] on [Counter, Sub(Counter), Counter] lists all three, pipeline[Sub] the one, a class
+    without pieces []; pipeline[i] is one piece; a slice raises NotImplementedError."""
+
+    class Sub(Counter):
+        pass
+
+    first, sub, last = Counter(tag="A"), Sub(tag="S"), Counter(tag="B")
+    pipeline = ConnectorPipelineV2(BOX, ACTIONS, connectors=[first, sub, last])
+    assert pipeline[Counter] == [first, sub, last] and pipeline[Sub] == [sub]
+    assert pipeline[MeanStdFilter] == [] and pipeline[-1] is last
+    assert pipeline[Counter][0] is first
+    with pytest.raises(NotImplementedError):
+        pipeline[0:2]
+
+
+def test_a_piece_that_returns_no_dict_is_a_value_error_as_rllib():
+    """RLlib raises ValueError ("`data` returned by ConnectorV2 ... must be a dict!") for a piece returning [1]."""
+
+    class ReturnsList(ConnectorV2):
+        def __call__(self, *, rl_module, batch, episodes, **kwargs):
+            return [1]
+
+    with pytest.raises(ValueError, match="ReturnsList returned list, not the batch dict"):
+        ConnectorPipelineV2(connectors=[Counter(), ReturnsList()])(rl_module=None, batch={}, episodes=[])
 
 
 def test_two_pieces_of_one_class_keep_their_own_state_and_share_one_timing():
