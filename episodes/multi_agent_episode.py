@@ -35,8 +35,14 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
   also marks the episode terminated then, and passes that on to every agent in the step, so an agent only
   truncated (a time limit) became terminated as well, and its value was not bootstrapped.
 - With `env_steps=False` the hanging value counts for every index form (RLlib drops it for indices=None).
-- The constructor takes no per-env-step lists (build episodes with `add_env_reset` / `add_env_step`, or
-  from agent episodes); `slice()` works per agent on env-step boundaries (see its docstring).
+- The constructor records RLlib's per-env-step lists as `add_env_reset` / `add_env_step` would, so its episodes
+  are those the env steps build: a step whose observations straddle the chunk's start (the agent observed in
+  the lookback, then only after it) belongs to the chunk, as in a `cut()` successor (RLlib's constructor puts
+  it in the lookback, where no chunk holds it); env_t counts the observations (RLlib counts the rewards, one
+  more when a last rewards dict follows the last observations); rewards before an agent's first observation
+  are kept as in `add_env_step` (RLlib drops them); a finished episode completes the steps still hanging
+  (RLlib leaves them hanging); `terminateds=True` ends every agent (RLlib raises AttributeError).
+- `slice()` works per agent on env-step boundaries (see its docstring).
 - Precondition failures raise `MultiAgentEnvError` (a ValueError) or RuntimeError, not AssertionError.
 - An agent's rewards summed between two of its steps must stay finite as float32 (the dtype episodes store
   rewards in): else `MultiAgentEnvError`.
@@ -90,18 +96,40 @@ class MultiAgentEpisode:
         self,
         id_: str | None = None,
         *,
+        observations: list[dict[AgentID, Any]] | None = None,
         observation_space: gym.spaces.Dict | dict | None = None,
+        infos: list[dict[AgentID, dict]] | None = None,
+        actions: list[dict[AgentID, Any]] | None = None,
         action_space: gym.spaces.Dict | dict | None = None,
+        rewards: list[dict[AgentID, float]] | None = None,
+        terminateds: dict[AgentID, bool] | bool = False,
+        truncateds: dict[AgentID, bool] | bool = False,
+        extra_model_outputs: list[dict[AgentID, dict]] | None = None,
         env_t_started: int | None = None,
+        agent_t_started: dict[AgentID, int] | None = None,
+        len_lookback_buffer: int | str = "auto",
+        agent_episode_ids: dict[AgentID, str] | None = None,
         agent_episodes: dict[AgentID, SingleAgentEpisode] | None = None,
         agent_module_ids: dict[AgentID, ModuleID] | None = None,
         agent_to_module_mapping_fn: MappingFn | None = None,
     ) -> None:
-        """An empty episode (call `add_env_reset`), or one continuing at `env_t_started`.
+        """An empty episode (call `add_env_reset`), one continuing at `env_t_started`, or one built from RLlib's
+        per-env-step lists.
 
         `agent_module_ids` fixes modules of agents up front; other agents are mapped by
         `agent_to_module_mapping_fn(agent_id, episode)` (default: all to "default_policy") when they first
         appear, and keep that module for the whole episode.
+
+        The lists, as RLlib takes them: `observations[i]` (and `infos[i]`) what the env returned at env step i
+        (the reset first), `actions[i]` (and `extra_model_outputs[i]`) what the agents that observed there sent,
+        `rewards[i]` what the env step after it gave (a last entry after the last observations is summed into
+        the actions still hanging). They are recorded as `add_env_reset` / `add_env_step` would record them;
+        an agent that observes and does not act while the lists go on is done there (terminated, or truncated
+        if `truncateds` says so); `terminateds` / `truncateds` (per agent and `"__all__"`, or a bool for the
+        episode) are the flags at the end. The first `len_lookback_buffer` env steps ("auto": all given
+        rewards) are lookback, and this chunk starts at `env_t_started`; each agent's steps that complete in
+        the lookback are its lookback, and its first step after them is `agent_t_started[agent]` (default 0).
+        `agent_episode_ids` names the agents' episodes.
         """
         self.id_ = id_ or uuid.uuid4().hex
         self.agent_to_module_mapping_fn = agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
@@ -125,6 +153,93 @@ class MultiAgentEpisode:
         self.custom_data: dict[str, Any] = {}
         self._start_time: float | None = None
         self._last_step_time: float | None = None
+        if observations is None:
+            if any(x for x in (infos, actions, rewards, extra_model_outputs)):
+                raise ValueError("infos, actions, rewards and extra_model_outputs come with observations")
+            return
+        if agent_episodes:
+            raise ValueError("give observations (RLlib's per-env-step lists) or agent_episodes, not both")
+        final = [flags if isinstance(flags, dict) else {ALL: flags} for flags in (terminateds, truncateds)]
+        self.env_t_started = self.env_t = 0  # recorded from the reset on, then moved to `env_t_started`
+        self._record_lists(observations, infos, actions, rewards, extra_model_outputs, *final)
+        lookback = len(rewards or []) if len_lookback_buffer == "auto" else len_lookback_buffer
+        self._split_lookback(min(lookback, len(observations) - 1), env_t_started or 0, agent_t_started or {})
+        for agent_id, episode_id in (agent_episode_ids or {}).items():
+            if agent_id in self.agent_episodes:
+                self.agent_episodes[agent_id].id_ = episode_id
+        self.validate()
+
+    def _record_lists(
+        self,
+        observations: list[dict],
+        infos: list[dict] | None,
+        actions: list[dict] | None,
+        rewards: list[dict] | None,
+        extra_model_outputs: list[dict] | None,
+        terminateds: dict,
+        truncateds: dict,
+    ) -> None:
+        """RLlib's per-env-step lists, recorded by `add_env_reset` and `add_env_step` (see `__init__`)."""
+        n = len(observations)
+        actions, rewards, outputs = actions or [], rewards or [], extra_model_outputs or [{}] * (n - 1)
+        infos = infos or [{}] * n
+        lengths = {"actions": (len(actions), (n - 1,)), "rewards": (len(rewards), (0, n - 1, n))}
+        lengths |= {"extra_model_outputs": (len(outputs), (n - 1,)), "infos": (len(infos), (n,))}
+        wrong = [f"{len_} {name}" for name, (len_, fits) in lengths.items() if len_ not in fits and (n > 1 or len_)]
+        if n == 0 or wrong:
+            raise ValueError(
+                f"MultiAgentEpisode: {n} observations (env steps 0..{n - 1}) take one actions dict per env.step() "
+                f"({n - 1}), rewards likewise (or one more), infos one per observation; got {', '.join(wrong)}"
+            )
+        # RLlib: an agent that observes and does not act while the lists go on is done at that observation.
+        leaves = [{a for a in observations[i] if i < n - 1 and a not in actions[i]} for i in range(n)]
+        self.add_env_reset(
+            observations={a: o for a, o in observations[0].items() if a not in leaves[0]}, infos=infos[0]
+        )
+        for i in range(1, n):
+            obs, acted = observations[i], actions[i - 1]
+            done = {a for a, e in self.agent_episodes.items() if e.is_done}
+            step_rewards = {a: 0.0 for a in obs if a in acted} | {
+                a: r for a, r in (rewards[i - 1] if rewards else {}).items() if a not in done
+            }
+            terminated = {a: True for a in leaves[i] if not truncateds.get(a)}
+            truncated = {a: True for a in leaves[i] if truncateds.get(a)}
+            if i == n - 1:
+                terminated, truncated = terminated | terminateds, truncated | truncateds
+            self.add_env_step(
+                obs,
+                acted,
+                step_rewards,
+                infos[i],
+                terminateds=terminated,
+                truncateds=truncated,
+                extra_model_outputs=outputs[i - 1],
+            )
+        if len(rewards) == n:  # rewards after the last observations: for the actions still hanging
+            for agent_id, reward in rewards[-1].items():
+                if agent_id in self._hanging_actions_end:
+                    self._hanging_rewards_end[agent_id] = _summed(agent_id, self._hanging_rewards_end[agent_id], reward)
+        if n == 1:
+            self.is_terminated, self.is_truncated = bool(terminateds.get(ALL)), bool(truncateds.get(ALL))
+
+    def _split_lookback(self, lookback: int, env_t_started: int, agent_t_started: dict[AgentID, int]) -> None:
+        """Make the first `lookback` recorded env steps lookback and start this chunk at `env_t_started`: each
+        agent's steps that complete there become its lookback (a step whose observations straddle the chunk's
+        start completes in it), its first step after them is `agent_t_started[agent]` (default 0)."""
+        self.env_t_started, self.env_t = env_t_started, env_t_started + self.env_t - lookback
+        for agent_id, mapping in self.env_t_to_agent_t.items():
+            episode = self.agent_episodes[agent_id]
+            observed = sum(t != self.SKIP_ENV_TS_TAG for t in mapping.data[: lookback + 1])
+            agent_lookback = max(observed - 1, 0)
+            t_started = agent_t_started.get(agent_id, 0)
+            mapping.data = [t if t == self.SKIP_ENV_TS_TAG else t - agent_lookback + t_started for t in mapping.data]
+            mapping.lookback = lookback
+            for buffer in (episode.observations, episode.infos, episode.actions, episode.rewards):
+                buffer.lookback = agent_lookback
+            for buffer in episode.extra_model_outputs.values():
+                buffer.lookback = agent_lookback
+            episode.t_started, episode.t = t_started, t_started + len(episode.rewards)
+            self.agent_t_started[agent_id] = t_started
 
     # --- building -----------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import itertools
 import gymnasium as gym
 import numpy as np
 import pytest
-from support.agent_traces import replay, trace
+from support.agent_traces import replay, summary, trace
 
 from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
 
@@ -243,3 +243,123 @@ def test_cut_lookback_reaches_the_last_observation_of_an_agent_whose_action_hang
     assert successor.get_observations(-2, neg_index_as_lookback=True) == {"a": 1.0, "b": 1.0}
     successor.add_env_step({"a": 4.0, "b": 4.0}, {"a": 3}, {"a": 1.0, "b": 1.0})
     assert (b.get_observations(), b.get_actions(), b.get_rewards()) == ([1.0, 4.0], [1], [1.75])
+
+
+def docstring_lists() -> dict:
+    """RLlib's MultiAgentEpisode.slice docstring episode as the constructor's lists (rewards one per observation)."""
+    observations = [{"a0": 0, "a1": 0}, {"a1": 1}, {"a1": 2}, {"a0": 3, "a1": 3}, {"a0": 4}]
+    rewards = [{a: o / 10 + 0.1 for a, o in step.items()} for step in observations]
+    return {"observations": observations, "actions": observations[:-1], "rewards": rewards}
+
+
+def test_constructor_takes_rllib_per_env_step_lists_as_its_slice_docstring():
+    """RLlib's docstring: episode[1:3] holds a0's observation 3 and a1's 1, 2, 3 (actions [] and [1, 2], rewards
+    [] and [0.2, 0.3]); episode[:2] leaves a0's action 0 hanging with reward 0.1. a1's action 3 hangs at the end
+    (reward 0.4). RLlib counts env_t from the rewards (5 here, one per observation); rlgate from the observations
+    (4 env steps after the reset)."""
+    e = MultiAgentEpisode(**docstring_lists(), len_lookback_buffer=0)
+    assert (len(e), e.get_agents_to_act()) == (4, {"a0"})
+    assert (e._hanging_actions_end, e._hanging_rewards_end["a1"]) == ({"a1": 3}, pytest.approx(0.4))
+    part = e[1:3]
+    a0, a1 = part.agent_episodes["a0"], part.agent_episodes["a1"]
+    assert (a0.get_observations(), a1.get_observations()) == ([3], [1, 2, 3])
+    assert (a0.get_actions(), a1.get_actions()) == ([], [1, 2])
+    assert (a0.get_rewards(), a1.get_rewards()) == ([], pytest.approx([0.2, 0.3]))
+    start = e[:2]
+    assert (start._hanging_actions_end, start._hanging_rewards_end["a0"]) == ({"a0": 0}, pytest.approx(0.1))
+
+
+def joining_lists() -> dict:
+    """a observes at every env step; b at 0, 1 and 4 (its action at 1 hangs over 2 and 3); c joins at 2 and acts
+    7 there; rewards between the agents' steps; logp -action / 10; infos {"i": env step}."""
+    observations = [{"a": 0.0, "b": 0.0}, {"a": 1.0, "b": 1.0}, {"a": 2.0, "c": 5.0}, {"a": 3.0}]
+    observations.append({"a": 4.0, "b": 4.0, "c": 6.0})
+    actions = [{"a": 0, "b": 0}, {"a": 1, "b": 1}, {"a": 2, "c": 7}, {"a": 3}]
+    rewards = [{"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 0.5}, {"a": 1.0, "b": 0.25, "c": 2.0}, {"a": 1.0, "b": 1.0}]
+    return {
+        "observations": observations,
+        "actions": actions,
+        "rewards": rewards,
+        "extra_model_outputs": [{a: {"logp": -x / 10} for a, x in step.items()} for step in actions],
+        "infos": [{a: {"i": i} for a in step} for i, step in enumerate(observations)],
+    }
+
+
+def test_constructor_maps_each_agents_steps_as_rllib():
+    """RLlib, len_lookback_buffer=0, env_t_started=10, agent_t_started {a: 7, b: 3, c: 1}: len 4 (env_t 14),
+    mappings a [7..11], b [3, 4, "S", "S", 5], c ["S", "S", 1, "S", 2]; b's step sums 0.5 + 0.25 + 1.0; every
+    agent observed last, so all act next."""
+    e = MultiAgentEpisode(
+        **joining_lists(), env_t_started=10, agent_t_started={"a": 7, "b": 3, "c": 1}, len_lookback_buffer=0
+    )
+    assert (len(e), e.env_t_started, e.env_t, e.get_agents_to_act()) == (4, 10, 14, {"a", "b", "c"})
+    assert {a: list(m.data) for a, m in e.env_t_to_agent_t.items()} == {
+        "a": [7, 8, 9, 10, 11],
+        "b": [3, 4, "S", "S", 5],
+        "c": ["S", "S", 1, "S", 2],
+    }
+    b, c = e.agent_episodes["b"], e.agent_episodes["c"]
+    assert (b.get_observations(), b.get_actions(), b.get_rewards(), b.t_started, b.t) == (
+        [0.0, 1.0, 4.0],
+        [0, 1],
+        [1.0, 1.75],
+        3,
+        5,
+    )
+    assert (c.get_actions(), c.get_rewards(), plain(c.get_extra_model_outputs("logp"))) == ([7], [2.0], [-0.7])
+    assert e.get_infos(2) == {"a": {"i": 2}, "c": {"i": 2}} and e.get_return() == 8.75
+
+
+def env_steps(lists: dict, first: int, last: int) -> dict:
+    """The lists of env steps first..last (observations and infos) and the actions between them."""
+    return {k: v[first : last + (k in ("observations", "infos"))] for k, v in lists.items()}
+
+
+def test_constructor_lookback_holds_the_steps_that_complete_in_it_as_the_cut_successor():
+    """Env steps 1..3 with len_lookback_buffer=2 (env steps 1 and 2 are lookback, the chunk starts at env step 3)
+    build what cut(len_lookback_buffer=2) after env step 3 builds, before and after env step 4: a's steps 1->2
+    and 2->3 are lookback, b's last observation (1) starts its pending step (t_started 1, no lookback), so the
+    step completes in this chunk. RLlib's constructor puts a step that straddles the chunk's start in the
+    lookback (b lookback 1), where neither chunk of a cut episode holds it: a deliberate difference."""
+    lists = joining_lists()
+    cut = MultiAgentEpisode(**env_steps(lists, 0, 3), len_lookback_buffer=0).cut(len_lookback_buffer=2)
+    listed = MultiAgentEpisode(
+        **env_steps(lists, 1, 3), env_t_started=3, agent_t_started={"a": 3, "b": 1, "c": 0}, len_lookback_buffer=2
+    )
+    assert summary(listed) == summary(cut)
+    b = listed.agent_episodes["b"]
+    assert (b.get_observations(), b.t_started, b.observations.lookback, listed._hanging_actions_end) == (
+        [1.0],
+        1,
+        0,
+        {"b": 1, "c": 7},
+    )
+    for episode in (listed, cut):
+        episode.add_env_step(lists["observations"][4], lists["actions"][3], lists["rewards"][3])
+    assert summary(listed) == summary(cut)
+    assert (b.get_observations(), b.get_rewards()) == ([1.0, 4.0], [1.75])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"observations": [{"a": 0}, {"a": 1}], "actions": []}, "0 actions"),
+        ({"observations": [{"a": 0}, {"a": 1}], "actions": [{"a": 0}], "infos": [{}]}, "1 infos"),
+        ({"observations": [{"a": 0}, {"a": 1}], "actions": [{"b": 0}]}, "agent 'b' acted before it ever observed"),
+        ({"actions": [{"a": 0}]}, "come with observations"),
+    ],
+)
+def test_constructor_refuses_lists_that_do_not_fit(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MultiAgentEpisode(**kwargs)
+
+
+@pytest.mark.parametrize("flags", [True, {"__all__": True, "a": True, "b": True}])
+def test_constructor_ends_the_episode_with_its_flags(flags):
+    """terminateds=True (RLlib raises AttributeError for a bool) or per agent: every agent ends terminated; b,
+    whose action hangs, completes its step with its last observation, as add_env_step records it (RLlib's
+    constructor leaves its action hanging in the finished episode)."""
+    lists = env_steps(joining_lists(), 0, 3)
+    e = MultiAgentEpisode(**lists, terminateds=flags, len_lookback_buffer=0)
+    assert e.is_terminated and all(a.is_terminated for a in e.agent_episodes.values())
+    assert e._hanging_actions_end == {} and e.agent_episodes["b"].get_observations() == [0.0, 1.0, 1.0]
