@@ -555,12 +555,14 @@ class MultiAgentEpisode:
             raise RuntimeError(f"episode {self.id_} is done: nothing can follow it")
         if self.env_t != other.env_t_started:
             raise ValueError(f"chunk starts at env_t={other.env_t_started}, this episode ends at env_t={self.env_t}")
-        # Rewards of agents that had not observed by this chunk's end: `other` carries them on (summed further, or
-        # cleared when the agent left without observing), as the uncut episode holds them.
+        # Rewards before an agent's first observation, as the uncut episode holds them: `other` carries on those of
+        # agents that had not observed by this chunk's end (summed further, or cleared when the agent left without
+        # observing); an agent done in `other` has none left (as `add_env_step` clears them when it is done).
         observed = set(self.agent_episodes)
+        done = {a for a, e in other.agent_episodes.items() if e.is_done}
         self._hanging_rewards_begin = defaultdict(
             float,
-            {a: r for a, r in self._hanging_rewards_begin.items() if a in observed}
+            {a: r for a, r in self._hanging_rewards_begin.items() if a in observed and a not in done}
             | {a: r for a, r in other._hanging_rewards_begin.items() if a not in observed},
         )
         for agent_id, theirs in other.agent_episodes.items():
@@ -581,8 +583,9 @@ class MultiAgentEpisode:
                 mine_cache.pop(agent_id, None)
                 if agent_id in their_cache:
                     mine_cache[agent_id] = copy.deepcopy(their_cache[agent_id])
-        for agent_id, mapping in self.env_t_to_agent_t.items():  # agents absent from `other` skipped its steps
-            if agent_id not in other.agent_episodes and not self.agent_episodes[agent_id].is_done:
+        # Agents absent from `other` skipped its steps (done ones too: the uncut episode maps every env step of each)
+        for agent_id, mapping in self.env_t_to_agent_t.items():
+            if agent_id not in other.agent_episodes:
                 mapping.extend([self.SKIP_ENV_TS_TAG] * (other.env_t - other.env_t_started))
         self.env_t = other.env_t
         if other.is_terminated:

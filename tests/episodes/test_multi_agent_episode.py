@@ -219,3 +219,17 @@ def test_concat_holds_the_rewards_before_a_first_observation_as_the_uncut_episod
     assert dict(joined._hanging_rewards_begin) == dict(uncut._hanging_rewards_begin)
     assert joined.get_return(include_hanging_rewards=True) == uncut.get_return(include_hanging_rewards=True)
     assert summary(joined) == summary(uncut)
+
+
+@pytest.mark.parametrize("cut_at", [1, 4])
+def test_concat_of_two_chunks_is_the_uncut_episode(cut_at: int) -> None:
+    """Trace 0 with 3 agents, cut after env step 1 (a0's and a1's first actions hang across the cut, so their
+    first chunk has no extra model outputs yet; a2 joins with no reward) or 4 (a0 terminates there). The two chunks
+    concatenated answer every getter as the uncut episode: the done agent's mapping covers the second chunk's env
+    steps, a2's pre-observation record is gone once it is done, a0's and a1's logp columns start in the chunk."""
+    records = trace(0, n_agents=3, steps=16)
+    uncut = replay(MultiAgentEpisode("e"), records)
+    first = replay(MultiAgentEpisode("e"), records[: cut_at + 1])
+    first.concat_episode(replay(first.cut(), records[cut_at + 1 :]))
+    assert summary(first) == summary(uncut)
+    assert dict(first._hanging_rewards_begin) == dict(uncut._hanging_rewards_begin)
