@@ -125,11 +125,11 @@ class MultiAgentEpisode:
         `rewards[i]` what the env step after it gave (a last entry after the last observations is summed into
         the actions still hanging). They are recorded as `add_env_reset` / `add_env_step` would record them;
         an agent that observes and does not act while the lists go on is done there (terminated, or truncated
-        if `truncateds` says so); `terminateds` / `truncateds` (per agent and `"__all__"`, or a bool for the
-        episode) are the flags at the end. The first `len_lookback_buffer` env steps ("auto": all given
-        rewards) are lookback, and this chunk starts at `env_t_started`; each agent's steps that complete in
-        the lookback are its lookback, and its first step after them is `agent_t_started[agent]` (default 0).
-        `agent_episode_ids` names the agents' episodes.
+        if `truncateds` says so), and later rewards for it are ignored (as in RLlib); `terminateds` /
+        `truncateds` (per agent and `"__all__"`, or a bool for the episode) are the flags at the end. The first
+        `len_lookback_buffer` env steps ("auto": all given rewards) are lookback, and this chunk starts at
+        `env_t_started`; each agent's steps that complete in the lookback are its lookback, and its first step
+        after them is `agent_t_started[agent]` (default 0). `agent_episode_ids` names the agents' episodes.
         """
         self.id_ = id_ or uuid.uuid4().hex
         self.agent_to_module_mapping_fn = agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
@@ -153,13 +153,14 @@ class MultiAgentEpisode:
         self.custom_data: dict[str, Any] = {}
         self._start_time: float | None = None
         self._last_step_time: float | None = None
+        final = [flags if isinstance(flags, dict) else {ALL: flags} for flags in (terminateds, truncateds)]
         if observations is None:
             if any(x for x in (infos, actions, rewards, extra_model_outputs)):
                 raise ValueError("infos, actions, rewards and extra_model_outputs come with observations")
+            self.is_terminated, self.is_truncated = (bool(flags.get(ALL)) for flags in final)
             return
         if agent_episodes:
             raise ValueError("give observations (RLlib's per-env-step lists) or agent_episodes, not both")
-        final = [flags if isinstance(flags, dict) else {ALL: flags} for flags in (terminateds, truncateds)]
         self.env_t_started = self.env_t = 0  # recorded from the reset on, then moved to `env_t_started`
         self._record_lists(observations, infos, actions, rewards, extra_model_outputs, *final)
         lookback = len(rewards or []) if len_lookback_buffer == "auto" else len_lookback_buffer

@@ -363,3 +363,4 @@ def test_constructor_ends_the_episode_with_its_flags(flags):
     e = MultiAgentEpisode(**lists, terminateds=flags, len_lookback_buffer=0)
     assert e.is_terminated and all(a.is_terminated for a in e.agent_episodes.values())
     assert e._hanging_actions_end == {} and e.agent_episodes["b"].get_observations() == [0.0, 1.0, 1.0]
+    assert MultiAgentEpisode(terminateds=flags).is_terminated  # RLlib: without lists, the flags are the episode's
