@@ -64,7 +64,7 @@ def assert_slices_like_twin(episode: MultiAgentEpisode, twin: MultiAgentEpisode,
 def test_cut_slice_and_concat_match_the_uncut_twin(seed, n_agents, turn_based, running, cuts, bounds) -> None:
     """Every chunk (at its cut, and its successor right after, lookback included) and every slice answers at each
     env step as the uncut twin at the same env step; the concatenated chunks are the twin (every getter, the
-    mappings, returns with hanging rewards)."""
+    mappings, returns with hanging rewards), and so is the episode built from the records as RLlib's lists."""
     records = trace(seed, n_agents=n_agents, steps=16, turn_based=turn_based)
     if running:
         records = records[: max(len(records) - 3, 1)]
@@ -87,3 +87,16 @@ def test_cut_slice_and_concat_match_the_uncut_twin(seed, n_agents, turn_based, r
         joined.concat_episode(successor)
     assert summary(joined) == summary(twin)
     assert dict(joined._hanging_rewards_begin) == dict(twin._hanging_rewards_begin)
+    assert summary(MultiAgentEpisode(**as_lists(records), len_lookback_buffer=0)) == summary(twin)
+
+
+def as_lists(records: list[tuple]) -> dict:
+    """The records as RLlib's per-env-step constructor lists (replay()'s logp included)."""
+    steps = records[1:]
+    return {
+        "observations": [records[0][1]] + [step[1] for step in steps],
+        "actions": [step[2] for step in steps],
+        "rewards": [step[3] for step in steps],
+        "extra_model_outputs": [{a: {"logp": x / 10} for a, x in step[2].items()} for step in steps],
+        "terminateds": steps[-1][4] if steps else False,
+    }
