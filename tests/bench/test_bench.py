@@ -84,3 +84,41 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert hand_off["steps_lost"] == 0 and hand_off["unacked_batches"] == 0, hand_off
     # The spool stays bounded: past its limit the server pauses, so it overshoots by at most a batch or so.
     assert hand_off["max_spool_bytes"] < 2 * hand_off["spool_limit_bytes"], hand_off
+
+
+@pytest.mark.slow
+def test_env_bench_measures_pong_beside_cartpole_within_the_wire_budget(tmp_path: Path) -> None:
+    """`rlgate bench --env ALE/Pong-v5`: both envs at 1x8 and 4x8, and Pong's step messages carry one 84x84 uint8
+    frame per env step (7,056 bytes) and little else: at most 7.5 KB per env step on the wire."""
+    pytest.importorskip("ale_py", reason="ALE needs ale-py (pip install 'rlgate[atari]')")
+    out = tmp_path / "bench.json"
+    marker = f"RLGATE_BENCH_TEST={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    command = [sys.executable, "-m", "rlgate", "bench", "--env", "ALE/Pong-v5", "--quick", "--warmup-s", "0.2"]
+    bench = subprocess.Popen(
+        [*command, "--window-s", "0.3", "--json", str(out), "--logs", str(tmp_path / "logs")],
+        env={**os.environ, key: value},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = bench.communicate(timeout=300)
+    finally:
+        leftovers = _marked(marker)
+        if bench.poll() is None or leftovers:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
+    assert bench.returncode == 0, stderr[-3000:]
+    assert leftovers == [], "the bench left processes running"
+    records = {(r["env"], r["clients"], r["envs_per_message"]): r for r in json.loads(out.read_text())}
+    assert set(records) == {(env, k, 8) for env in ("ALE/Pong-v5", "CartPole-v1") for k in (1, 4)}
+    for (env, _, _), record in records.items():
+        assert record["env_steps_per_s"] > 0 and record["server_cpu_us_per_step"] > 0, record
+        assert record["stages_us"]["forward"] > 0 and record["limited_by"] in LIMITS, record
+        frame = 84 * 84 if env == "ALE/Pong-v5" else 4 * 4  # CartPole: 4 float32 values
+        assert frame < record["bytes_out_per_step"] < frame + 100, record  # rewards, flags, tags: tens of bytes
+        assert 0 < record["bytes_in_per_step"] < 20, record  # one int64 action and its share of the reply
+    assert records["ALE/Pong-v5", 1, 8]["bytes_out_per_step"] <= 7_500
+    assert "x baseline cpu/step" in stdout
