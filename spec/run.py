@@ -34,7 +34,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rlgate.models.config import ModelConfig
 from rlgate.spec.algorithm import PPOConfig
@@ -45,20 +54,24 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _path_if_qualified(value: str) -> str:
+    """A name with a ':' is an import path: 'pkg.mod:Name' (SpecError otherwise)."""
+    if ":" in value:
+        split_path(value)
+    return value
+
+
+#: A built-in's name, or an import path 'pkg.mod:Name'.
+NameOrPath = Annotated[str, AfterValidator(_path_if_qualified)]
+
+
 class _Named(BaseModel):
     """Code a spec names with its keyword arguments: `type` is a built-in's name or 'pkg.mod:Name'; the other
     keys are its keyword arguments."""
 
     model_config = ConfigDict(extra="allow")
 
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _path_if_qualified(cls, value: str) -> str:
-        if ":" in value:
-            split_path(value)
-        return value
+    type: NameOrPath
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -91,7 +104,7 @@ Pieces = Annotated[list[PieceSpec], BeforeValidator(_names_alone)]
 class EnvSpec(_Section):
     """Which env the clients run (and whose spaces the learner builds the model for)."""
 
-    id: str = Field(
+    id: NameOrPath = Field(
         "CartPole-v1",
         description="A registered gymnasium id, 'pkg.mod:EnvClass', 'pkg.mod:make_env' "
         "(a callable returning an env) or 'pkg.mod:EnvId' (importing pkg.mod registers EnvId).",
@@ -121,13 +134,6 @@ class EnvSpec(_Section):
     def modules(self) -> list[str | None]:
         """The modules the env and its wrappers name code from (None where one names none)."""
         return [self.module(), *(wrapper.module() for wrapper in self.wrappers)]
-
-    @field_validator("id")
-    @classmethod
-    def _path_if_qualified(cls, value: str) -> str:
-        if ":" in value:
-            split_path(value)
-        return value
 
 
 class ConnectorsSpec(_Section):
