@@ -90,10 +90,12 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert hand_off["max_spool_bytes"] < 2 * hand_off["spool_limit_bytes"], hand_off
 
 
-@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.timeout(300)
 def test_env_bench_measures_pong_beside_cartpole_within_the_wire_budget(tmp_path: Path) -> None:
     """`rlgate bench --env ALE/Pong-v5`: both envs at 1x8 and 4x8, and Pong's step messages carry one 84x84 uint8
-    frame per env step (7,056 bytes) and little else: at most 7.5 KB per env step on the wire."""
+    frame per env step (7,056 bytes) and little else: at most 7.5 KB per env step on the wire. ~30 s alone, two
+    servers and four load points: `long` (the suite checks the wire budget in tests/client/test_pixel_wire.py)."""
     pytest.importorskip("ale_py", reason="ALE needs ale-py (pip install 'rlgate[atari]')")
     stdout, found = run_bench(tmp_path, "--env", "ALE/Pong-v5", "--quick", "--warmup-s", "0.2", "--window-s", "0.3")
     records = {(r["env"], r["clients"], r["envs_per_message"]): r for r in found}
