@@ -17,6 +17,7 @@ REACHED = r"^reached return [\d.]+ at \d+ env steps in [\d.]+ s$"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # ~20 s alone; `up` itself allows 180 s, more than the suite's default 120 s
 def test_pong_runs_with_the_atari_preset_and_stops_cleanly(tmp_path: Path) -> None:
     """`rlgate up --env ALE/Pong-v5` as the issue asks (with fewer steps): the preset's wrappers, frame stacking
     and CNN; an update at least; every process stopped."""
@@ -36,6 +37,7 @@ def test_pong_runs_with_the_atari_preset_and_stops_cleanly(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_minigrid_as_rgb_pixels_learns_with_its_preset(tmp_path: Path) -> None:
     """A random policy returns 0.18 here (mean of 200 episodes; 0.07 the standard deviation of a mean of 20): the
     preset's CNN on 40x40x3 pixels gets past 0.5 in a few thousand env steps (the goal, 0.9 on 3 seeds, is the
@@ -46,6 +48,7 @@ def test_minigrid_as_rgb_pixels_learns_with_its_preset(tmp_path: Path) -> None:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_minigrid_as_rgb_pixels_reaches_its_goal(tmp_path: Path, seed: int) -> None:
     pytest.importorskip("minigrid", reason="MiniGrid needs minigrid (pip install 'rlgate[minigrid]')")
