@@ -7,6 +7,7 @@ others):
 - B3 vectorised clients: 16 clients x E envs per message;
 - B4 breakdown: rlgate's server CPU per env step by stage, for every B2 and B3 load;
 - B7 hand-off: episode chunks from the server to a real learner, nothing lost, bounded spool.
+`--env ENV` measures that env with its preset instead, beside CartPole-v1 (`bench.envs`).
 Every B1-B3 load also runs against two floors: the bare gRPC floor (`bench.floor`, same load) and the
 in-process floor (`bench.inprocess`, the same number of sub-envs, no network). Each figure is the
 median over windows after a warm-up. `--micro` adds the micro benchmarks (episode codec, connectors).
@@ -25,7 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rlgate.bench import report
+from rlgate.bench import envs, report
 from rlgate.bench.handoff import hand_off
 from rlgate.bench.measure import Load, Timing, in_process, under_load
 from rlgate.bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
@@ -70,6 +71,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--window-s", type=float, help="seconds per measuring window (default by plan)")
     parser.add_argument("--repeats", type=int, help="measuring windows per point; figures are medians")
     parser.add_argument("--real-envs", action="store_true", help="clients step gymnasium's CartPole-v1")
+    parser.add_argument(
+        "--env",
+        metavar="ENV",
+        help="instead of B1-B7: ENV with its preset (e.g. ALE/Pong-v5) beside CartPole-v1, at 1x8 and 4x8, real "
+        "envs: steps/s, server CPU and bytes per env step",
+    )
     parser.add_argument("--micro", action="store_true", help="also run the micro benchmarks")
     parser.add_argument("--py-spy", metavar="PATH", help="profile one more window per point with this py-spy")
     parser.add_argument("--logs", type=Path, metavar="DIR", help="keep logs and profiles here (default: discarded)")
@@ -101,11 +108,14 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="rlgate-bench-") as scratch:
         logs = args.logs or Path(scratch)
         logs.mkdir(parents=True, exist_ok=True)
-        records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs)
+        if args.env:
+            records, profiles = envs.run(args.env, timing, logs), {}
+        else:
+            records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs)
         micro = {module: _micro(module, logs) for module in MICRO} if args.micro else {}
     elapsed = time.perf_counter() - started
     others = max(0.0, (host_busy_seconds() - host_busy) - (own_seconds() - own))  # clock ticks: can dip below 0
-    print(report.render(records))
+    print(report.render_envs(records) if args.env else report.render(records))
     busy = "; the host was busy: rerun" if others > BUSY * elapsed else ""
     print(
         f"\nhost: {os.cpu_count()} cores, run took {elapsed:.0f} s; CPU used outside the bench's processes meanwhile "

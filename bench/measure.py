@@ -27,11 +27,13 @@ Watch = Callable[[float], dict[str, Any]]
 
 @dataclass(frozen=True)
 class Load:
-    """`clients` env clients with `envs` sub-envs each (rows per message)."""
+    """`clients` env clients with `envs` sub-envs each (rows per message); `spec`: the env of this run spec file
+    instead of CartPole."""
 
     clients: int
     envs: int
     real_envs: bool = False
+    spec: Path | None = None
 
     @property
     def label(self) -> str:
@@ -134,7 +136,9 @@ def under_load(
     cores = sorted(client_cores)
     shares = [load.clients // len(cores) + (i < load.clients % len(cores)) for i in range(len(cores))]
     loaders = [
-        LoadProcess(server.target, n, load.envs, load.real_envs, {core}, logs / f"load-{load.label}-{core}.log")
+        LoadProcess(
+            server.target, n, load.envs, load.real_envs, {core}, logs / f"load-{load.label}-{core}.log", load.spec
+        )
         for core, n in zip(cores, shares, strict=True)
         if n
     ]
@@ -176,6 +180,9 @@ def _window(server: ServerProcess, loaders: list[LoadProcess], window_s: float, 
         **figures(steps, seconds, [us for r in reports for us in r["latency_us"]]),
         **server_figures(before, after, cpu_after - cpu_before, steps),
         "client_cpu": max(r["cpu_s"] / r["seconds"] for r in reports),
+        # Protobuf bytes of the step messages and of the answers, per env step (gRPC's framing not counted).
+        "bytes_out_per_step": sum(r["bytes_out"] for r in reports) / max(steps, 1),
+        "bytes_in_per_step": sum(r["bytes_in"] for r in reports) / max(steps, 1),
         "server_cpu": (cpu_after - cpu_before) / seconds,
         **watched,
     }

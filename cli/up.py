@@ -41,6 +41,11 @@ POLL_S = 0.25
 MAX_FAILED_UPDATES = 3  # the learner's updates failing this many times in a row stop the run: nothing trains
 PLAIN_EVERY_S = 10.0  # a progress line this often when the output is not a terminal
 WINDOW = 20  # episodes in the mean return
+# Goals of envs with a preset that registers no reward_threshold (`--stop-return` overrides).
+GOALS = {
+    "ALE/Pong-v5": 20.0,  # of 21 points: where RLlib's Pong examples stop
+    "MiniGrid-Empty-5x5-v0": 0.9,  # the shortest way (5 steps) returns 1 - 0.9 * 5 / 100 = 0.955; 0.9 is 11 steps
+}
 
 
 class UpSettings(SpecSettings):
@@ -65,7 +70,7 @@ class UpSettings(SpecSettings):
         None,
         allow_inf_nan=False,  # a NaN goal is never reached and an infinite one never met: a typo, not a run
         description="Stop when the mean return of the last 20 episodes reaches this (default: the env's "
-        "reward_threshold, 475 for CartPole-v1).",
+        "reward_threshold, 475 for CartPole-v1; 20 for ALE/Pong-v5, 0.9 for MiniGrid-Empty-5x5-v0).",
     )
     max_steps: int = Field(100_000, ge=1, description="Stop (exit 1) after this many env steps.")
     num_clients: int = Field(
@@ -275,8 +280,11 @@ def _child_failed(name: str, code: int, log: Path) -> NoReturn:
 
 
 def _reward_threshold(spec: RunSpec, imports: ImportPolicy) -> float | None:
-    """The registered env's reward_threshold (None for an env class or factory, or when it has none)."""
+    """The registered env's reward_threshold, else rlgate's goal for it (GOALS); None for an env class or
+    factory, or an env with neither."""
     import gymnasium as gym
+
+    from rlgate.spec.env import register_env_id
 
     env_id = spec.env.id
     if ":" in env_id:
@@ -284,10 +292,12 @@ def _reward_threshold(spec: RunSpec, imports: ImportPolicy) -> float | None:
         imports.import_module(module, "env.id")  # first: a module that does not import is the real problem
         if env_id.isidentifier():  # an env class or factory: not registered
             return None
+    register_env_id(env_id)
     try:
-        return gym.spec(env_id).reward_threshold
+        threshold = gym.spec(env_id).reward_threshold
     except gym.error.Error as exc:
         raise SpecError(f"env.id: {exc}") from exc
+    return GOALS.get(env_id) if threshold is None else threshold
 
 
 def _child_environment() -> dict[str, str]:

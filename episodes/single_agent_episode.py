@@ -203,8 +203,10 @@ class SingleAgentEpisode:
         if not all(flatten(map_structure(np.array_equal, first, last))):
             raise ValueError("the chunk's first observation differs from this episode's last one")
         missing = set(other.extra_model_outputs) - set(self.extra_model_outputs)
-        if missing:
+        if missing and self.actions.len_incl_lookback():
             raise ValueError(f"extra model outputs {sorted(missing)} are not in this episode")
+        for key in missing:  # no step here yet (a multi-agent agent's first action hung): the chunk's start them
+            self.extra_model_outputs[key] = InfiniteLookbackBuffer()
 
         self.observations.pop()
         self.infos.pop()
@@ -214,6 +216,8 @@ class SingleAgentEpisode:
         self.rewards.extend(other.get_rewards())
         for key in other.extra_model_outputs:
             self.extra_model_outputs[key].extend(other.get_extra_model_outputs(key))
+            if self.actions.finalized:
+                self.extra_model_outputs[key].finalize()
         self.t = other.t
         if other.is_terminated:
             self.is_terminated = True

@@ -74,7 +74,7 @@ class LearnerLink:
         spool_dir: Path,
         *,
         server_id: str,
-        on_weights: Callable[[learner_pb2.Weights], Awaitable[None]],
+        on_weights: Callable[[learner_pb2.Weights], Awaitable[bool]],
         current_version: Callable[[], int],
         connector_delta: Callable[[], Awaitable[dict]],
         metrics: ServerMetrics,
@@ -86,10 +86,11 @@ class LearnerLink:
         token: str | None = None,
         tls_ca: bytes | None = None,
     ) -> None:
-        """`describe()`: this server's report to the learner, less the spool (which the link fills in);
-        `unshipped()`: the env steps sampled into running episodes and not shipped yet. With `hold_episodes`,
-        nothing is sent until `release_episodes()` (a server sampling with a version 0 of its own, until the
-        learner's run spec proves to be the one it was built from)."""
+        """`on_weights(weights)`: serve a new version; False when the server refuses it (another run spec), and
+        then its episodes stay held. `describe()`: this server's report to the learner, less the spool (which the
+        link fills in); `unshipped()`: the env steps sampled into running episodes and not shipped yet. With
+        `hold_episodes`, nothing is sent until `release_episodes()` (a server sampling with a version 0 of its own,
+        until the learner's run spec proves to be the one it was built from)."""
         self.target = target
         self.learner_http_port = 0  # the learner's HTTP port, once a report was answered
         self.spool = Spool(spool_dir, max_bytes=max_spool_bytes, metrics=metrics)
@@ -374,7 +375,10 @@ class LearnerLink:
         request = learner_pb2.WatchWeightsRequest(server_id=self.server_id, after_version=self._current_version())
         async for weights in stub.WatchWeights(request, metadata=self._metadata, wait_for_ready=True):
             self.last_error = None
-            await self._on_weights(weights)
+            self.window = weights.max_unacked_steps  # every version says how far sampling may run ahead
+            self._on_room()
+            if await self._on_weights(weights):
+                self.release_episodes()
 
     def _answered(self) -> None:
         """An ack came: the learner takes our episodes."""

@@ -35,7 +35,7 @@ QUICK += ("--spec.sampling.rollout-fragment-length", "16")  # many chunks, and e
 
 
 def served(server: InferenceServer) -> int:
-    return server.policy.version if server.policy else -1
+    return server.host.core.version if server.host.core else -1
 
 
 def shipping(server: InferenceServer, spool: Path) -> bool:
@@ -46,7 +46,7 @@ def shipping(server: InferenceServer, spool: Path) -> bool:
 def waiting(server: InferenceServer, spool: Path) -> bool:
     """The server sampled all it may under version 3 (or later), was acked for all of it, and waits for the
     next version: the learner holds those chunks untrained, and nothing more comes unless it trains them."""
-    return served(server) >= 3 and server.batcher.paused() and not any(spool.rglob("*.pb"))
+    return served(server) >= 3 and server.host.batcher.paused() and not any(spool.rglob("*.pb"))
 
 
 @pytest.mark.parametrize("moment", [shipping, waiting], ids=lambda moment: moment.__name__)

@@ -48,8 +48,8 @@ async def test_each_module_trains_on_its_agents_and_is_versioned_and_checkpointe
         assert weights.module_weights["agent_1"] == first.module_weights["agent_1"]  # not in policies_to_train
         assert weights.module_weights["agent_0"] != first.module_weights["agent_0"]
         assert learner.learner.trainer.env_steps >= 3 * 128  # env steps (count_steps_by's default), not agent steps
-        await until(lambda: server.policy.version == weights.version, timeout=30)  # servers swap per module
-        assert server.policy.module_versions == dict(weights.module_versions)
+        await until(lambda: server.host.core.version == weights.version, timeout=30)  # servers swap per module
+        assert server.host.core.module_versions == dict(weights.module_versions)
     finally:
         await learner.stop()
     saved = checkpoint.load(tmp_path / "checkpoints")
@@ -87,8 +87,8 @@ async def test_a_frozen_opponent_drawn_per_game_never_changes_while_main_trains(
         assert set(returns) == {"main", "random"} and all(-1 <= r <= 1 for r in returns.values()), returns
         gauge = learner.learner.metrics.registry.get_sample_value
         assert gauge("rlgate_learner_module_mean_return", {"module": "main"}) is not None
-        await until(lambda: server.policy.version == weights.version, timeout=30)
-        assert server.policy.module_versions == dict(weights.module_versions)
+        await until(lambda: server.host.core.version == weights.version, timeout=30)
+        assert server.host.core.module_versions == dict(weights.module_versions)
     finally:
         await learner.stop()
     saved = checkpoint.load(tmp_path / "checkpoints")

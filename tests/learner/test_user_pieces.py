@@ -76,15 +76,15 @@ async def test_the_module_acts_and_the_learner_trains_on_what_the_pieces_wrote(
     await learner_server.start()
     try:
         server = await server_factory(learner=f"127.0.0.1:{learner_server.port}", allow_import=["support", "examples"])
-        await until(lambda: server.policy is not None, timeout=30)
+        await until(lambda: server.host.core is not None, timeout=30)
         recording_module.SEEN.clear()  # the probes of building the modules (learner's, server's) are no steps
         vector = gym.vector.SyncVectorEnv([lambda: make_env(env)])
         async with running_client(EnvClient(vector, target(server), seed=0)):
-            await until(lambda: server.policy.version >= 2, timeout=60)  # the learner trained on the pieces' output
+            await until(lambda: server.host.core.version >= 2, timeout=60)  # the learner trained on the pieces' output
         seen = np.concatenate(recording_module.SEEN)
     finally:
         await learner_server.stop()
-    observation_space = server.policy.env_to_module.observation_space
+    observation_space = server.host.core.env_to_module.observation_space
     stacked = env_to_module[0]["type"] == "FrameStackingEnvToModule"
     episodes = [episode_from_proto(message) for message in shipped(tmp_path / "episodes")]
     assert sum(len(episode) for episode in episodes) > 200

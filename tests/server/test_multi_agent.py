@@ -218,7 +218,7 @@ async def test_non_finite_agent_values_are_counted_as_single_agent_ones(server_f
         code, _ = await stream.status()
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         await stream.close()
-    assert server.status()["non_finite_rejected"] == {"obs": 1, "reward": 2}
+    assert server.status.status()["non_finite_rejected"] == {"obs": 1, "reward": 2}
 
 
 async def test_agent_infos_keep_nan_and_infinities_to_the_shipped_chunk(server_factory, tmp_path):
@@ -270,7 +270,7 @@ async def test_a_hello_of_more_agents_than_its_spaces_budget_is_refused_at_once(
     await stream.close()
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith("hello.agents[8192].observation_space: the message holds more than 16384 spaces")
-    assert server.policy is None
+    assert server.host.core is None
 
 
 async def test_a_hello_of_agents_whose_modules_would_be_too_large_in_all_is_refused_before_building(server_factory):
@@ -284,7 +284,7 @@ async def test_a_hello_of_agents_whose_modules_would_be_too_large_in_all_is_refu
     await stream.close()
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith("no model for the hello's spaces: The default model's 40 modules would have 336,773,240")
-    assert server.policy is None
+    assert server.host.core is None
 
 
 async def test_any_agent_id_names_a_module_of_its_own(server_factory):
@@ -299,7 +299,7 @@ async def test_any_agent_id_names_a_module_of_its_own(server_factory):
     reply = await stream.recv()
     assert [set(per_env.actions) for per_env in reply.actions.agents] == [set(agents)]
     await stream.close()
-    assert sorted(server.policy.module) == sorted(agents)
+    assert sorted(server.host.core.module) == sorted(agents)
 
 
 async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
