@@ -298,17 +298,17 @@ def test_a_restarted_learner_counts_no_episode_twice_or_in_part(tmp_path):
         before.accept(message)
     counted_before = before.take_finished()
     trained = before.take(before.pending_steps // 2)  # an update took the oldest chunks, then a checkpoint
-    keys, _, files = before.checkpoint_state()
-    before.checkpointed(keys, files)
+    covered = before.checkpoint_state()
+    before.checkpointed(covered)
     trained_episodes = {c.multi_agent_episode_id for c in trained}
-    after = played.intake(tmp_path, trained=set(keys))  # reads the files left
+    after = played.intake(tmp_path, trained=set(covered.trained))  # reads the files left
     for message in messages:  # the servers re-send everything unacknowledged (here: everything)
         after.accept(message)
     counted_after = after.take_finished()
     assert counted_before and counted_after
     expected = [played.episodes[e] for e in closing_order(messages) if e not in trained_episodes]
     assert counted_after == expected
-    assert {chunk_key(c.id_, c.chunk_index) for c in trained} <= set(keys)
+    assert {chunk_key(c.id_, c.chunk_index) for c in trained} <= set(covered.trained)
     running = {c.multi_agent_episode_id for c in played.chunks()} - set(played.episodes)
     lost = set(after._multi_agent.open) - running  # ended, missing the chunks trained before the restart
     assert lost and lost <= trained_episodes
