@@ -408,6 +408,8 @@ class Intake:
         earlier_return, earlier_length, chunks = self._running.pop(episode.id_, (0.0, 0, 0))
         if episode.chunk_index != chunks:  # not all its earlier chunks were counted: refused, forgotten (below), or
             return  # trained before a restart. Its return would be partial: it is not counted.
+        if episode.session_closed:  # cut off when its client left: it did not finish (nor does RLlib count such)
+            return
         total, length = earlier_return + episode.get_return(), earlier_length + len(episode)
         if episode.is_done:
             self._count(total, length)
