@@ -267,3 +267,15 @@ async def test_up_reports_the_servers_own_start_up_error_however_long_the_server
     assert output.strip().splitlines()[-1] == (
         "rlgate: server: --max-batch-size: input should be greater than or equal to 1 (got '0')"
     )
+
+
+@pytest.mark.slow
+async def test_up_killed_outright_leaves_no_process_running(up):
+    """SIGKILL cannot be handled: the children get SIGTERM when `up` dies (Linux) and stop on their own."""
+    process = await up("--stop-return", "1000", "--max-steps", "1000000")
+    async with asyncio.timeout(120):
+        await process.stdout.readuntil(b"model v")  # the first progress line: every process is up
+    started = descendants(process.pid)
+    process.kill()
+    await process.wait()
+    assert len(started) >= 3 and not await all_gone(started, timeout=30), "processes left running"
