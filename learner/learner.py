@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core import codec
-from rlgate.learner.intake import Covered, Intake
+from rlgate.learner.best_checkpoint import BestCheckpoint
+from rlgate.learner.intake import RETURN_WINDOW, Covered, Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
 from rlgate.learner.progress import Progress
@@ -178,6 +179,7 @@ class Learner:
         self.skipped_updates = 0  # updates undone for non-finite results, by this process
         self.failed_updates_in_a_row = 0  # updates that raised since the last one that did not (`rlgate up` stops)
         self.checkpointed_at: float | None = None  # when this process last wrote a checkpoint (time.monotonic())
+        self.best = BestCheckpoint(self.settings.checkpoint_dir, resume=self.settings.resume)
         self.metrics.model_version.set(self.trainer.version)
 
     # --- data in, weights out ---------------------------------------------------------------------
@@ -326,11 +328,12 @@ class Learner:
 
     async def save_checkpoint(self) -> Path:
         """Write a checkpoint (on the trainer thread, so never during an update), then drop intake files."""
-        covered = self.intake.checkpoint_state()
+        covered, version, mean = self.intake.checkpoint_state(), self.trainer.version, self.mean_return()
         self.checkpointed_at = time.monotonic()
-        path = await self._in_trainer_thread(self._write_checkpoint, covered, self.mean_return())
+        path = await self._in_trainer_thread(self._write_checkpoint, covered, mean)
         self.intake.checkpointed(covered)
         log.info("checkpoint %s", path)
+        self.best.offer(path, version, mean if len(self.intake.returns) >= RETURN_WINDOW else None)
         return path
 
     def _checkpoint_due(self) -> bool:
@@ -484,6 +487,7 @@ class Learner:
             "last_update": self.last_update,
             "servers": self.servers.connected(),
             "history": {"updates": self.progress.updates.total, "episodes": self.progress.episodes.total},
+            "best_checkpoint": self.best.status(),
             "uptime_s": time.time() - self.started,
         }
 
