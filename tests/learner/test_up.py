@@ -58,7 +58,7 @@ async def up(tmp_path: Path) -> AsyncIterator:
 async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, tmp_path):
     process = await up("--stop-return", "150", "--max-steps", "20000")
     async with asyncio.timeout(120):
-        head = await process.stdout.readuntil(b"model v")  # the first progress line: every process is up
+        head = await process.stdout.readuntil(b"model v")  # the first progress line: every process started
         children = descendants(process.pid)
         rest, _ = await process.communicate()
     output = (head + rest).decode()
@@ -115,7 +115,8 @@ async def test_ctrl_c_in_a_terminal_stops_every_process_in_order_without_waiting
     )
     os.close(slave)
     try:
-        shown = await asyncio.to_thread(read_until, master, b"model v", 120)  # the bar: every process is up
+        # The bar with ended episodes counted: every process is up (the clients start once the server is ready).
+        shown = await asyncio.to_thread(read_until, master, b" episodes)", 120)
         children = descendants(process.pid)
         os.write(master, b"\x03")  # Ctrl-C, typed
         interrupted = time.monotonic()
@@ -274,7 +275,7 @@ async def test_up_killed_outright_leaves_no_process_running(up):
     """SIGKILL cannot be handled: the children get SIGTERM when `up` dies (Linux) and stop on their own."""
     process = await up("--stop-return", "1000", "--max-steps", "1000000")
     async with asyncio.timeout(120):
-        await process.stdout.readuntil(b"model v")  # the first progress line: every process is up
+        await process.stdout.readuntil(b"model v")  # the first progress line: every process started
     started = descendants(process.pid)
     process.kill()
     await process.wait()
