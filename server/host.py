@@ -17,13 +17,13 @@ import gymnasium as gym
 
 from rlgate.core import codec
 from rlgate.core.spaces import flat_size
+from rlgate.episodes.session import SessionSpec
 from rlgate.policy.acting import ActingCore
 from rlgate.server.batcher import Batcher
 from rlgate.server.errors import NotServing, OverLimit, WrongState
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_batcher import MultiAgentBatcher
 from rlgate.server.multi_agent_session import MultiAgentSessionSpec
-from rlgate.server.session import SessionSpec
 from rlgate.server.settings import ServerSettings
 from rlgate.spec import checkpoint
 from rlgate.spec.env import agent_spaces, env_spaces

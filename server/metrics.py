@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from rlgate.server.shipping import EPISODE_ENDS
+from rlgate.episodes.chunk import EPISODE_ENDS
 
 # Latency buckets from 50 us to 1 s: a forward pass on CPU is ~0.1-10 ms, a round trip ~0.2-50 ms.
 _LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlgate.episodes.chunk import Chunk, episode_end
+from rlgate.episodes.session import Session
 from rlgate.server.learner_link import LearnerLink
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_session import MultiAgentSession
-from rlgate.server.session import Session
-from rlgate.server.shipping import Chunk, DirectorySink, episode_end
+from rlgate.server.shipping import DirectorySink
 
 Sessions = dict[str, Session | MultiAgentSession]
 

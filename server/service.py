@@ -22,6 +22,7 @@ from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.core.space_diff import space_differences
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.batcher import Batcher
 from rlgate.server.errors import BadRequest, IdleTimeout, NotServing, OverLimit, UnknownModule, WrongState
@@ -30,7 +31,6 @@ from rlgate.server.idle import IdleWatch
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
 from rlgate.server.router import ShippingRouter
-from rlgate.server.session import Session, SessionSpec
 from rlgate.server.settings import ServerSettings
 from rlgate.server.step_decoder import StepDecoder
 from rlgate.service.requests import NotAMessage, from_bytes
