@@ -102,9 +102,10 @@ class BatchShipper:
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)
 
-    async def stream(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def stream(self, call: grpc.aio.StreamStreamCall, frame: Callable[[bytes], bytes] = bytes) -> None:
         """Send every spooled batch over `call` (already open, its own first messages written), in order, and each
-        newly spooled one, until the stream breaks (raising its error)."""
+        newly spooled one, until the stream breaks (raising its error). `frame`: a spool file's bytes (an
+        EpisodeBatch) as the stream's message."""
         in_flight: dict[int, Path] = {}
         room = asyncio.Event()
         room.set()
@@ -126,7 +127,7 @@ class BatchShipper:
                         room.clear()
                         await _first(room.wait(), reader)
                     in_flight[seq] = path
-                    await call.write(await asyncio.to_thread(path.read_bytes))
+                    await call.write(frame(await asyncio.to_thread(path.read_bytes)))
                 await _first(self._spooled.wait(), reader)
         finally:
             reader.cancel()

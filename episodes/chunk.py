@@ -10,8 +10,9 @@ from typing import NamedTuple
 
 import gymnasium as gym
 
-from rlgate.episodes.codec import ChunkColumns, episode_columns
+from rlgate.episodes.codec import ChunkColumns, episode_columns, episodes_from_chunks
 from rlgate.episodes.single_agent_episode import SingleAgentEpisode
+from rlgate.v1 import learner_pb2
 
 #: How a shipped chunk can end (`episode_end`): the `end` label of the rlgate_episodes counter.
 EPISODE_ENDS = ("terminated", "truncated", "cut")
@@ -37,6 +38,23 @@ def encoded(episodes: list[SingleAgentEpisode]) -> list[Chunk]:
 
 def episode_end(chunk: Chunk) -> str:
     """How a chunk ended, for metrics and logs: terminated, truncated or cut (the episode goes on)."""
-    if chunk.columns.terminated:
+    return ending(chunk.columns.terminated, chunk.columns.truncated)
+
+
+def ending(terminated: bool, truncated: bool) -> str:
+    """The EPISODE_ENDS name of a chunk with these flags."""
+    if terminated:
         return "terminated"
-    return "truncated" if chunk.columns.truncated else "cut"
+    return "truncated" if truncated else "cut"
+
+
+def batch_chunks(
+    batch: learner_pb2.EpisodeBatch, observation_space: gym.Space | None, action_space: gym.Space | None
+) -> list[Chunk]:
+    """The chunks of a batch's EpisodeChunks tables, decoded in these spaces (a local-inference client's, which its
+    server writes to its episode files). CodecError for a table that does not decode."""
+    return [
+        chunk
+        for table in batch.chunks
+        for chunk in encoded(episodes_from_chunks(table, observation_space, action_space))
+    ]

@@ -77,6 +77,18 @@ class ServerMetrics:
             ["field"],
             registry=r,
         )
+        # Local-inference clients (server/local_clients.py: the gauges read it when scraped).
+        self.local_clients = Gauge(
+            "rlgate_local_clients", "Local-inference clients sending episodes (SubmitEpisodes streams).", registry=r
+        )
+        self.local_env_steps = Counter(
+            "rlgate_local_env_steps", "Env steps taken in from local-inference clients' episode batches.", registry=r
+        )
+        self.local_staleness = Gauge(
+            "rlgate_local_staleness",
+            "Versions the newest step a local-inference client sent is behind the served model, the most of any.",
+            registry=r,
+        )
         ProcessCollector(registry=r)
 
     def report_pause(self, reason: Callable[[], str | None]) -> None:
