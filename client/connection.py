@@ -66,6 +66,7 @@ class ClientStats:
     reconnects: int = 0
     model_version: int = -1
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    paused: str | None = None  # local inference: why the client does not sample now (the learner's pace)
 
     def mean_return(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None

@@ -226,12 +226,17 @@ class ServerLink:
     async def paced(self, session: Session) -> bool:
         """Wait while sampling is held, shipping the running episodes while the server is to take them (so that
         the learner gets the newest steps); False when the client stopped meanwhile."""
-        while (reason := self.held(session.unshipped_steps())) is not None:
-            if reason is WAITING_FOR_ACKS:
-                self.ship(session.flush())
-            if not await self._next_change():
-                return False
-        return True
+        stats = self.client.stats
+        try:
+            while (reason := self.held(session.unshipped_steps())) is not None:
+                stats.paused = reason
+                if reason is WAITING_FOR_ACKS:
+                    self.ship(session.flush())
+                if not await self._next_change():
+                    return False
+            return True
+        finally:
+            stats.paused = None
 
     async def _until(self, condition: Callable[[], bool]) -> bool:
         """Wait until `condition()` (True) or the client stops (False); raise what ended a stream for good."""

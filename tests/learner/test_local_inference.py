@@ -141,5 +141,5 @@ async def test_what_a_local_client_cannot_act_with_ends_its_run_with_a_message(
     examples = RunSpec.load(Path(__file__).parents[2] / "examples" / "prev_reward.toml")
     user_code = await server_factory(spec=examples, allow_import=["examples"], episode_dir=None)
     not_allowed = local_client(user_code, tmp_path / "s", explore=False)
-    with pytest.raises(UserError, match="which this process may not import .*--allow-import examples"):
+    with pytest.raises(UserError, match=r"which this process may not import .*--allow-import examples"):
         await asyncio.wait_for(not_allowed.run(max_steps=10), 30)
