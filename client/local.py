@@ -96,9 +96,9 @@ async def _act(client: EnvClient, link: ServerLink, core: ActingCore, max_steps:
     tally = Tally(client.stats, n)
     try:
         while True:
-            link.apply_newest(core)
             if explore and link.held(session.unshipped_steps()) and not await link.paced(session):
                 return  # stopped while paused
+            link.apply_newest(core)  # after a pause: the version that came meanwhile
             episodes, _ = session.observe(obs, rewards, terminateds, truncateds, None)
             outputs = core.act(episodes, explore, obs)
             link.ship(session.record(outputs))

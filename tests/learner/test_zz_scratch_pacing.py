@@ -1,0 +1,144 @@
+"""The learner paces sampling: learn + serve + env started by hand, no pacing flag anywhere; every update
+trains on exactly train_batch_size env steps, the intake never holds much more than one train batch, and
+what an update trains on was sampled one version before it (with `overlap_sampling` off: by its own version); with
+clients that act themselves (local inference) as with a server that acts for them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from support.batches import episode_batch
+from support.learners import free_port
+
+from rlgate.learner.learner import Learner
+from rlgate.v1 import learner_pb2
+
+BATCH = 200  # not a multiple of the chunk length: batches split chunks
+# Epochs per update: enough that an update outlasts sampling and shipping the next batch (the spool sends
+# every 20 ms) on a fast core too, so that steps come in during updates. Longer updates only approach the
+# lag's ceiling, ~1.35 (12 epochs here, and 24, 48: what the server holds past the batch's room trains one
+# update later), so slow machines stay under 1.5.
+EPOCHS = 12
+UPDATES = 12  # the lags' median is over the updates after the first two
+
+
+def get(port: int, path: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return json.loads(response.read())
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def processes(tmp_path: Path):
+    started: list[subprocess.Popen] = []
+
+    def start(name: str, *args: object) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process below)
+        command = [sys.executable, "-m", "rlgate", *map(str, args)]
+        started.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        log.close()
+        return started[-1]
+
+    yield start
+    for process in reversed(started):  # clients, server, learner
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize(
+    ("overlap", "inference"),
+    [(True, "server"), (False, "server"), (True, "local")],
+    ids=["overlap", "no-overlap", "local-inference"],
+)
+def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(
+    processes, tmp_path: Path, overlap, inference
+) -> None:
+    learner_port, learner_http, server_port = free_port(), free_port(), free_port()
+    processes(
+        "learner",
+        *("learn", "--env", "CartPole-v1", "--port", learner_port, "--http-port", learner_http),
+        *("--checkpoint-dir", tmp_path / "checkpoints", "--spec.algorithm.train-batch-size", BATCH),
+        *("--spec.algorithm.minibatch-size", 100, "--spec.algorithm.num-epochs", EPOCHS),
+        *("--spec.sampling.rollout-fragment-length", 16),
+        "--spec.algorithm.overlap-sampling" if overlap else "--no-spec.algorithm.overlap-sampling",
+    )
+    processes(
+        "server",
+        *("serve", "--learner", f"127.0.0.1:{learner_port}", "--port", server_port, "--http-port", 0),
+        *("--spool-dir", tmp_path / "spool"),
+    )
+    processes(
+        "envs",
+        "env",
+        "--server",
+        f"127.0.0.1:{server_port}",
+        "--env",
+        "CartPole-v1",
+        "--num-clients",
+        4,
+        "--envs-per-client",
+        8,
+        "--no-progress",
+        *("--inference", inference, "--spool-dir", tmp_path / "client-spool"),
+    )
+    deadline = time.monotonic() + 120
+    found = None
+    while time.monotonic() < deadline:
+        found = get(learner_http, "/status")
+        if found is not None and found["model_version"] >= UPDATES:
+            break
+        time.sleep(0.2)
+    assert found is not None and found["model_version"] >= UPDATES, (tmp_path / "learner.log").read_text()[-3000:]
+    updates = get(learner_http, "/history/updates?start=0")["rows"]
+    assert {update["train_steps"] for update in updates} == {BATCH}
+    # 4 clients x 8 envs sample far faster than the learner trains: without pacing the intake would grow
+    # without bound. It holds at most a train batch plus one server batch that came in as room was made.
+    assert found["max_pending_steps"] < 2 * BATCH + 32 * 16, found["max_pending_steps"]
+    # One version of lag: each batch was sampled while the update before it trained (plus the steps of one
+    # forward pass that overshoots the batch: ~1.2 here). The 32 envs' running episodes alone can hold more
+    # than a batch (up to 32 x 15 steps): without the acks' `room` the server sampled on until its window of
+    # unacknowledged steps was full, and the median lag was ~3 versions.
+    lags = sorted(update["staleness"] for update in updates[2:])
+    taken_in_during = [update["steps_in_during_update"] for update in updates]
+    if overlap:
+        print("LAGS", inference, lags, "INDURING", taken_in_during, "MAXPEND", found["max_pending_steps"])
+        assert sum(taken_in_during) > 0, taken_in_during  # sampling did go on during updates
+    else:
+        assert set(taken_in_during) == {0}, taken_in_during  # nothing is taken while an update trains
+        # Taking turns: a batch is sampled by the version it trains, but for what the server had already
+        # sampled past the last ack's room (forward passes of 32 rows against a 200-step batch: 0.4-0.6 of a
+        # version here; ~0.003 with LunarLander's 16384-step batches). Never a whole version.
+        assert lags[len(lags) // 2] <= 0.8 and lags[-1] < 1.0, lags
+
+
+async def test_dropping_stale_chunks_makes_room_for_the_batches_waiting_for_it(learner_settings, cartpole_chunks):
+    """A full intake of stale chunks, a server's batch waiting for room: dropping them must let it in (the
+    compose stack once stalled here for good: no update, no ack)."""
+    learner = Learner(learner_settings())
+    learner.trainer.version = 10  # max_staleness 4: chunks from version 0 are stale
+    size = learner.spec.algorithm.train_batch_size
+
+    def batch(seq: int, version: int) -> learner_pb2.EpisodeBatch:
+        chunks = cartpole_chunks(size, version=version, seed=seq)
+        return episode_batch(chunks, seq)
+
+    await learner.accept(batch(1, version=0))  # fills the intake
+    waiting = asyncio.create_task(learner.accept(batch(2, version=10)))  # no room until the stale go
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await asyncio.wait_for(learner.train_once(), 60)  # drops the stale, takes batch 2 in, trains on it
+    assert (await asyncio.wait_for(waiting, 1)).accepted > 0
+    assert learner.stale_steps >= size and learner.trainer.version == 11
