@@ -1,9 +1,11 @@
 """A load-generating process: K env clients, each with its own gRPC connection and stream, E sub-envs each.
 
 Lean on purpose, so that the server is what gets measured: raw bytes on the stream, CartPole stepped as
-numpy arrays (`bench.cartpole`), no retries, no progress. The bench drives it over stdin / stdout so
-that every load process measures the same window. It prints `ready` once every client has had its
-first answer, then obeys one command per line:
+numpy arrays (`bench.cartpole`), no retries, no progress. With `--local-spool DIR` the clients act themselves
+instead: each an `EnvClient(inference="local")` stepping gymnasium's vectorised CartPole-v1, which sends its
+server its episodes (a round trip is then one vector step: acting, recording, stepping the env). The bench
+drives it over stdin / stdout so that every load process measures the same window. It prints `ready` once every
+client has had its first answer, then obeys one command per line:
 
 - `measure`: start a measuring window, and print `measuring` once it has started (the bench starts its
   server-side window only then, so a load process that is slow to read stdin cannot shrink its window);
@@ -13,7 +15,7 @@ first answer, then obeys one command per line:
   `{"total_steps": ...}` (env steps answered since the start) and exit.
 
 Env steps are transitions, as the server counts them: a reset observation is not one.
-Run: `python -m rlgate.bench.load --target HOST:PORT --clients K --envs E [--real-envs]`.
+Run: `python -m rlgate.bench.load --target HOST:PORT --clients K --envs E [--real-envs] [--local-spool DIR]`.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import grpc
 import numpy as np
 
 from rlgate.bench.cartpole import make_env, spaces
-from rlgate.client.env_client import hello_message, step_message
+from rlgate.client.connection import ClientStats
+from rlgate.client.env_client import EnvClient, hello_message, step_message
 from rlgate.core import codec
 from rlgate.v1 import policy_pb2 as pb
 
@@ -42,8 +46,10 @@ CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 class LoadGenerator:
     """The clients of one process and the window they are measured in."""
 
-    def __init__(self, target: str, clients: int, envs: int, real_envs: bool) -> None:
+    def __init__(self, target: str, clients: int, envs: int, real_envs: bool, spool_dir: Path | None = None) -> None:
+        """`spool_dir`: where local-inference clients keep their episodes until the server has them."""
         self.target = target
+        self.spool_dir = spool_dir
         self.clients = clients
         self.envs = envs
         self.real_envs = real_envs
@@ -73,7 +79,51 @@ class LoadGenerator:
             "cpu_s": time.process_time() - self._cpu,
         }
 
-    async def client(self) -> None:
+    def _answered(self, steps: int, since: float) -> None:
+        """A client's step of `steps` env steps was answered, `since` (perf_counter) was when it began."""
+        self.total_steps += steps
+        if self._measuring:
+            self._latencies.append(time.perf_counter() - since)
+            self._steps += steps
+
+    def _first_answer(self) -> None:
+        self._answered_once += 1
+        if self._answered_once == self.clients:
+            self.ready.set()
+
+    async def local_client(self, index: int) -> None:
+        """One env client acting itself (local inference) until stopping; its vector steps are timed."""
+        env = make_env(self.envs, real=True)  # a gymnasium vector env, as EnvClient takes
+        last = {"steps": 0, "at": time.perf_counter()}
+
+        def stepped(stats: ClientStats) -> None:
+            if not last["steps"]:
+                self._first_answer()
+            self._answered(stats.env_steps - last["steps"], last["at"])
+            last.update(steps=stats.env_steps, at=time.perf_counter())
+
+        assert self.spool_dir is not None
+        client = EnvClient(
+            env,
+            self.target,
+            client_id=f"bench-{os.getpid()}-{index}",
+            inference="local",
+            spool_dir=self.spool_dir,
+            on_step=stepped,
+            connect_timeout_s=30,
+        )
+        stopper = asyncio.create_task(self._stop_when_stopping(client))
+        try:
+            await client.run()
+        finally:
+            stopper.cancel()
+
+    async def _stop_when_stopping(self, client: EnvClient) -> None:
+        while not self.stopping:
+            await asyncio.sleep(0.05)
+        client.stop()
+
+    async def client(self, _index: int) -> None:
         """One env client: hello, then step messages until stopping, then close."""
         async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
             call = channel.stream_stream(CONNECT, request_serializer=None, response_deserializer=None)()
@@ -91,16 +141,10 @@ class LoadGenerator:
                 sent = time.perf_counter()
                 await call.write(message)
                 reply = pb.ServerMessage.FromString(await _read(call))
-                steps = self.envs - int(resetting.sum())
-                self.total_steps += steps
-                if self._measuring:
-                    self._latencies.append(time.perf_counter() - sent)
-                    self._steps += steps
+                self._answered(self.envs - int(resetting.sum()), sent)
                 if first:
                     first = False
-                    self._answered_once += 1
-                    if self._answered_once == self.clients:
-                        self.ready.set()
+                    self._first_answer()
                 actions = codec.from_value(reply.actions.actions, "actions")
                 obs, reward, terminated, truncated, _ = env.step(actions)
                 resetting, ended = ended, terminated | truncated  # NEXT_STEP: resets come one step later
@@ -124,9 +168,10 @@ def _exit_on_failure(task: asyncio.Task) -> None:
         os._exit(1)
 
 
-async def run(target: str, clients: int, envs: int, real_envs: bool) -> None:
-    load = LoadGenerator(target, clients, envs, real_envs)
-    tasks = [asyncio.create_task(load.client()) for _ in range(clients)]
+async def run(target: str, clients: int, envs: int, real_envs: bool, spool_dir: Path | None) -> None:
+    load = LoadGenerator(target, clients, envs, real_envs, spool_dir)
+    client = load.client if spool_dir is None else load.local_client
+    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
     for task in tasks:
         task.add_done_callback(_exit_on_failure)
     await load.ready.wait()
@@ -148,8 +193,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=1, help="env clients (streams) in this process")
     parser.add_argument("--envs", type=int, default=1, help="sub-envs per client (rows per message)")
     parser.add_argument("--real-envs", action="store_true", help="gymnasium's CartPole-v1 instead of numpy's")
+    parser.add_argument(
+        "--local-spool", type=Path, metavar="DIR", help="clients act themselves (local inference), spooling here"
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.target, args.clients, args.envs, args.real_envs))
+    asyncio.run(run(args.target, args.clients, args.envs, args.real_envs, args.local_spool))
 
 
 if __name__ == "__main__":

@@ -228,28 +228,33 @@ class ServerLink:
         the learner gets the newest steps); False when the client stopped meanwhile."""
         stats = self.client.stats
         try:
-            while (reason := self.held(session.unshipped_steps())) is not None:
-                stats.paused = reason
-                if reason is WAITING_FOR_ACKS:
+            while True:
+                self._changed.clear()  # before looking: what comes from here on wakes the wait below
+                stats.paused = self.held(session.unshipped_steps())
+                if stats.paused is None:
+                    return True
+                if stats.paused is WAITING_FOR_ACKS and self.shipper is not None:
                     self.ship(session.flush())
+                    await self.shipper.write_now()  # the acks are what sampling waits for: no write interval
                 if not await self._next_change():
                     return False
-            return True
         finally:
             stats.paused = None
 
     async def _until(self, condition: Callable[[], bool]) -> bool:
         """Wait until `condition()` (True) or the client stops (False); raise what ended a stream for good."""
-        while not condition():
+        while True:
+            self._changed.clear()  # before looking: what comes from here on wakes the wait below
+            if condition():
+                return True
             if not await self._next_change():
                 return False
-        return True
 
     async def _next_change(self) -> bool:
-        """Wait for weights, an ack or a failure (True; a failure raises) or for the client to stop (False)."""
+        """Wait for weights, an ack or a failure since `_changed` was last cleared (True; a failure raises) or for
+        the client to stop (False)."""
         if self.failure is not None:
             raise self.failure
-        self._changed.clear()
         stopping = self.client.stopping()
         changed = asyncio.ensure_future(self._changed.wait())
         stopped = asyncio.ensure_future(stopping.wait())

@@ -75,6 +75,11 @@ class BatchShipper:
         """Env steps shipped that the receiver has not acknowledged yet (queued or spooled)."""
         return self._queued_steps + self.spool.steps
 
+    async def write_now(self) -> None:
+        """Spool what is queued at once, without waiting for MIN_WRITE_INTERVAL_S (the sender waits for its acks)."""
+        await self._write_queued()
+        self._spooled.set()
+
     async def spool_batch(self, batch: learner_pb2.EpisodeBatch, steps: int) -> None:
         """A batch of `steps` env steps made elsewhere, into the spool under this shipper's next seq and id; returns
         once it is on disk."""
@@ -87,8 +92,7 @@ class BatchShipper:
     async def drain(self, timeout_s: float) -> bool:
         """Spool what is queued and give the receiver up to `timeout_s` to acknowledge the whole spool (the stream
         must be running); whether it did."""
-        await self._write_queued()  # after a write in flight; with the statistics gathered since it
-        self._spooled.set()  # the stream sends the final batch too
+        await self.write_now()  # after a write in flight; with the statistics gathered since it
         try:
             async with asyncio.timeout(timeout_s):
                 while self.spool.files():

@@ -4,11 +4,12 @@ Such a client watches the weights this server relays (`PolicyService.WatchWeight
 acting core from them, records its episodes as a server session would, and sends them in batches
 (`PolicyService.SubmitEpisodes`: `open`, then `take` per batch). Each batch joins this server's delivery path
 (`ShippingRouter.relay`: the episode files, the learner's spool) once the learner's pace allows, and is acknowledged
-then, with the client's share of the room the learner has left (`EpisodeAck.room`): a client that keeps to its share
-of the window of unacknowledged steps (the relayed `max_unacked_steps`) and to that room samples at the learner's
-pace, as a session does. A batch of another run is refused: a client names the run spec it acts with in its hello, and its chunks must
-hold observations as the served pipeline leaves them. What each client sent last (its model version, how far that
-is behind the served one, its env steps) is what /status, the metrics and the page show of it.
+then, with what it may still sample of the room the learner has left (`EpisodeAck.room`, `_grant`): a client that
+keeps to its share of the window of unacknowledged steps (the relayed `max_unacked_steps`) and to that room samples
+at the learner's pace, as a session does. A batch of another run is refused: a client names the run spec it acts
+with in its hello, and its chunks must hold observations as the served pipeline leaves them. What each client sent
+last (its model version, how far that is behind the served one, its env steps) is what /status, the metrics and the
+page show of it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class LocalClient:
     spec: RunSpec
     opened: float = field(default_factory=time.monotonic)
     model_version: int | None = None  # the newest model version that chose a step it sent
+    granted: int = 0  # env steps of the learner's room its last ack granted it, less what it sent since
     env_steps: int = 0
     batches: int = 0
     last_batch: float | None = None  # monotonic time
@@ -127,6 +129,7 @@ class LocalClients:
         steps, version = self._check(batch, core)
         seq, chunks = batch.seq, sum(len(table.ids) for table in batch.chunks)
         await self.router.relay(batch, steps, (self._observation_space(batch, core), core.action_space))
+        client.granted = max(0, client.granted - steps)
         client.env_steps += steps
         client.batches += 1
         client.last_batch = time.monotonic()
@@ -134,17 +137,21 @@ class LocalClients:
             client.model_version = max(version, client.model_version if client.model_version is not None else -1)
         self.env_steps += steps
         self.metrics.local_env_steps.inc(steps)
-        return learner_pb2.EpisodeAck(seq=seq, accepted=chunks, room=self._room_share())
+        return learner_pb2.EpisodeAck(seq=seq, accepted=chunks, room=self._grant(client))
 
-    def _room_share(self) -> int | None:
-        """A client's share of the env steps the learner's next update still needs beyond what this server holds:
-        each client pauses once it holds more (unacknowledged, or in its running episodes), so that together they
-        sample about that much with this version. Half of an even share, as the learner gives each server half its
-        share of a train batch (`max_unacked_steps`): a share is worked out when a client is acknowledged, while
-        the others' steps that this server has not seen yet are taken from the same room (measured: a median lag
-        of ~1.6 versions with even shares, ~1.4 with halves, tests/learner/test_pacing.py)."""
-        room = self.router.room()
-        return None if room is None else room // max(2 * len(self.clients), 1)
+    def _grant(self, client: LocalClient) -> int | None:
+        """The env steps `client` may hold (unacknowledged, or in its running episodes) before it pauses: of the room
+        the learner's next update still needs beyond what this server holds, what no other client was granted and
+        has yet to send, at most an even share of the learner's room. Together the clients then sample no more than
+        the next update takes with this version (granting each client an even share of what is left instead let
+        them sample past it, the others' steps not yet seen: a median lag of 1.6 versions, not 1.4), and a lone
+        client may take the whole room at once. None while the learner's room is unknown."""
+        room, link = self.router.room(), self.router.learner
+        if room is None or link is None or link.room is None:
+            return None
+        others = sum(other.granted for other in self.clients.values() if other is not client)
+        client.granted = max(0, min(room - others, link.room // len(self.clients)))
+        return client.granted
 
     def close(self, client: LocalClient) -> None:
         self.clients.pop(id(client), None)
