@@ -19,6 +19,7 @@ from rlgate.core.errors import UserError
 from rlgate.learner.main import LearnerServer
 from rlgate.server.main import InferenceServer
 from rlgate.spec.run import RunSpec
+from rlgate.v1 import episode_pb2
 
 ENV = "CartPole-v1"
 
@@ -143,3 +144,39 @@ async def test_what_a_local_client_cannot_act_with_ends_its_run_with_a_message(
     not_allowed = local_client(user_code, tmp_path / "s", explore=False)
     with pytest.raises(UserError, match=r"which this process may not import .*--allow-import examples"):
         await asyncio.wait_for(not_allowed.run(max_steps=10), 30)
+
+
+async def test_a_local_client_records_the_episodes_a_server_records_for_the_same_actions(server_factory, tmp_path):
+    """The same CartPoles (seeded), the same policy and the same random draws (torch's generator seeded alike: the
+    server's for its sessions, the client's where it acts itself): the chunks acting locally ships are those a
+    server records acting for the client, column for column, cut at the same steps."""
+    recorded = {}
+    for inference in ("server", "local"):
+        episodes = tmp_path / f"episodes-{inference}"
+        server = await server_factory(env=ENV, episode_dir=episodes, seed=7)
+        client = EnvClient(cartpoles(3), target(server), seed=7, inference=inference, spool_dir=tmp_path / "spool-c")
+        await asyncio.wait_for(client.run(max_steps=400), 30)
+        await server.stop()
+        recorded[inference] = chunks_by_step(episodes)
+    assert recorded["local"] == recorded["server"] and len(recorded["server"]) > 10
+
+
+def chunks_by_step(directory: Path) -> list[tuple]:
+    """The chunks in an episode directory, each as its data without its episode id, in order of where it starts."""
+    found = []
+    for path in directory.glob("*.pb"):
+        chunk = episode_pb2.Episode.FromString(path.read_bytes())
+        columns = [chunk.observations, chunk.actions, chunk.rewards, chunk.model_versions]
+        outputs = sorted((key, value.SerializeToString()) for key, value in chunk.extra_model_outputs.items())
+        found.append(
+            (
+                chunk.t_started,
+                chunk.chunk_index,
+                chunk.terminated,
+                chunk.truncated,
+                chunk.len_lookback_buffer,
+                *(column.SerializeToString() for column in columns),
+                tuple(outputs),
+            )
+        )
+    return sorted(found)
