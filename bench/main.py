@@ -9,6 +9,7 @@ others):
 - B7 hand-off: episode chunks from the server to a real learner, nothing lost, bounded spool;
 - B8 placement: server-side against local inference (the clients act themselves) at 1x1, 4x1, 16x1 and 16x8, both
   while a real learner trains on what they sample (`bench.placement`).
+`--env ENV` measures that env with its preset instead, beside CartPole-v1 (`bench.envs`).
 Every B1-B3 load also runs against two floors: the bare gRPC floor (`bench.floor`, same load) and the
 in-process floor (`bench.inprocess`, the same number of sub-envs, no network). Each figure is the
 median over windows after a warm-up. `--micro` adds the micro benchmarks (episode codec, connectors).
@@ -27,7 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rlgate.bench import report
+from rlgate.bench import envs, report
 from rlgate.bench.handoff import hand_off
 from rlgate.bench.measure import Load, Timing, in_process, under_load
 from rlgate.bench.placement import LOADS as PLACEMENT_LOADS
@@ -83,6 +84,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--window-s", type=float, help="seconds per measuring window (default by plan)")
     parser.add_argument("--repeats", type=int, help="measuring windows per point; figures are medians")
     parser.add_argument("--real-envs", action="store_true", help="clients step gymnasium's CartPole-v1")
+    parser.add_argument(
+        "--env",
+        metavar="ENV",
+        help="instead of B1-B7: ENV with its preset (e.g. ALE/Pong-v5) beside CartPole-v1, at 1x8 and 4x8, real "
+        "envs: steps/s, server CPU and bytes per env step",
+    )
     parser.add_argument("--micro", action="store_true", help="also run the micro benchmarks")
     parser.add_argument("--py-spy", metavar="PATH", help="profile one more window per point with this py-spy")
     parser.add_argument("--logs", type=Path, metavar="DIR", help="keep logs and profiles here (default: discarded)")
@@ -114,11 +121,14 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="rlgate-bench-") as scratch:
         logs = args.logs or Path(scratch)
         logs.mkdir(parents=True, exist_ok=True)
-        records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs)
+        if args.env:
+            records, profiles = envs.run(args.env, timing, logs), {}
+        else:
+            records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs)
         micro = {module: _micro(module, logs) for module in MICRO} if args.micro else {}
     elapsed = time.perf_counter() - started
     others = max(0.0, (host_busy_seconds() - host_busy) - (own_seconds() - own))  # clock ticks: can dip below 0
-    print(report.render(records))
+    print(report.render_envs(records) if args.env else report.render(records))
     busy = "; the host was busy: rerun" if others > BUSY * elapsed else ""
     print(
         f"\nhost: {os.cpu_count()} cores, run took {elapsed:.0f} s; CPU used outside the bench's processes meanwhile "

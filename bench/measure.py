@@ -27,11 +27,13 @@ Watch = Callable[[float], dict[str, Any]]
 
 @dataclass(frozen=True)
 class Load:
-    """`clients` env clients with `envs` sub-envs each (rows per message)."""
+    """`clients` env clients with `envs` sub-envs each (rows per message); `spec`: the env of this run spec file
+    instead of CartPole."""
 
     clients: int
     envs: int
     real_envs: bool = False
+    spec: Path | None = None
 
     @property
     def label(self) -> str:
@@ -145,6 +147,7 @@ def under_load(
             load.real_envs,
             {core},
             logs / f"load-{placement}{load.label}-{core}.log",
+            load.spec,
             local_spool,
         )
         for core, n in zip(cores, shares, strict=True)
@@ -188,6 +191,9 @@ def _window(server: ServerProcess, loaders: list[LoadProcess], window_s: float, 
         **figures(steps, seconds, [us for r in reports for us in r["latency_us"]]),
         **server_figures(before, after, cpu_after - cpu_before, steps),
         "client_cpu": max(r["cpu_s"] / r["seconds"] for r in reports),
+        # Protobuf bytes of the step messages and of the answers, per env step (gRPC's framing not counted).
+        "bytes_out_per_step": sum(r["bytes_out"] for r in reports) / max(steps, 1),
+        "bytes_in_per_step": sum(r["bytes_in"] for r in reports) / max(steps, 1),
         "server_cpu": (cpu_after - cpu_before) / seconds,
         **watched,
     }

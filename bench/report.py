@@ -142,6 +142,34 @@ def render(records: list[Record]) -> str:
     return "\n\n".join(parts)
 
 
+def render_envs(records: list[Record]) -> str:
+    """`rlgate bench --env`'s table: each env and load, and server CPU per env step against CartPole's."""
+    baseline = {(r["clients"], r["envs_per_message"]): r for r in records if r["env"] == records[-1]["env"]}
+    return "\n\n".join([
+        table(
+            ["env", "clients", "envs/msg", "steps/s", "cpu us/step", "x baseline cpu/step", "bytes/step out",
+             "bytes/step in", "batch", "p50 ms", "p99 ms", "server cpu", "client cpu", "limited by"],
+            [
+                [r["env"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["server_cpu_us_per_step"],
+                 r["server_cpu_us_per_step"] / baseline[r["clients"], r["envs_per_message"]]["server_cpu_us_per_step"],
+                 r["bytes_out_per_step"], r["bytes_in_per_step"], r["mean_batch"], r["p50_ms"], r["p99_ms"],
+                 r["server_cpu"], r["client_cpu_peak"], r["limited_by"]]
+                for r in records
+            ],
+        ),
+        table(
+            ["us/env step", "clients", "envs/msg", *STAGES, "untimed", "total"],
+            [
+                [r["env"], r["clients"], r["envs_per_message"], *(r["stages_us"][s] for s in STAGES),
+                 r["stages_us"]["untimed"], r["server_cpu_us_per_step"]]
+                for r in records
+            ],
+        ),
+        f"x baseline cpu/step: server CPU per env step over {records[-1]['env']}'s at the same load, in this run",
+        LIMITS,
+    ])  # fmt: skip
+
+
 def goals(records: list[Record]) -> str:
     """Each goal with the measured figure, whether it is met, and the transport floor's figure where it has
     one (goals of unmeasured points are left out)."""

@@ -179,12 +179,13 @@ class Session:
 
     def close(self) -> list[Chunk]:
         """End the session: ended episodes not yet shipped, and every running one with at least one recorded
-        step cut off as truncated. A step still waiting for its actions is dropped: it was never answered,
-        and its observations never went through the env-to-module pipeline."""
+        step cut off as truncated (and `session_closed`: the env did not end it). A step still waiting for its
+        actions is dropped: it was never answered, and its observations never went through the env-to-module
+        pipeline."""
         end = self._recorded_row()
         done = self._take_done() if end == self._row else []
         running = self._live & (end > self._start)
-        unfinished = self._chunks(np.flatnonzero(running), end, truncated=True)
+        unfinished = self._chunks(np.flatnonzero(running), end, truncated=True, session_closed=True)
         self._live[:] = False
         self._unshipped = None
         return done + unfinished
@@ -218,11 +219,15 @@ class Session:
         self._lookback_start[rows] = np.maximum(end - self._lookback, self._lookback_start[rows])
         return chunks
 
-    def _chunks(self, rows: np.ndarray, end: int, *, truncated: bool = False) -> list[Chunk]:
+    def _chunks(
+        self, rows: np.ndarray, end: int, *, truncated: bool = False, session_closed: bool = False
+    ) -> list[Chunk]:
         """These sub-envs' running episodes up to row `end`, as chunks to ship; none when nothing takes them."""
-        return [self._chunk(int(i), end, truncated=truncated) for i in rows] if self._ships else []
+        if not self._ships:
+            return []
+        return [self._chunk(int(i), end, truncated=truncated, session_closed=session_closed) for i in rows]
 
-    def _chunk(self, i: int, end: int, *, truncated: bool = False) -> Chunk:
+    def _chunk(self, i: int, end: int, *, truncated: bool = False, session_closed: bool = False) -> Chunk:
         """Sub-env i's running episode up to recorded row `end`, its columns copied straight from the table.
 
         The columns `episode_columns` would take of the chunk as a `SingleAgentEpisode`, for less: the table
@@ -243,6 +248,7 @@ class Session:
             truncated=truncated,
             t_started=int(self._t_started[i]),
             chunk_index=int(self._chunk_index[i]),
+            session_closed=session_closed,
         )
         return Chunk(columns, self.observation_space, self.spec.action_space)
 

@@ -155,7 +155,8 @@ class MultiAgentSession:
         return running + sum(self._steps(e) for e in self._done)
 
     def close(self) -> list[Chunk]:
-        """End the session: episodes that ended and were not shipped yet, and every running one truncated."""
+        """End the session: episodes that ended and were not shipped yet, and every running one truncated (its
+        agents' chunks `session_closed`: the env did not end it)."""
         shipped = [chunk for episode in self._done for chunk in self._agent_chunks(episode)]
         for episode in self._episodes:
             if episode is None or episode.is_done:
@@ -164,6 +165,7 @@ class MultiAgentSession:
             for agent_episode in episode.agent_episodes.values():
                 if not agent_episode.is_done and len(agent_episode):
                     agent_episode.is_truncated = True
+                agent_episode.session_closed = True
             shipped += self._agent_chunks(episode)
         self._episodes = [None] * self.spec.num_envs
         return shipped

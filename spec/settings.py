@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
-from rlgate.spec.presets import preset, preset_names
+from rlgate.spec.presets import preset, preset_for
 from rlgate.spec.run import RunSpec, read_spec_file
 
 
@@ -41,7 +41,8 @@ class SpecSettings(BaseSettings):
         "auto",
         description="Run spec the file and flags start from: 'auto' (the env's preset if it has one: tuned PPO "
         "settings for CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MountainCar-v0, "
-        "MountainCarContinuous-v0), an env id among those, or 'none'.",
+        "MountainCarContinuous-v0, MiniGrid-Empty-5x5-v0 and, as 'ALE', every ALE/ game), one of those names, or "
+        "'none'.",
     )
     seed: int | None = Field(None, description="Shorthand for --spec.seed.")
     spec: RunSpec = Field(
@@ -65,7 +66,7 @@ class SpecSettings(BaseSettings):
         name = data.get("preset", "auto")
         if name == "auto":  # the preset of the env named (by a flag, the file or this command's default)
             env_id = _deep_merge(_deep_merge(cls.DEFAULT_SPEC, file), overrides).get("env", {}).get("id")
-            name = env_id if env_id in preset_names() else "none"
+            name = (preset_for(env_id) if isinstance(env_id, str) else None) or "none"
         merged: dict[str, Any] = {}
         for layer in (cls.DEFAULT_SPEC, preset(name) if name != "none" else {}, file, overrides):
             merged = _deep_merge(merged, layer)

@@ -101,6 +101,18 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
             str(tmp_path / "raises"),
         ): f"env {BAD}:Steps: __init__() raised TypeError: ",
         ("learn", "--checkpoint-dir", str(a_file), *free): f"--checkpoint-dir: {is_a_file}",
+        # Env wrappers: one that does not import, one that breaks the spaces, each named.
+        ("env", "--spec.env.wrappers", '["tests.support.nosuch:Wrapper"]'): (
+            "env.wrappers[0]: cannot import 'tests.support.nosuch'"
+        ),
+        (
+            "learn",
+            "--spec.env.wrappers",
+            '["tests.support.wrappers:NotASpace"]',
+            *free,
+            "--checkpoint-dir",
+            str(tmp_path / "wrapped"),
+        ): "env CartPole-v1, wrapped by env.wrappers[0] (tests.support.wrappers:NotASpace): its observation_space is",
         ("learn", "--log-dir", str(a_file), "--checkpoint-dir", str(tmp_path / "ck"), *free): f"--log-dir: {is_a_file}",
         ("serve", "--spool-dir", str(a_file), *free): f"--spool-dir: {is_a_file}",
         ("serve", "--episode-dir", str(a_file), *free): f"--episode-dir: {is_a_file}",

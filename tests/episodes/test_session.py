@@ -47,7 +47,7 @@ def assert_same_buffer(expected: Any, actual: Any, name: str) -> None:
 
 def assert_same_episode(expected: SingleAgentEpisode, actual: SingleAgentEpisode) -> None:
     """Same steps, lookback, flags, outputs and infos (ids compared by the caller)."""
-    header = ("len", "t_started", "t", "chunk_index", "is_terminated", "is_truncated")
+    header = ("len", "t_started", "t", "chunk_index", "is_terminated", "is_truncated", "session_closed")
     assert {k: getattr(actual, k) if k != "len" else len(actual) for k in header} == {
         k: getattr(expected, k) if k != "len" else len(expected) for k in header
     }

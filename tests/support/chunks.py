@@ -9,7 +9,14 @@ from rlgate.v1 import episode_pb2
 from support.episodes import assert_episodes_equal
 
 # Beyond the columns.
-TRAVELLING = ("agent_id", "module_id", "multi_agent_episode_id", "multi_agent_env_steps", "multi_agent_episode_chunks")
+TRAVELLING = (
+    "agent_id",
+    "module_id",
+    "multi_agent_episode_id",
+    "multi_agent_env_steps",
+    "multi_agent_episode_chunks",
+    "session_closed",
+)
 
 
 def decoded(chunks: list[Chunk]) -> list[SingleAgentEpisode]:

@@ -91,7 +91,7 @@ class ReferenceSession:
             start, stop = self._flushed[i], len(episode) - 1 if self._pending else len(episode)
             if stop > start:
                 chunk = self._rest(episode, start)[: stop - start] if start else episode[:stop]
-                chunk.is_truncated = True
+                chunk.is_truncated = chunk.session_closed = True
                 unfinished.append(chunk)
         self.episodes = [None] * self.spec.num_envs
         return done + unfinished
