@@ -151,14 +151,8 @@ class ServerLink:
     async def stop(self) -> None:
         """Give the server `drain_timeout_s` to take what is spooled (what it does not take is sent at the next start
         with this client id), then stop."""
-        shipper = self.shipper
-        sent = shipper is not None and self.failure is None and self.core is not None  # a stream may take them
-        if sent and not await shipper.drain(self.client.drain_timeout_s):
-            log.warning(
-                "the server did not ack %d batches in time: they stay in %s for the next start",
-                len(shipper.spool.files()),
-                shipper.spool.directory,
-            )
+        if self.shipper is not None and self.failure is None and self.core is not None:  # a stream may take them
+            await self.shipper.drain(self.client.drain_timeout_s, f"the server at {self.client.target}")
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

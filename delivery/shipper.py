@@ -14,6 +14,7 @@ sequence numbers.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from rlgate.delivery.spool import Spool
 from rlgate.episodes.chunk import Chunk
 from rlgate.episodes.codec import chunk_tables
 from rlgate.v1 import learner_pb2
+
+log = logging.getLogger(__name__)
 
 # Batches sent but not yet acknowledged, at most.
 MAX_IN_FLIGHT = 32
@@ -89,17 +92,22 @@ class BatchShipper:
             self._add_to_spool(await asyncio.to_thread(self._write_batch, batch, steps), queued=0)
         self._spooled.set()
 
-    async def drain(self, timeout_s: float) -> bool:
+    async def drain(self, timeout_s: float, receiver: str) -> None:
         """Spool what is queued and give the receiver up to `timeout_s` to acknowledge the whole spool (the stream
-        must be running); whether it did."""
+        must be running); what it leaves stays in the spool for the next start, which the log says (naming the
+        `receiver`)."""
         await self.write_now()  # after a write in flight; with the statistics gathered since it
         try:
             async with asyncio.timeout(timeout_s):
                 while self.spool.files():
                     await asyncio.sleep(0.05)
         except TimeoutError:
-            return False
-        return True
+            log.warning(
+                "%s did not ack %d batches in time: they stay in %s for the next start",
+                receiver,
+                len(self.spool.files()),
+                self.spool.directory,
+            )
 
     async def stop(self) -> None:
         if self._writer is not None:

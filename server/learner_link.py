@@ -195,12 +195,7 @@ class LearnerLink:
 
     async def stop(self, flush_timeout_s: float) -> None:
         """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
-        if not await self.shipper.drain(flush_timeout_s):
-            log.warning(
-                "learner did not ack %d batches in time: they stay in %s for the next start",
-                len(self.spool.files()),
-                self.spool.directory,
-            )
+        await self.shipper.drain(flush_timeout_s, "learner")
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
