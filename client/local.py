@@ -207,13 +207,21 @@ class ServerLink:
             self.shipper.ship(chunks)
 
     def held(self, unshipped: int) -> str | None:
-        """Why sampling waits now, if it does: this client holds its window of unacknowledged env steps, or more
-        steps than the learner's next update needs (`unshipped`: those in running episodes), or its spool is full."""
+        """Why sampling waits now, if it does: this client holds more steps than the server last granted it of the
+        learner's room (`unshipped`: those in running episodes), or, while no grant is known (before the server's
+        first ack on a stream), its window of unacknowledged env steps; or its spool is full. The grant alone bounds
+        it once known: it never exceeds the room, and stays as it was while no ack comes (the learner or the server
+        away), while the window, shared among many clients, is a few steps each and would make each pause ship a
+        batch of a few steps (4 clients of one env: 3,700 env steps/s instead of 2,200, training). A grant of
+        nothing still lets it take a step and ship it: only an ack says when the learner has room again."""
         shipper = self.shipper
         if shipper is None:
             return None
         unacked = shipper.unacked_steps()
-        if 0 < self.window <= unacked or (self.room is not None and unacked + unshipped > self.room):
+        if self.room is not None:
+            if unacked + unshipped > self.room:
+                return WAITING_FOR_ACKS
+        elif 0 < self.window <= unacked:
             return WAITING_FOR_ACKS
         return SPOOL_FULL if shipper.spool.full() else None
 

@@ -33,6 +33,8 @@ MAX_IN_FLIGHT = 32
 # Each batch costs a spool file's writes, a send and an ack whatever it holds: at most one batch per this many
 # seconds, holding every chunk shipped meanwhile (at 16 clients x 32 CartPole envs, ~50 chunks, not ~15).
 MIN_WRITE_INTERVAL_S = 0.02
+# How long a failed write waits for the stream's status to reach the ack reader.
+WRITE_FAILED_WAIT_S = 5.0
 
 #: What the stream's owner does with an ack: the spooled file it acknowledges (None: a seq not in flight).
 OnAck = Callable[[learner_pb2.EpisodeAck, Path | None], None]
@@ -139,7 +141,15 @@ class BatchShipper:
                         room.clear()
                         await _first(room.wait(), reader)
                     in_flight[seq] = path
-                    await call.write(frame(await asyncio.to_thread(path.read_bytes)))
+                    data = frame(await asyncio.to_thread(path.read_bytes))
+                    try:
+                        await call.write(data)
+                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                        # A write after the receiver ended the stream fails with gRPC's own INTERNAL error (or
+                        # InvalidStateError), which says nothing of why: the ack reader gets the stream's status,
+                        # raised in its place.
+                        await _first(asyncio.sleep(WRITE_FAILED_WAIT_S), reader)
+                        raise
                 await _first(self._spooled.wait(), reader)
         finally:
             reader.cancel()
