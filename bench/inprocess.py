@@ -19,8 +19,8 @@ import numpy as np
 
 from rlgate.bench.cartpole import make_env
 from rlgate.core.columns import Columns
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.policy.acting import ActingCore
-from rlgate.server.session import Session, SessionSpec
 from rlgate.spec.run import RunSpec
 
 

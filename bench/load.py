@@ -1,9 +1,11 @@
 """A load-generating process: K env clients, each with its own gRPC connection and stream, E sub-envs each.
 
 Lean on purpose, so that the server is what gets measured: raw bytes on the stream, CartPole stepped as
-numpy arrays (`bench.cartpole`), no retries, no progress. The bench drives it over stdin / stdout so
-that every load process measures the same window. It prints `ready` once every client has had its
-first answer, then obeys one command per line:
+numpy arrays (`bench.cartpole`), no retries, no progress. With `--local-spool DIR` the clients act themselves
+instead: each an `EnvClient(inference="local")` stepping gymnasium's vectorised CartPole-v1, which sends its
+server its episodes (a round trip is then one vector step: acting, recording, stepping the env). The bench
+drives it over stdin / stdout so that every load process measures the same window. It prints `ready` once every
+client has had its first answer, then obeys one command per line:
 
 - `measure`: start a measuring window, and print `measuring` once it has started (the bench starts its
   server-side window only then, so a load process that is slow to read stdin cannot shrink its window);
@@ -14,8 +16,9 @@ first answer, then obeys one command per line:
   `{"total_steps": ...}` (env steps answered since the start) and exit.
 
 Env steps are transitions, as the server counts them: a reset observation is not one.
-Run: `python -m rlgate.bench.load --target HOST:PORT --clients K --envs E [--real-envs | --spec FILE]`
-(`--spec`: the env of a run spec file, made as `rlgate env` makes it: its wrappers, real envs; E at least 2).
+Run: `python -m rlgate.bench.load --target HOST:PORT --clients K --envs E [--real-envs | --spec FILE]
+[--local-spool DIR]` (`--spec`: the env of a run spec file, made as `rlgate env` makes it: its wrappers, real envs;
+E at least 2).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import gymnasium as gym
 import numpy as np
 
 from rlgate.bench.cartpole import make_env, spaces
-from rlgate.client.env_client import hello_message, step_message
+from rlgate.client.connection import ClientStats
+from rlgate.client.env_client import EnvClient, hello_message, step_message
 from rlgate.core import codec
 from rlgate.spec.env import make_env as make_spec_env
 from rlgate.spec.imports import ImportPolicy
@@ -51,8 +55,19 @@ CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 class LoadGenerator:
     """The clients of one process and the window they are measured in."""
 
-    def __init__(self, target: str, clients: int, envs: int, real_envs: bool, spec: Path | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        clients: int,
+        envs: int,
+        real_envs: bool,
+        spec: Path | None = None,
+        local_spool: Path | None = None,
+    ) -> None:
+        """`local_spool`: the clients act themselves (local inference), keeping their episodes there until the
+        server has them."""
         self.target = target
+        self.local_spool = local_spool
         self.clients = clients
         self.envs = envs
         self.make_env = _spec_envs(spec, envs) if spec else functools.partial(make_env, envs, real=real_envs)
@@ -86,7 +101,50 @@ class LoadGenerator:
             "bytes_in": self._bytes_in,
         }
 
-    async def client(self) -> None:
+    def _answered(self, steps: int, since: float) -> None:
+        """A client's step of `steps` env steps was answered, `since` (perf_counter) was when it began."""
+        self.total_steps += steps
+        if self._measuring:
+            self._latencies.append(time.perf_counter() - since)
+            self._steps += steps
+
+    def _first_answer(self) -> None:
+        self._answered_once += 1
+        if self._answered_once == self.clients:
+            self.ready.set()
+
+    async def local_client(self, index: int) -> None:
+        """One env client acting itself (local inference) until stopping; its vector steps are timed."""
+        last = {"steps": 0, "at": time.perf_counter()}
+
+        def stepped(stats: ClientStats) -> None:
+            if not last["steps"]:
+                self._first_answer()
+            self._answered(stats.env_steps - last["steps"], last["at"])
+            last.update(steps=stats.env_steps, at=time.perf_counter())
+
+        assert self.local_spool is not None
+        client = EnvClient(
+            make_env(self.envs, real=True),  # a gymnasium vector env, as EnvClient takes
+            self.target,
+            client_id=f"bench-{os.getpid()}-{index}",
+            inference="local",
+            spool_dir=self.local_spool,
+            on_step=stepped,
+            connect_timeout_s=30,
+        )
+        stopper = asyncio.create_task(self._stop_when_stopping(client))
+        try:
+            await client.run()
+        finally:
+            stopper.cancel()
+
+    async def _stop_when_stopping(self, client: EnvClient) -> None:
+        while not self.stopping:
+            await asyncio.sleep(0.05)
+        client.stop()
+
+    async def client(self, _index: int) -> None:
         """One env client: hello, then step messages until stopping, then close."""
         async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
             call = channel.stream_stream(CONNECT, request_serializer=None, response_deserializer=None)()
@@ -105,18 +163,13 @@ class LoadGenerator:
                 await call.write(message)
                 raw = await _read(call)
                 reply = pb.ServerMessage.FromString(raw)
-                steps = self.envs - int(resetting.sum())
-                self.total_steps += steps
+                self._answered(self.envs - int(resetting.sum()), sent)
                 if self._measuring:
-                    self._latencies.append(time.perf_counter() - sent)
-                    self._steps += steps
                     self._bytes_out += len(message)
                     self._bytes_in += len(raw)
                 if first:
                     first = False
-                    self._answered_once += 1
-                    if self._answered_once == self.clients:
-                        self.ready.set()
+                    self._first_answer()
                 actions = codec.from_value(reply.actions.actions, "actions")
                 obs, reward, terminated, truncated, _ = env.step(actions)
                 resetting, ended = ended, terminated | truncated  # NEXT_STEP: resets come one step later
@@ -155,9 +208,12 @@ def _exit_on_failure(task: asyncio.Task) -> None:
         os._exit(1)
 
 
-async def run(target: str, clients: int, envs: int, real_envs: bool, spec: Path | None) -> None:
-    load = LoadGenerator(target, clients, envs, real_envs, spec)
-    tasks = [asyncio.create_task(load.client()) for _ in range(clients)]
+async def run(
+    target: str, clients: int, envs: int, real_envs: bool, spec: Path | None, local_spool: Path | None
+) -> None:
+    load = LoadGenerator(target, clients, envs, real_envs, spec, local_spool)
+    client = load.client if local_spool is None else load.local_client
+    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
     for task in tasks:
         task.add_done_callback(_exit_on_failure)
     await load.ready.wait()
@@ -180,8 +236,11 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=1, help="sub-envs per client (rows per message)")
     parser.add_argument("--real-envs", action="store_true", help="gymnasium's CartPole-v1 instead of numpy's")
     parser.add_argument("--spec", type=Path, help="the env of this run spec file (real envs, its wrappers)")
+    parser.add_argument(
+        "--local-spool", type=Path, metavar="DIR", help="clients act themselves (local inference), spooling here"
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.target, args.clients, args.envs, args.real_envs, args.spec))
+    asyncio.run(run(args.target, args.clients, args.envs, args.real_envs, args.spec, args.local_spool))
 
 
 if __name__ == "__main__":

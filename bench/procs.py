@@ -181,10 +181,14 @@ class LoadProcess(Child):
         cores: set[int],
         log: Path,
         spec: Path | None = None,
+        local_spool: Path | None = None,
     ) -> None:
+        """`spec`: the env of this run spec file; `local_spool`: the clients act themselves (local inference) and
+        spool their episodes there."""
         args = ["--target", target, "--clients", str(clients), "--envs", str(envs)]
         args += ["--real-envs"] if real_envs else []
         args += ["--spec", str(spec)] if spec else []
+        args += ["--local-spool", str(local_spool)] if local_spool is not None else []
         super().__init__("rlgate.bench.load", args, cores, log, pipes=True)
 
     def send(self, command: str) -> None:

@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, Literal, NoReturn
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -92,6 +92,11 @@ class UpSettings(SpecSettings):
     )
     run_dir: Directory = Field(
         Path("runs"), description="Logs, the run spec and checkpoints go to run_dir/<env>-<time>."
+    )
+    inference: Literal["server", "local"] = Field(
+        "server",
+        description="Where the policy acts: on the server, or in each env client with the weights the server relays "
+        "(rlgate env --inference local; single-agent runs), which sends the server its episodes.",
     )
 
     @classmethod
@@ -181,7 +186,8 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
         ],
         "envs": [
             *("env", "--server", f"127.0.0.1:{server_port}", "--config", spec_file),
-            *("--num-clients", s.num_clients, "--no-progress"),
+            *("--num-clients", s.num_clients, "--no-progress", "--inference", s.inference),
+            *(("--spool-dir", run_dir / "spool") if s.inference == "local" else ()),
         ],
     }
     children = Children(run_dir)
@@ -216,7 +222,7 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
                         f"rlgate: the learner's last {MAX_FAILED_UPDATES} updates failed, nothing trains: "
                         f"see {run_dir / 'learner.log'}"
                     )
-                steps = int(server.get("env_steps", 0))
+                steps = int(server.get("env_steps", 0)) + int(server["local_clients"]["env_steps"])
                 elapsed = time.monotonic() - started
                 episodes = int(learner["episodes"])
                 if learner["mean_return"] is not None:

@@ -22,6 +22,7 @@ from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
 from rlgate.models.outputs import output_shapes
+from rlgate.policy.published import MAX_VERSION
 from rlgate.spec import checkpoint
 from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
@@ -37,10 +38,6 @@ from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
-
-# The versions a WatchWeights request may name stay below this: far below int64's limit (the wire's), so neither
-# the version a learner skips to, one past a server's (weights_after), nor the updates after it can pass that.
-MAX_VERSION = 2**62
 
 
 class Learner:

@@ -18,6 +18,7 @@ import gymnasium as gym
 from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core import codec
 from rlgate.policy.acting import ActingCore
+from rlgate.policy.published import connector_state, spec_of
 from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
@@ -118,15 +119,12 @@ class TrainedPolicy:
         """The policy a running learner (`host:port`) publishes now, as its servers get it (WatchWeights).
         Raises ConnectionError when the learner cannot be reached within `timeout_s`."""
         weights = published_weights(target, token=token, tls_ca=tls_ca, timeout_s=timeout_s)
-        state = (
-            codec.from_value(weights.connector_state, "connector_state") if weights.HasField("connector_state") else {}
-        )
         return cls.from_parts(
-            RunSpec.from_json(weights.spec_json, f"the run spec of learner {target}"),
+            spec_of(weights, f"the run spec of learner {target}"),
             codec.space_from_proto(weights.observation_space),
             codec.space_from_proto(weights.action_space),
             dict(weights.module_weights) if weights.module_weights else weights.safetensors,
-            connector_state=state,
+            connector_state=connector_state(weights) or {},
             version=weights.version,
             imports=ImportPolicy(allow_import),
             device=device,

@@ -4,26 +4,29 @@ The policy comes from one of three places, once: a checkpoint (`--checkpoint`), 
 run spec (built at start when the spec names an env, else for the first session's spaces), or the learner's first
 weights (which carry the learner's run spec). After that it only takes newer weights from the learner, between
 two batches. A run spec this server may not serve (code it may not import, another spec than the one it serves)
-is refused: it serves nothing, or keeps the old version, and says why (`refused`).
+is refused: it serves nothing, or keeps the old version, and says why (`refused`). Whatever it serves, it hands
+to its local-inference clients too (`relay`): the learner's Weights messages as they come, or its own policy's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import gymnasium as gym
 
-from rlgate.core import codec
 from rlgate.core.spaces import flat_size
+from rlgate.episodes.session import SessionSpec
 from rlgate.policy.acting import ActingCore
+from rlgate.policy.published import core_from_weights, spec_of, swap_weights, weights_message
 from rlgate.server.batcher import Batcher
 from rlgate.server.errors import NotServing, OverLimit, WrongState
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_batcher import MultiAgentBatcher
 from rlgate.server.multi_agent_session import MultiAgentSessionSpec
-from rlgate.server.session import SessionSpec
+from rlgate.server.relay import WeightsRelay
 from rlgate.server.settings import ServerSettings
 from rlgate.spec import checkpoint
 from rlgate.spec.env import agent_spaces, env_spaces
@@ -55,12 +58,21 @@ class PolicyHost:
     """Builds the served ActingCore and its batcher, hands them to sessions, and swaps in the learner's weights."""
 
     def __init__(
-        self, settings: ServerSettings, metrics: ServerMetrics, spec: RunSpec | None, *, learner: bool, pacing: Pacing
+        self,
+        settings: ServerSettings,
+        metrics: ServerMetrics,
+        spec: RunSpec | None,
+        *,
+        learner: bool,
+        pacing: Pacing,
+        relay: WeightsRelay,
     ) -> None:
         """`spec`: the operator's run spec (a fresh model's, or the learner's given in advance), None with a
-        checkpoint or when the learner's weights bring it; `learner`: weights come from a learner."""
+        checkpoint or when the learner's weights bring it; `learner`: weights come from a learner; `relay`: what
+        local-inference clients act with."""
         self.settings = settings
         self.metrics = metrics
+        self.relay = relay
         self.spec = spec
         self.imports = ImportPolicy([*settings.allow_import, *(spec.modules() if spec else ())])
         self.learner = learner
@@ -87,13 +99,13 @@ class PolicyHost:
                     connector_state=found.connector_state,
                     version=found.version,
                 )
-            self._serve(core)
+            await self._serve_own(core)
         elif self.spec is not None and "env" in self.spec.model_fields_set:
             if self.spec.multi_agent:
                 spaces = spaces_by_agent(agent_spaces(self.spec.env, self.imports))
             else:
                 spaces = env_spaces(self.spec.env, self.imports)
-            self._serve(await self._build(self.spec, *spaces))
+            await self._serve_own(await self._build(self.spec, *spaces))
 
     async def stop(self) -> None:
         if self.batcher is not None:
@@ -109,7 +121,7 @@ class PolicyHost:
             if self.core is None:
                 assert self.spec is not None
                 self._check_kind(multi_agent, bool(self.spec.multi_agent))
-                self._serve(await self._build(self.spec, *self._fresh_spaces(session)))
+                await self._serve_own(await self._build(self.spec, *self._fresh_spaces(session)))
         assert self.core is not None and self.batcher is not None
         self._check_kind(multi_agent, self.core.multi_agent)
         return self.core, self.batcher
@@ -139,14 +151,16 @@ class PolicyHost:
         self, spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, **source: Any
     ) -> ActingCore:
         """The spec's acting core for these env spaces (Dicts by agent id when multi-agent); `source`: weights,
-        version, ... if any. Built on a worker thread: a large model takes seconds, and the event loop serves
-        /healthz meanwhile."""
+        version, ... if any."""
+        return await self._built(ActingCore.build, spec, observation_space, action_space, **source)
+
+    async def _built(self, build: Callable[..., ActingCore], *args: Any, **source: Any) -> ActingCore:
+        """`build(*args, imports, ...)` with this server's device, seed and stage counters, on a worker thread: a
+        large model takes seconds, and the event loop serves /healthz meanwhile."""
         s = self.settings
         return await asyncio.to_thread(
-            ActingCore.build,
-            spec,
-            observation_space,
-            action_space,
+            build,
+            *args,
             self.imports,
             device=s.device,
             seed=s.seed,
@@ -154,6 +168,13 @@ class PolicyHost:
             backend=s.backend,
             **source,
         )
+
+    async def _serve_own(self, core: ActingCore) -> None:
+        """Serve a policy built here (not the learner's weights), and relay it to local-inference clients (its
+        weights taken before any batch runs, off the event loop: a large model's take a while)."""
+        weights = await asyncio.to_thread(weights_message, core)
+        self._serve(core)
+        await self.relay.publish(weights)
 
     def _serve(self, core: ActingCore) -> None:
         """Serve `core` from now on, through a batcher of its own."""
@@ -195,19 +216,12 @@ class PolicyHost:
         """A new version from the learner: the first builds the core from the learner's run spec, later ones swap
         weights between batches. False (and `refused` says why) when this server will not serve them."""
         try:
-            spec = RunSpec.from_json(weights.spec_json, "the learner's run spec")
+            spec = spec_of(weights, "the learner's run spec")
         except SpecError as exc:
             return self._refuse(str(exc))
         if self.core is None:
             try:
-                core = await self._build(
-                    spec,
-                    codec.space_from_proto(weights.observation_space),
-                    codec.space_from_proto(weights.action_space),
-                    connector_state=_connector_state(weights),
-                    version=weights.version,
-                    **_weights(weights, spec),
-                )
+                core = await self._built(core_from_weights, weights, spec)
             except SpecError as exc:
                 return self._refuse(str(exc))
             async with self._lock:
@@ -222,14 +236,15 @@ class PolicyHost:
                 "learner's window of steps is spooled)"
             )
         elif self.batcher is not None:
-            await self.batcher.between_batches(self._swap, weights, spec)
+            await self.batcher.between_batches(self._swap, weights)
         self.from_learner, self.refused = True, None  # (a learner that came back with the spec served)
+        await self.relay.publish(weights)
         return True
 
-    def _swap(self, weights: learner_pb2.Weights, spec: RunSpec) -> None:
+    def _swap(self, weights: learner_pb2.Weights) -> None:
         """Act with a newer version's weights and connector state (between batches)."""
         assert self.core is not None
-        self.core.set_weights(weights.version, connector_state=_connector_state(weights), **_weights(weights, spec))
+        swap_weights(self.core, weights)
         self.metrics.model_version.set(self.core.version)
 
     def _refuse(self, reason: str) -> bool:
@@ -238,17 +253,6 @@ class PolicyHost:
             log.error("not serving the learner's weights: %s", reason)
         self.refused = reason
         return False
-
-
-def _weights(weights: learner_pb2.Weights, spec: RunSpec) -> dict[str, Any]:
-    """A Weights message's weights, as the acting core of `spec` takes them (per module when multi-agent)."""
-    if spec.multi_agent:
-        return {"weights": dict(weights.module_weights), "module_versions": dict(weights.module_versions)}
-    return {"weights": weights.safetensors}
-
-
-def _connector_state(weights: learner_pb2.Weights) -> dict[str, Any] | None:
-    return codec.from_value(weights.connector_state, "connector_state") if weights.HasField("connector_state") else None
 
 
 def served_spec(settings: ServerSettings, given: RunSpec | None) -> RunSpec | None:

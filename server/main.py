@@ -2,8 +2,10 @@
 
 The composition root: it makes the parts and wires them, nothing else. The PolicyHost builds and swaps the served
 policy (server/host.py); the ShippingRouter takes the sessions' chunks to the episode files and the learner
-(server/router.py), whose link (server/learner_link.py) also brings the weights; the PolicyService runs the
-clients' streams (server/service.py); ServerStatus says how it all stands (server/status.py).
+(server/router.py), whose link (server/learner_link.py) also brings the weights; the WeightsRelay hands what is
+served to the clients that act themselves (server/relay.py), whose episodes LocalClients takes in
+(server/local_clients.py); the PolicyService runs the clients' streams (server/service.py); ServerStatus says how it
+all stands (server/status.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from grpc_health.v1 import health
 
 from rlgate.server.host import PolicyHost, served_spec
 from rlgate.server.learner_link import LearnerLink
+from rlgate.server.local_clients import LocalClients
 from rlgate.server.metrics import ServerMetrics
+from rlgate.server.relay import WeightsRelay
 from rlgate.server.router import Sessions, ShippingRouter
 from rlgate.server.service import SERVICE_NAME, PolicyService
 from rlgate.server.settings import ServerSettings
@@ -45,12 +49,21 @@ class InferenceServer:
         self.metrics = ServerMetrics()
         sessions: Sessions = {}
         self.router = ShippingRouter(sessions, self.metrics, files=None, learner=None, refused=self._refused)
-        self.host = PolicyHost(s, self.metrics, served_spec(s, spec), learner=s.learner is not None, pacing=self.router)
-        self.service = PolicyService(s, self.metrics, self.host, self.router)
+        self.relay = WeightsRelay(window=lambda: self.learner.window if self.learner else 0)
+        self.host = PolicyHost(
+            s,
+            self.metrics,
+            served_spec(s, spec),
+            learner=s.learner is not None,
+            pacing=self.router,
+            relay=self.relay,
+        )
+        self.local = LocalClients(self.host, self.router, self.relay, self.metrics, limit=s.max_sessions)
+        self.service = PolicyService(s, self.metrics, self.host, self.router, self.local)
         self.learner = self._link() if s.learner else None
         self.router.learner = self.learner
         self.router.files = DirectorySink(s.episode_dir, self._served) if s.episode_dir else None
-        self.status = ServerStatus(self.host, self.service, self.learner, self.metrics)
+        self.status = ServerStatus(self.host, self.service, self.learner, self.metrics, self.local)
         self.metrics.report_pause(self.host.pause_reason)
         self.port = 0
         self.http_port = 0
@@ -69,7 +82,7 @@ class InferenceServer:
             connector_delta=host.connector_delta,
             metrics=self.metrics,
             max_spool_bytes=s.max_spool,
-            on_room=host.wake,
+            on_room=self._room,
             unshipped=self.router.unshipped_steps,
             hold_episodes=host.spec is not None,  # its own version 0's, until the learner's spec matches
             describe=lambda: self.status.report(),
@@ -79,6 +92,11 @@ class InferenceServer:
         if host.spec is not None:  # until the learner's weights say otherwise, its pacing for one server
             link.window = host.spec.algorithm.max_unacked_steps(servers=1)
         return link
+
+    def _room(self) -> None:
+        """The learner's pace may allow more (an ack, new weights): sampling and relayed batches look again."""
+        self.host.wake()
+        self.router.wake()
 
     def _refused(self) -> bool:
         return self.host.refused is not None

@@ -1,8 +1,9 @@
-"""`rlgate.v1.PolicyService`: one bidirectional stream per env client.
+"""`rlgate.v1.PolicyService`: one bidirectional stream per env client, and the local-inference clients' two streams.
 
-The handler only decodes, validates and appends to episodes, then hands the rows to the batcher.
-Every failure a client can cause ends that client's stream with a precise status and a message a
-person can act on; nothing it sends can harm another session or the server.
+Connect's handler only decodes, validates and appends to episodes, then hands the rows to the batcher. WatchWeights
+and SubmitEpisodes (clients that act themselves) are thin handlers over `LocalClients`. Every failure a client can
+cause ends that client's stream with a precise status and a message a person can act on; nothing it sends can harm
+another session or the server.
 """
 
 from __future__ import annotations
@@ -22,25 +23,25 @@ from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.core.space_diff import space_differences
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.batcher import Batcher
 from rlgate.server.errors import BadRequest, IdleTimeout, NotServing, OverLimit, UnknownModule, WrongState
 from rlgate.server.host import PolicyHost
 from rlgate.server.idle import IdleWatch
+from rlgate.server.local_clients import MAX_CLIENT_ID, LocalClient, LocalClients
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
 from rlgate.server.router import ShippingRouter
-from rlgate.server.session import Session, SessionSpec
 from rlgate.server.settings import ServerSettings
 from rlgate.server.step_decoder import StepDecoder
-from rlgate.service.requests import NotAMessage, from_bytes
+from rlgate.service.requests import M, NotAMessage, from_bytes
+from rlgate.v1 import learner_pb2
 from rlgate.v1 import policy_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rlgate.v1.PolicyService"
-# Longest Hello.client_id, in characters: an id is logged on every session's open and close and listed in /sessions.
-MAX_CLIENT_ID = 256
 # Longest status message, in UTF-8 bytes: messages quote what the client sent (a map key, a module id, a Dict's
 # keys), which may be megabytes; gRPC sends the message percent-encoded (at most 3 bytes per byte) in a trailer,
 # and a client refuses trailers over 8 KiB with a bare RESOURCE_EXHAUSTED in place of the status. Logged as sent.
@@ -103,15 +104,21 @@ class PolicyService:
     """Runs client sessions against the policy; `handler()` registers it on a grpc.aio server."""
 
     def __init__(
-        self, settings: ServerSettings, metrics: ServerMetrics, host: PolicyHost, router: ShippingRouter
+        self,
+        settings: ServerSettings,
+        metrics: ServerMetrics,
+        host: PolicyHost,
+        router: ShippingRouter,
+        local: LocalClients,
     ) -> None:
         """`host` gives each new session the served core and batcher; `router` takes the chunks sessions make (and
         says whether anything takes those of an exploring or a greedy session: where nothing does, single-agent
-        sessions build none). The open sessions are the router's."""
+        sessions build none). The open sessions are the router's. `local`: the clients that act themselves."""
         self.settings = settings
         self.metrics = metrics
         self.host = host
         self.router = router
+        self.local = local
         self.sessions = router.sessions
         self.non_finite_rejected = {"obs": 0, "reward": 0}  # as rlgate_non_finite_rejected_total counts them
         self.draining = False
@@ -131,7 +138,16 @@ class PolicyService:
         connect = grpc.stream_stream_rpc_method_handler(
             self.connect, request_deserializer=None, response_serializer=pb.ServerMessage.SerializeToString
         )
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Connect": connect})
+        watch = grpc.unary_stream_rpc_method_handler(
+            self.watch_weights, request_deserializer=None, response_serializer=learner_pb2.Weights.SerializeToString
+        )
+        submit = grpc.stream_stream_rpc_method_handler(
+            self.submit_episodes,
+            request_deserializer=None,
+            response_serializer=learner_pb2.EpisodeAck.SerializeToString,
+        )
+        methods = {"Connect": connect, "WatchWeights": watch, "SubmitEpisodes": submit}
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
     @ends_with_status
     async def connect(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
@@ -147,6 +163,38 @@ class PolicyService:
         finally:  # before the status is sent: a client that takes no answers takes no status either
             if stream.session is not None:
                 self._end(stream.session)
+
+    @ends_with_status
+    async def watch_weights(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
+        """A local-inference client's weights: every version this server relays, newest first."""
+        if self.draining:
+            raise NotServing("server is shutting down: connect to another one")
+        async for weights in self.local.weights_after(_parse(learner_pb2.WatchWeightsRequest, raw)):
+            await context.write(weights)
+
+    @ends_with_status
+    async def submit_episodes(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+        """A local-inference client's episodes: a hello, then batches, each acknowledged once in the spool."""
+        client: LocalClient | None = None
+        try:
+            while (raw := await context.read()) is not grpc.aio.EOF:
+                message = _parse(pb.EpisodeSubmission, raw)
+                kind = message.WhichOneof("kind")
+                if self.draining:
+                    raise NotServing("server is shutting down: send the episodes to another one")
+                if kind == "hello":
+                    if client is not None:
+                        raise WrongState("hello sent twice on one stream")
+                    client = self.local.open(message.hello)
+                elif kind == "batch":
+                    if client is None:
+                        raise WrongState("batch before hello: send a hello naming the run spec first")
+                    await context.write(await self.local.take(client, message.batch))
+                else:
+                    raise BadRequest("empty message: set hello or batch")
+        finally:
+            if client is not None:
+                self.local.close(client)
 
     def count_non_finite(self, field: str) -> None:
         """A step refused for a NaN or infinite value in `field` (obs, reward)."""
@@ -168,7 +216,7 @@ class PolicyService:
     async def _answer(self, context: grpc.aio.ServicerContext, stream: _Stream, raw: bytes) -> bool:
         """Answer one message; False when it was the client's close."""
         arrived, arrived_cpu = time.perf_counter(), time.thread_time()
-        message = _parse(raw)
+        message = _parse(pb.ClientMessage, raw)
         kind = message.WhichOneof("kind")
         if self.draining:
             raise NotServing("server is shutting down: reconnect to another one")
@@ -387,8 +435,8 @@ def bounded(message: str) -> str:
     return f"{kept}... ({len(message) - len(kept)} more characters)"
 
 
-def _parse(raw: bytes) -> pb.ClientMessage:
+def _parse(message_type: type[M], raw: bytes) -> M:
     try:
-        return from_bytes(pb.ClientMessage, raw)
+        return from_bytes(message_type, raw)
     except NotAMessage as exc:
         raise BadRequest(str(exc)) from exc

@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from rlgate.server.host import PolicyHost
 from rlgate.server.learner_link import LearnerLink
+from rlgate.server.local_clients import LocalClients
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.service import PolicyService
 from rlgate.v1 import learner_pb2
@@ -19,9 +20,15 @@ class ServerStatus:
     """Reads the server's parts (the host, the sessions' service, the link to the learner, the metrics)."""
 
     def __init__(
-        self, host: PolicyHost, service: PolicyService, learner: LearnerLink | None, metrics: ServerMetrics
+        self,
+        host: PolicyHost,
+        service: PolicyService,
+        learner: LearnerLink | None,
+        metrics: ServerMetrics,
+        local: LocalClients,
     ) -> None:
         self.host = host
+        self.local = local
         self.service = service
         self.learner = learner
         self.metrics = metrics
@@ -52,6 +59,7 @@ class ServerStatus:
             "action_space": str(core.action_space) if core else None,
             "sessions": len(self.service.sessions),
             "env_steps": self.service.env_steps,
+            "local_clients": self.local.status(),
             "non_finite_rejected": dict(self.service.non_finite_rejected),
             "draining": self.service.draining,
             "paused": self.host.pause_reason(),
@@ -77,6 +85,8 @@ class ServerStatus:
             env_steps=self.service.env_steps,
             model_version=core.version if core else -1,
             paused=self.host.pause_reason() or "",
+            local_clients=len(self.local.clients),
+            local_env_steps=self.local.env_steps,
         )
 
     def readiness(self) -> tuple[bool, str | None]:

@@ -1,7 +1,7 @@
 """The layers never run backwards: every import in rlgate goes down a layer (or stays in its own room).
 
-v1 <- core <- episodes <- connectors, models <- spec, service <- export <- policy <- server, learner, client
-<- bench <- cli.
+v1 <- core <- episodes <- connectors, models <- spec, service, delivery <- export <- policy <- server, learner,
+client <- bench <- cli.
 Rooms in one layer do not import each other (the server never imports the learner, nor the learner the
 server), except for names used only in type annotations (`if TYPE_CHECKING:` blocks), which never run.
 """
@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"episodes"},
     {"connectors", "models"},
-    {"spec", "service"},
+    {"spec", "service", "delivery"},
     {"export"},
     {"policy"},
     {"server", "learner", "client"},

@@ -63,8 +63,8 @@ def run_bench(tmp_path: Path, *args: str) -> tuple[str, list[dict]]:
 def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     stdout, records = run_bench(tmp_path, "--quick", "--warmup-s", "0.2", "--window-s", "0.3")
     assert "goal" in stdout
-    assert {r["scenario"] for r in records} == {"B1", "B2", "B3", "B4", "B7"}
-    for record in records:
+    assert {r["scenario"] for r in records} == {"B1", "B2", "B3", "B4", "B7", "B8"}
+    for record in (r for r in records if r["scenario"] != "B8"):
         assert isinstance(record["clients"], int) and record["clients"] >= 1, record
         assert isinstance(record["envs_per_message"], int) and record["envs_per_message"] >= 1, record
         for figure in POSITIVE:
@@ -77,7 +77,7 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert "limited by: server" in stdout
     # The transport floor (gRPC and protobuf alone) ran at the goals' points.
     for record in (r for r in records if (r["clients"], r["envs_per_message"]) in {(1, 1), (64, 1), (16, 32)}):
-        if record["scenario"] != "B7":
+        if record["scenario"] not in ("B7", "B8"):
             assert record["transport_env_steps_per_s"] > 0 and record["transport_server_cpu_us_per_step"] > 0
     for record in (r for r in records if r["scenario"] == "B4"):
         assert record["stages_us"].keys() >= STAGES
@@ -88,6 +88,17 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert hand_off["steps_lost"] == 0 and hand_off["unacked_batches"] == 0, hand_off
     # The spool stays bounded: past its limit the server pauses, so it overshoots by at most a batch or so.
     assert hand_off["max_spool_bytes"] < 2 * hand_off["spool_limit_bytes"], hand_off
+    # B8: both placements sampled while the learner trained, local inference's steps/s over server-side's.
+    (placement,) = (r for r in records if r["scenario"] == "B8")
+    assert (placement["clients"], placement["envs_per_message"]) == (1, 1)
+    for where in ("server", "local"):
+        figures = placement[where]
+        assert figures["env_steps_per_s"] > 0 and figures["trained_per_s"] > 0, (where, figures)
+        assert figures["server_cpu_us_per_step"] > 0 and figures["limited_by"] in LIMITS, (where, figures)
+    assert placement["local_x_server"] == pytest.approx(
+        placement["local"]["env_steps_per_s"] / placement["server"]["env_steps_per_s"], rel=1e-3
+    )
+    assert "B8 acting" in stdout and "B8 1x1 local inference x server-side" in stdout
 
 
 @pytest.mark.long

@@ -347,6 +347,9 @@ async def test_rlgate_env_names_the_multi_agent_env_and_what_is_wrong_with_it(se
         ("--env", f"{envs}:ParallelSteps"): (
             f"env {envs}:ParallelSteps: made a PettingZoo env (ParallelSteps), which runs with a [multi_agent] section"
         ),
+        ("--env", f"{envs}:ParallelSteps", *multi, "--inference", "local"): (
+            "inference local acts in single-agent runs: a multi-agent env (PettingZoo) needs the server to act"
+        ),
     }
     results = await asyncio.gather(*(rlgate("env", *args, *run) for args in cases))
     for (args, expected), (code, stderr) in zip(cases.items(), results, strict=True):

@@ -19,10 +19,10 @@ from support.learners import Learners
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.settings import LearnerSettings
 from rlgate.policy.acting import ActingCore
-from rlgate.server.session import Session, SessionSpec
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 

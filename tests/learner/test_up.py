@@ -55,8 +55,9 @@ async def up(tmp_path: Path) -> AsyncIterator:
 
 
 @pytest.mark.slow
-async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, tmp_path):
-    process = await up("--stop-return", "150", "--max-steps", "20000")
+@pytest.mark.parametrize("inference", ["server", "local"])
+async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, tmp_path, inference):
+    process = await up("--stop-return", "150", "--max-steps", "20000", "--inference", inference)
     async with asyncio.timeout(120):
         head = await process.stdout.readuntil(b"model v")  # the first progress line: every process started
         children = descendants(process.pid)
@@ -73,6 +74,7 @@ async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, 
     (run_dir,) = tmp_path.glob("CartPole-v1-*")
     assert checkpoint.latest(run_dir / "checkpoints") is not None  # the learner's final checkpoint
     assert list(run_dir.glob("events.out.tfevents.*")) and (run_dir / "progress.csv").exists()  # the experiment log
+    assert not list((run_dir / "spool").rglob("*.pb"))  # the server's spool, and a local client's, were drained
 
 
 def read_until(fd: int, pattern: bytes, timeout: float) -> bytes:

@@ -10,9 +10,9 @@ import torch
 
 from rlgate.connectors import ConnectorV2
 from rlgate.core.columns import Columns
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.policy.acting import ActingCore
 from rlgate.policy.fast_path import batched_pieces
-from rlgate.server.session import Session, SessionSpec
 from rlgate.spec.run import RunSpec
 
 BOX3 = gym.spaces.Box(-2.0, 2.0, (3,), np.float32)

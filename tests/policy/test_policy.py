@@ -17,9 +17,9 @@ from support.servers import BOX4, DISCRETE2, SpaceEnv
 from rlgate import Policy
 from rlgate.connectors.env_to_module.mean_std_filter import RunningStats
 from rlgate.core.columns import Columns
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.models import weights_to_bytes
 from rlgate.policy.acting import ActingCore
-from rlgate.server.session import Session, SessionSpec
 from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.policy import build_policy

@@ -9,10 +9,10 @@ import pytest
 from support.servers import BOX4, DISCRETE2
 
 from rlgate.core.columns import Columns
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.policy.acting import ActingCore
 from rlgate.server.batcher import Batcher
 from rlgate.server.metrics import ServerMetrics
-from rlgate.server.session import Session, SessionSpec
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 

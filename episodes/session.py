@@ -10,6 +10,9 @@ in the table. Episodes that ended, and long ones cut every `rollout_fragment_len
 copied straight from the table (`episodes.codec.ChunkColumns`), holding exactly the `SingleAgentEpisode`s RLlib's
 `add_env_step` and `cut` would have built; per-row Python work happens only then, once per shipped chunk,
 not once per env step.
+
+The inference server keeps one per client stream; a local-inference env client keeps one for its own sub-envs
+and records its episodes exactly as a server would (`client/local.py`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from rlgate.core.columns import RECORDED_OUTPUTS, Columns
 from rlgate.core.spaces import has_form_of
 from rlgate.core.tree import map_structure, unbatch
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.chunk import Chunk
 from rlgate.episodes.codec import ChunkColumns
 from rlgate.episodes.rows import EpisodeRows
-from rlgate.server.shipping import Chunk
-from rlgate.server.step_table import StepTable
+from rlgate.episodes.step_table import StepTable
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from rlgate.connectors.env_to_module import ObservationPreprocessor
 from rlgate.core.columns import Columns
 from rlgate.core.tree import batch, map_structure
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.chunk import Chunk
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.models import ModelConfig
 from rlgate.policy.acting import ActingCore
-from rlgate.server.session import Session, SessionSpec
-from rlgate.server.shipping import Chunk
 from rlgate.spec.run import RunSpec
 
 BOX = gym.spaces.Box(-10.0, 10.0, (4,), np.float32)
