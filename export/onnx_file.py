@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import warnings
 from typing import Any
 
@@ -24,6 +25,10 @@ from rlgate.export.contract import CONTRACT_KEY
 from rlgate.export.graph import PolicyGraph
 
 OPSET = 15
+# torch.onnx's exporter keeps global state (and warnings filters are process-wide): one export at a time per
+# process, or a second thread's (a server and an in-process local client building their cores) fails with
+# "GLOBALS.in_onnx_export must be False".
+_EXPORTING = threading.Lock()
 
 
 def to_onnx(graph: PolicyGraph, contract: dict[str, Any], *, fold_constants: bool = True) -> bytes:
@@ -35,7 +40,7 @@ def to_onnx(graph: PolicyGraph, contract: dict[str, Any], *, fold_constants: boo
         graph(*example)  # names the outputs
     names = [spec.name for spec in graph.inputs], [spec.name for spec in graph.outputs]
     buffer = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
+    with _EXPORTING, warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter's deprecation notice, and its LSTM note on batch sizes (the state is an input).
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*LSTM.*", category=UserWarning)
