@@ -121,12 +121,13 @@ class OnnxForward:
             outputs[Columns.STATE_OUT] = nest([results[contract.STATE_OUT + n] for n in paths], list(paths.values()))
         return outputs
 
-    def rebind(self, version: int, module: RLModule) -> None:
+    def rebind(self, version: int, module: RLModule) -> Future:
         """Act with the module's weights as they are now, as `version`, once `ready` says so: the new sessions
-        are built on a worker thread (a binding still running is superseded)."""
+        are built on a worker thread (a binding still running is superseded); the future is done when they are."""
         tensors = _parameters(module)  # copied now: the module's weights may change again meanwhile
         self._binding = self._worker.submit(self._bind, tensors)
         self._pending = version
+        return self._binding
 
     def ready(self) -> int | None:
         """The version of a rebinding that has finished, now acting; None while none has."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -189,8 +190,6 @@ class ActingCore:
         that act now (none in an episode that just ended); MODEL_VERSION is each agent's module's version.
         """
         module, shared = self.module, {}
-        if self.onnx is not None:
-            self._swap_when_bound()
         batch, (env_to_module, module_to_env) = self._start(observations)
         # One inference_mode for all three stages: torch ops in the pipelines (to tensors, sampling, logp)
         # then skip autograd's dispatch too, not only the forward's.
@@ -254,16 +253,19 @@ class ActingCore:
         *,
         connector_state: dict[str, Any] | None = None,
         module_versions: dict[str, int] | None = None,
-    ) -> None:
+    ) -> Future | None:
         """Swap to a newer version (call between batches): its weights (multi-agent: of the modules that changed,
         with their `module_versions`) and the learner's merged connector state. An older version is ignored.
-        With onnxruntime, the weights act (and `version` says so) once their session is built: the first batch
-        after that swaps to it (an idle core swaps at its next batch)."""
+
+        With onnxruntime, the new sessions are built on a worker thread while the old ones go on acting: the future
+        returned is done when they are, and `take_rebound()` (between batches) then acts with them, as `version`.
+        The connector state applies at once (what a batch records is what acted, either way)."""
         if version <= self.version:
-            return
+            return None
+        rebinding = None
         if self.onnx is not None:  # (single-agent)
             load_weights(self.module, weights)
-            self.onnx.rebind(version, self.module)
+            rebinding = self.onnx.rebind(version, self.module)
         elif isinstance(weights, dict):
             for module_id, module_weights in weights.items():
                 load_weights(self.module[module_id], module_weights)
@@ -275,11 +277,11 @@ class ActingCore:
             self.env_to_module.set_state(connector_state)
         if self.onnx is None:
             self.version = version
+        return rebinding
 
-    def _swap_when_bound(self) -> None:
-        """Act with the newest version whose onnxruntime session is built (its connector state applies at once:
-        what a batch records, observations, actions and their logp, is what acted either way)."""
-        version = self.onnx.ready()
+    def take_rebound(self) -> None:
+        """Act with the newest onnxruntime sessions built by `set_weights`, if done (call between batches)."""
+        version = self.onnx.ready() if self.onnx is not None else None
         if version is not None:
             self.version = version
 

@@ -8,6 +8,7 @@ in the same message (`weights_message`).
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 from rlgate.core import codec
@@ -42,9 +43,12 @@ def core_from_weights(weights: learner_pb2.Weights, spec: RunSpec, imports: Impo
     )
 
 
-def swap_weights(core: ActingCore, weights: learner_pb2.Weights) -> None:
-    """Act with a newer version's weights and connector state (between two batches; an older one is ignored)."""
-    core.set_weights(weights.version, connector_state=connector_state(weights), **module_weights(weights, core.spec))
+def swap_weights(core: ActingCore, weights: learner_pb2.Weights) -> Future | None:
+    """Act with a newer version's weights and connector state (between two batches; an older one is ignored); see
+    ActingCore.set_weights for the future an onnxruntime core returns."""
+    return core.set_weights(
+        weights.version, connector_state=connector_state(weights), **module_weights(weights, core.spec)
+    )
 
 
 def module_weights(weights: learner_pb2.Weights, spec: RunSpec) -> dict[str, Any]:

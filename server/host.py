@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -236,16 +237,19 @@ class PolicyHost:
                 "learner's window of steps is spooled)"
             )
         elif self.batcher is not None:
-            await self.batcher.between_batches(self._swap, weights)
+            rebinding = await self.batcher.between_batches(self._swap, weights)
+            if rebinding is not None:  # onnxruntime: act with the new sessions once they are built
+                await asyncio.wrap_future(rebinding)
+                await self.batcher.between_batches(self.core.take_rebound)
+            self.metrics.model_version.set(self.core.version)
         self.from_learner, self.refused = True, None  # (a learner that came back with the spec served)
         await self.relay.publish(weights)
         return True
 
-    def _swap(self, weights: learner_pb2.Weights) -> None:
+    def _swap(self, weights: learner_pb2.Weights) -> Future | None:
         """Act with a newer version's weights and connector state (between batches)."""
         assert self.core is not None
-        swap_weights(self.core, weights)
-        self.metrics.model_version.set(self.core.version)
+        return swap_weights(self.core, weights)
 
     def _refuse(self, reason: str) -> bool:
         """Serve nothing of the learner's (or keep the old version) and say why; False, for `apply_weights`."""

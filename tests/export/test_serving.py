@@ -5,7 +5,6 @@ a real server with it serves and records episodes as the torch backend's does.""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import gymnasium as gym
@@ -88,15 +87,16 @@ def test_a_new_version_acts_once_its_session_is_built_and_no_batch_waits_for_it(
 
     held = threading.Event()
     core.onnx._worker.submit(held.wait, 10)  # the binding thread is busy: the new session cannot be built yet
-    core.set_weights(2, new)
+    rebinding = core.set_weights(2, new)
     for _ in range(3):  # batches go on with version 1's session meanwhile
+        core.take_rebound()  # (not built yet: nothing to take)
         outputs = core.act(made, False, batch)
         assert core.version == 1 and set(outputs[Columns.MODEL_VERSION]) == {1}
         np.testing.assert_array_equal(outputs[Columns.ACTIONS], before)
     held.set()
-    started = time.monotonic()
-    while core.version == 1 and time.monotonic() - started < 10:  # bounded: the session is built in milliseconds
-        outputs = core.act(made, False, batch)
+    rebinding.result(timeout=10)  # the session is built in milliseconds
+    core.take_rebound()
+    outputs = core.act(made, False, batch)
     assert core.version == 2 and set(outputs[Columns.MODEL_VERSION]) == {2}
     np.testing.assert_array_equal(outputs[Columns.ACTIONS], reference.act(made, False, batch)[Columns.ACTIONS])
     assert not np.array_equal(outputs[Columns.ACTIONS], before)

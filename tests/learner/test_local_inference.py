@@ -153,7 +153,8 @@ async def test_a_local_client_records_the_episodes_a_server_records_for_the_same
     recorded = {}
     for inference in ("server", "local"):
         episodes = tmp_path / f"episodes-{inference}"
-        server = await server_factory(env=ENV, episode_dir=episodes, seed=7)
+        # Both act in torch (a client acts with torch; --backend auto would pick onnxruntime on the server).
+        server = await server_factory(env=ENV, episode_dir=episodes, seed=7, backend="torch")
         client = EnvClient(cartpoles(3), target(server), seed=7, inference=inference, spool_dir=tmp_path / "spool-c")
         await asyncio.wait_for(client.run(max_steps=400), 30)
         await server.stop()
