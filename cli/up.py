@@ -204,6 +204,7 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
         if stop_return is None:
             raise SpecError(f"{spec.env.id} has no reward_threshold: pass --stop-return")
         print(f"rlgate up: {spec.env.id}, logs, run spec and checkpoints in {run_dir}", flush=True)
+        print(f"pages: learner http://127.0.0.1:{learner_http}/, server http://127.0.0.1:{server_http}/", flush=True)
         children.announce = True
         # The env clients connect once the server is ready: a server that fails to start says why in its own
         # words (its log), not as the clients' timeout connecting to it.
