@@ -26,10 +26,12 @@ run: $(VENV)/.run
 
 # First the system packages some tests need (.ci/system-packages: chromium, promtool, node, npm), where this
 # user may install them; without them those tests skip, saying why.
+# The tests run on as many workers as there are cores, at most 4 (pytest-xdist): they are independent (ports 0,
+# their own folders), and many wait on processes starting rather than on the CPU.
 test:
 	@.ci/system-packages
 	@$(MAKE) --no-print-directory $(VENV)/.dev
-	$(BIN)/pytest
+	$(BIN)/pytest --numprocesses auto --maxprocesses 4
 
 # The full-size acceptance runs the suite leaves out (marked long): 256 streams x 60 s, 10,000 fuzzed messages.
 test-long: $(VENV)/.dev
