@@ -41,7 +41,8 @@ async def answering(port: int, timeout: float = 120) -> float:
 
 @pytest.mark.parametrize(
     "away_s",
-    [0, pytest.param(30, marks=pytest.mark.slow)],  # 30 s: gRPC's default backoff would have grown to ~10 s
+    # 18 s: gRPC's default backoff (1 s, x1.6 per try) would next try ~26 s in, ~8 s after the learner is back
+    [0, pytest.param(18, marks=pytest.mark.slow)],
     ids=lambda s: f"away_{s}s",
 )
 async def test_a_killed_learner_is_reported_and_a_new_one_is_picked_up_within_3_s(
