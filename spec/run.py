@@ -28,14 +28,16 @@ checkpoint, so no two processes hold settings that must agree.
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -340,7 +342,57 @@ def read_spec_file(path: Path) -> dict[str, Any]:
         raise SpecError(f"{path}: not valid {path.suffix[1:].upper()}: {_parse_error(exc)}") from exc
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a run spec is a table of sections ([env], [model], ...), not {type(data).__name__}")
+    if unknown := unknown_keys(data, RunSpec):
+        raise SpecError(f"{path}: {'; '.join(unknown)}")
     return data
+
+
+def unknown_keys(data: dict[str, Any], model: type[BaseModel], section: tuple[str, ...] = ()) -> list[str]:
+    """Each key of a file's data that its section has no field for, as `[env] num_env: unknown key (did you mean
+    num_envs?)`: a typo said in the file's terms (pydantic's error would name a flag, and suggest nothing)."""
+    keys = _field_keys(model)
+    where = f"[{'.'.join(section)}] " if section else ""
+    problems = []
+    for key, value in data.items():
+        if key in keys:
+            inner = _section_model(model, keys[key], data) if isinstance(value, dict) else None
+            problems += unknown_keys(value, inner, (*section, key)) if inner is not None else []
+        elif model.model_config.get("extra") == "forbid":
+            table = not section and isinstance(value, dict)  # `[algoritm]`: a section of its own
+            close = [f"[{c}]" if table else c for c in difflib.get_close_matches(key, keys, n=3)]
+            named, what = (f"[{key}]", "unknown section") if table else (key, "unknown key")
+            hint = f"did you mean {' or '.join(close)}?" if close else f"it takes: {', '.join(keys)}"
+            problems.append(f"{where}{named}: {what} ({hint})")
+    return problems
+
+
+def _field_keys(model: type[BaseModel]) -> dict[str, str]:
+    """The keys a section takes (each field's name and aliases) -> the field's name."""
+    keys = {}
+    for name, field in model.model_fields.items():
+        alias = field.validation_alias
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias] if isinstance(alias, str) else []
+        keys.update({str(choice): name for choice in (name, *choices)})
+    return keys
+
+
+def _section_model(model: type[BaseModel], name: str, data: dict[str, Any]) -> type[BaseModel] | None:
+    """The model whose fields a key's table holds, if it holds a model's: the catalog's ModelConfig for
+    model.config unless a module of the user's reads it; a tagged union's member by the table's tag."""
+    if model is ModelSpec and name == "config":
+        return None if data.get("module_class") else ModelConfig
+    field = model.model_fields[name]
+    members = [t for t in _types(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+    key = field.discriminator
+    if len(members) > 1 and isinstance(key, str):  # pydantic's tag by field name: the table's, else the default's
+        tag = data[name].get(key, getattr(field.get_default(call_default_factory=True), key))
+        members = [m for m in members if m.model_fields[key].default == tag]
+    return members[0] if len(members) == 1 else None
+
+
+def _types(annotation: Any) -> list[Any]:
+    """An annotation and every type inside it (unions, Annotated, generics' arguments)."""
+    return [annotation, *(inner for arg in get_args(annotation) for inner in _types(arg))]
 
 
 def _parse_error(error: Exception) -> str:

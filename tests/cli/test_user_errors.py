@@ -55,6 +55,9 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
     bad_yaml.write_text("env:\n  id: CartPole-v1\n  num_envs: 2: 3\n")
     not_utf8.write_bytes(b"\xff\xfe[env]\n")
     typo.write_text("[model.config]\nfcnet_hidden = [64]\n")
+    my = tmp_path / "my.toml"
+    my.write_text("[env]\nnum_env = 4\n[algoritm]\nlr = 0.1\n")
+    in_my = f"{my}: [env] num_env: unknown key (did you mean num_envs?); [algoritm]: unknown section (did you mean "
     cases = {  # arguments -> what the line must say
         ("serve", "--env", "NoSuchEnv-v0", *free): "env.id: Environment `NoSuchEnv` doesn't exist",
         ("serve", "--max-batch-size", "0"): "--max-batch-size: input should be greater than or equal to 1 (got '0')",
@@ -129,7 +132,12 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("serve", "--learner", "learner:65536", *free): "--learner: not a gRPC target: write host:port",
         ("learn", "--config", str(bad_yaml), *free): "not valid YAML: mapping values are not allowed here (line 3,",
         ("learn", "--config", str(not_utf8), *free): f"{not_utf8}: not UTF-8 text (invalid start byte at byte 0)",
-        ("learn", "--config", str(typo), *free): "model.config.fcnet_hidden: Extra inputs are not permitted",
+        ("learn", "--config", str(typo), *free): "[model.config] fcnet_hidden: unknown key (did you mean fcnet_hiddens",
+        # A typo in a file names the file and its key, whichever command reads it.
+        ("learn", "--config", str(my), *free): in_my,
+        ("up", "--config", str(my), *in_tmp): in_my,
+        ("serve", "--config", str(my), *free): in_my,
+        ("env", "--config", str(my)): in_my,
         ("learn", "--spec", "{bad", *free): "--spec: not valid JSON: Expecting property name enclosed in double quotes",
         ("learn", "--spec.env.kwargs", "notjson", *free): "--spec.env.kwargs: not valid JSON, nor key=value pairs",
         ("eval", "--checkpoint", str(nowhere), "--bogus"): "rlgate: unrecognized arguments: --bogus",

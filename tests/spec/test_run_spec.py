@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 import tomllib
 from pathlib import Path
+from typing import Annotated, Literal
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
 from rlgate.learner.settings import LearnerSettings
@@ -21,7 +23,7 @@ from rlgate.spec.multi_agent import (
     build_multi_rl_module,
 )
 from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_module_to_env, build_rl_module
-from rlgate.spec.run import EnvSpec, RunSpec
+from rlgate.spec.run import EnvSpec, RunSpec, unknown_keys
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CARTPOLE = gym.make("CartPole-v1")
@@ -63,7 +65,7 @@ def test_toml_yaml_and_json_files_read_into_the_same_spec(tmp_path: Path) -> Non
     ("text", "message"),
     [
         ("[algorithm]\nlr = -1\n", "algorithm.lr: Value error, must be greater than 0"),
-        ("[algorithm]\nlearning_rate = 0.1\n", "algorithm.learning_rate: Extra inputs are not permitted"),
+        ("[algorithm]\nlearning_rate = 0.1\n", "[algorithm] learning_rate: unknown key (it takes: "),
         ("[model.config]\nfcnet_hidens = [8]\n", "model.config"),
         ("[sampling]\nbatch_mode = 'whole'\n", "sampling.batch_mode"),
         ("[env\nid = 1\n", "not valid TOML"),
@@ -75,6 +77,52 @@ def test_a_bad_file_names_itself_and_the_field(tmp_path: Path, text: str, messag
     with pytest.raises(SpecError, match=r"bad\.toml") as raised:
         RunSpec.load(path)
     assert message in str(raised.value)
+
+
+def test_a_typo_in_a_file_names_the_file_the_section_and_the_keys_it_may_mean(tmp_path: Path) -> None:
+    path = tmp_path / "my.toml"
+    path.write_text("seeed = 1\n[env]\nnum_env = 4\n[algoritm]\nlr = 0.1\n[model.config]\nlstm_cel_size = 8\n")
+    with pytest.raises(SpecError) as raised:
+        RunSpec.load(path)
+    assert str(raised.value) == (
+        f"{path}: seeed: unknown key (did you mean seed?); [env] num_env: unknown key (did you mean num_envs?); "
+        "[algoritm]: unknown section (did you mean [algorithm]?); "
+        "[model.config] lstm_cel_size: unknown key (did you mean lstm_cell_size?)"
+    )
+    # The same keys where anything goes: a piece's or the env's kwargs, a user's module's config.
+    path.write_text(
+        "[env]\nkwargs = { num_env = 4 }\n[connectors]\nenv_to_module = [{ type = 'MeanStdFilter', num_env = 1 }]\n"
+        "[model]\nmodule_class = 'examples.tiny_module:TinyModule'\nconfig = { lstm_cel_size = 8 }\n"
+    )
+    assert RunSpec.load(path).env.kwargs == {"num_env": 4}
+
+
+class _Left(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    side: Literal["left"] = "left"
+    reach: int = 1
+
+
+class _Right(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    side: Literal["right"] = "right"
+    grip: int = 1
+
+
+class _Tagged(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    arm: Annotated[_Left | _Right, Field(discriminator="side")] = Field(default_factory=_Left)
+
+
+def test_a_tagged_sections_keys_are_its_tagged_members(tmp_path: Path) -> None:
+    """A section that is one of several models by a tag (the algorithm by its name) takes that model's keys."""
+    assert unknown_keys({"arm": {"side": "right", "grip": 2, "gripp": 3}}, _Tagged) == [
+        "[arm] gripp: unknown key (did you mean grip?)"
+    ]
+    assert unknown_keys({"arm": {"reac": 2}}, _Tagged) == ["[arm] reac: unknown key (did you mean reach?)"]
+    assert unknown_keys({"arm": {"side": "right", "reach": 2}}, _Tagged) == [
+        "[arm] reach: unknown key (it takes: side, grip)"
+    ]
 
 
 def test_flags_and_variables_override_single_fields_of_the_file(tmp_path: Path, monkeypatch) -> None:
