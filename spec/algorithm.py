@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 #: A value that changes over training: [[env_steps, value], ...], linear in between and constant after the last
 #: point (RLlib's schedule format), e.g. [[0, 1e-3], [100000, 0.0]] for SB3's "lin_1e-3" over 100k steps.
@@ -41,7 +41,15 @@ class PPOConfig(BaseModel):
     num_epochs: int = Field(20, ge=1, description="Passes of SGD over each train batch.")
     lr: float | Schedule = Field(1e-3, description="Adam learning rate, or a schedule of it.")
     gamma: float = Field(0.98, gt=0, le=1, description="Discount factor.")
-    lambda_: float = Field(0.8, ge=0, le=1, description="GAE lambda: bias/variance trade-off of advantages.")
+    lambda_: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        # RLlib's name is `lambda_` (`lambda` is Python's keyword); a file or flag may say either
+        # (`--spec.algorithm.lambda 0.95`, `lambda = 0.95`).
+        validation_alias=AliasChoices("lambda", "lambda_"),
+        description="GAE lambda: bias/variance trade-off of advantages.",
+    )
     clip_param: float | Schedule = Field(0.2, description="PPO clip range of the probability ratio, or a schedule.")
     vf_clip_param: float | None = Field(
         None,

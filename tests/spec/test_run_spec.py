@@ -139,6 +139,17 @@ def test_flags_and_variables_override_single_fields_of_the_file(tmp_path: Path, 
     assert settings.spec_given()
 
 
+def test_gae_lambda_is_lambda_or_rllibs_lambda_in_flags_and_files(tmp_path: Path) -> None:
+    """`lambda` is Python's keyword, so RLlib names the field `lambda_`; a user may type either."""
+    for flag in ("--spec.algorithm.lambda", "--spec.algorithm.lambda-"):
+        assert LearnerSettings(_cli_parse_args=[flag, "0.9"]).spec.algorithm.lambda_ == 0.9
+    for key in ("lambda", "lambda_"):
+        (tmp_path / "run.toml").write_text(f"[algorithm]\n{key} = 0.7\n")
+        spec = RunSpec.load(tmp_path / "run.toml")
+        assert spec.algorithm.lambda_ == 0.7
+        assert RunSpec.parse(spec.model_dump(mode="json"), "its dump").algorithm.lambda_ == 0.7  # RLlib's name out
+
+
 def test_code_is_imported_only_from_allowed_modules(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "userpkg").mkdir()
     (tmp_path / "userpkg" / "__init__.py").write_text("")
