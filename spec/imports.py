@@ -15,6 +15,10 @@ from typing import Any
 
 from rlgate.core.errors import UserError
 
+# Packages that a spec's code may need and an rlgate extra installs: the missing package -> the extra.
+# (PettingZoo's classic games import pygame, which its extra installs too.)
+EXTRAS = {"pettingzoo": "pettingzoo", "pygame": "pettingzoo"}
+
 
 class SpecError(UserError, ValueError):
     """A run spec that cannot be used here: the message says what and how to fix it."""
@@ -58,6 +62,11 @@ class ImportPolicy:
         try:
             return importlib.import_module(name)
         except ImportError as exc:
+            missing = (exc.name or "").split(".")[0]
+            if missing in EXTRAS:  # an extra not installed: say which
+                raise SpecError(
+                    f"{what}: {name} needs {missing}: pip install 'rlgate[{EXTRAS[missing]}]' ({exc})"
+                ) from None
             raise SpecError(f"{what}: cannot import {name!r}: {exc}") from exc
         except Exception as exc:  # the module itself is broken: a SyntaxError, or an error it raised
             raise SpecError(f"{what}: cannot import {name!r}: {type(exc).__name__}: {exc}") from exc

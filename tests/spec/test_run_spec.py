@@ -176,6 +176,26 @@ def test_code_is_imported_only_from_allowed_modules(tmp_path: Path, monkeypatch)
 
 
 @pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("pettingzoo.classic.tictactoe_v3:env", "pettingzoo"),
+        ("examples.multi_agent_cartpole:MultiAgentCartPole", "examples"),
+    ],
+)
+def test_code_that_needs_pettingzoo_without_it_says_which_extra_installs_it(path, allowed, monkeypatch) -> None:
+    """PettingZoo is an extra: a spec that needs it where it is not installed says how to install it."""
+    for name in [n for n in sys.modules if n.split(".")[0] in ("pettingzoo", "examples")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pettingzoo", None)  # importing it fails, as where it is not installed
+    monkeypatch.syspath_prepend(str(EXAMPLES.parent))
+    with pytest.raises(SpecError) as raised:
+        ImportPolicy([allowed]).load(path, "env.id")
+    assert str(raised.value).startswith(
+        f"env.id: {path.split(':')[0]} needs pettingzoo: pip install 'rlgate[pettingzoo]'"
+    )
+
+
+@pytest.mark.parametrize(
     ("piece", "message"),
     [
         ({"type": "FrameStackng"}, "no built-in connector piece 'FrameStackng'"),
