@@ -83,7 +83,12 @@ class UpSettings(SpecSettings):
         description="Stop when the mean return of the last 20 episodes reaches this (default: the env's "
         "reward_threshold, 475 for CartPole-v1; 20 for ALE/Pong-v5, 0.9 for MiniGrid-Empty-5x5-v0).",
     )
-    max_steps: int = Field(100_000, ge=1, description="Stop (exit 1) after this many env steps.")
+    max_steps: int = Field(
+        100_000,
+        ge=1,
+        description="Stop after this many env steps: exit 1 short of the goal; exit 0 in a run with no goal (an env "
+        "without reward_threshold and no --stop-return, where --max-steps given is the run's length).",
+    )
     num_clients: int = Field(
         1,
         ge=1,
@@ -201,8 +206,13 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
         stop_return = (
             s.stop_return if s.stop_return is not None else _reward_threshold(spec, ImportPolicy(spec.modules()))
         )
-        if stop_return is None:
-            raise SpecError(f"{spec.env.id} has no reward_threshold: pass --stop-return")
+        # No goal: the step budget is the run, when the user gave one (a zero-sum game's return is always 0).
+        no_goal = f"no --stop-return, and {spec.env.id} has no reward_threshold"
+        if stop_return is None and "max_steps" not in s.model_fields_set:
+            raise SpecError(
+                f"{spec.env.id} has no reward_threshold: pass --stop-return R to stop at a mean return of R, "
+                "or --max-steps N to train N env steps with no goal"
+            )
         print(f"rlgate up: {spec.env.id}, logs, run spec and checkpoints in {run_dir}", flush=True)
         print(f"pages: learner http://127.0.0.1:{learner_http}/, server http://127.0.0.1:{server_http}/", flush=True)
         children.announce = True
@@ -231,10 +241,11 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
                 by_module = "".join(f", {m} {r:.2f}" for m, r in learner.get("module_mean_returns", {}).items())
                 returns = f"mean return {mean_return:.1f}{by_module} ({episodes} episodes)" if episodes else None
                 progress.show(steps, elapsed, f"{returns or 'no episode ended yet'}, model v{learner['model_version']}")
-                if episodes >= WINDOW and mean_return >= stop_return:
+                if stop_return is not None and episodes >= WINDOW and mean_return >= stop_return:
                     code = 0
                     break
                 if steps >= s.max_steps:
+                    code = 0 if stop_return is None else 1  # without a goal, the budget is the run's end
                     break
             progress.close()
         elapsed = time.monotonic() - started  # to the goal, the budget or the signal; shutting down is not counted
@@ -242,7 +253,10 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
             print(f"{_signal_name(stopped)}: shutting down", flush=True)
             code = 128 + stopped
     print(f"checkpoint: {run_dir / 'checkpoints'}")
-    if code == 0:
+    if code == 0 and stop_return is None:
+        at = "" if math.isnan(mean_return) else f" at return {mean_return:.1f}"
+        print(f"ran to --max-steps{at}: {steps} env steps in {elapsed:.1f} s ({no_goal})")
+    elif code == 0:
         print(f"reached return {mean_return:.1f} at {steps} env steps in {elapsed:.1f} s")
     elif math.isnan(mean_return):
         print(f"stopped after {steps} env steps in {elapsed:.1f} s, before any episode ended")

@@ -105,6 +105,18 @@ def test_a_spec_that_allows_infinite_observations_lets_them_through_the_server(t
     assert "is not finite" not in (run_dir / "envs.log").read_text()
 
 
+def test_a_run_without_a_goal_runs_its_step_budget_and_exits_0(tmp_path: Path) -> None:
+    """An env without reward_threshold, no --stop-return, and --max-steps given: the budget is the run (a zero-sum
+    game's return is 0 whoever wins), reached as asked, not a goal missed."""
+    (tmp_path / "infobs.py").write_text(INF_OBS)  # any env with no reward_threshold
+    code, out, err = up(tmp_path, "--env", "infobs:InfObs", "--spec.env.allow-nonfinite-obs", "--max-steps", "500")
+    assert code == 0, out + err
+    no_goal = "(no --stop-return, and infobs:InfObs has no reward_threshold)"
+    assert re.search(
+        rf"^ran to --max-steps at return [\d.]+: \d+ env steps in [\d.]+ s {re.escape(no_goal)}$", out, re.M
+    )
+
+
 def test_a_run_stopped_before_any_episode_ended_says_so(tmp_path: Path) -> None:
     """Not "return nan": no return was measured."""
     (tmp_path / "never.py").write_text(NEVER_ENDS)

@@ -78,6 +78,9 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("up", "--run-dir", str(a_file / "runs")): f"--run-dir {a_file / 'runs'}/CartPole-v1-",
         ("up", "--stop-return", "nan"): "--stop-return: input should be a finite number (got 'nan')",
         ("up", "--stop-return", "inf"): "--stop-return: input should be a finite number (got 'inf')",
+        ("up", "--env", f"{BAD}:Steps", *in_tmp): (
+            f"{BAD}:Steps has no reward_threshold: pass --stop-return R to stop at a mean return of R, or --max-steps N"
+        ),
         # Found before the run starts: the module, not "no reward_threshold".
         ("up", "--env", "nosuchpkg.mod:Foo", "--run-dir", str(tmp_path)): "env.id: cannot import 'nosuchpkg.mod'",
         # Found by a child (learner or server): its own line.
