@@ -29,7 +29,11 @@ from rlgate.spec.run import EnvSpec
 
 
 def parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="rlgate eval", description="Evaluate a checkpoint's policy in a local env.")
+    p = ArgumentParser(
+        prog="rlgate eval",
+        description="Evaluate a checkpoint's policy in a local env. A checkpoint whose run spec names code of your "
+        "own (an env mypkg.envs:MyEnv, a connector piece, a model) needs --allow-import mypkg.",
+    )
     p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint directory (or a folder of them)")
     p.add_argument("--env", help="env id to evaluate in (as a run spec's env.id); default: the checkpoint's env")
     p.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")

@@ -76,6 +76,17 @@ def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int,
     return code, capsys.readouterr().err.strip().splitlines()
 
 
+def test_the_help_says_a_checkpoint_of_your_own_code_needs_allow_import(capsys):
+    """Where a user looks first: `rlgate --help`'s line for eval and `rlgate eval --help`'s description."""
+    for args, says in (
+        (["--help"], "(your own code: --allow-import PKG)"),
+        (["eval", "--help"], "needs --allow-import"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(args)
+        assert exited.value.code == 0 and says in " ".join(capsys.readouterr().out.split()), args
+
+
 def test_user_errors_are_one_line_and_exit_2(cartpole_checkpoint, tmp_path, capsys, monkeypatch):
     code, err = run_in_process(capsys, "eval", "--checkpoint", str(tmp_path / "nowhere"))
     assert code == 2 and err == [f"rlgate: no checkpoint at {tmp_path / 'nowhere'}: no such directory"]
