@@ -30,6 +30,13 @@ RETRYABLE = frozenset(
     }
 )
 
+
+def no_model_yet(error: grpc.aio.AioRpcError) -> bool:
+    """The server has no model yet (UNAVAILABLE, "no model yet: ..." in proto/README's contract): what a client
+    meets while a run starts, before the learner's first weights; not a fault."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and (error.details() or "").startswith("no model yet")
+
+
 # A target like dns:///inference:50051 resolves to every replica; round_robin spreads streams over them
 # (each stream, once open, stays on its replica, so its episodes never move). Each client has a connection
 # of its own (gRPC would share one between a process's channels to one target): a server's workers, which

@@ -31,6 +31,7 @@ from rlgate.client.connection import (
     Tally,
     channel_to,
     connected,
+    no_model_yet,
 )
 from rlgate.core import codec
 from rlgate.core.agents_step import AgentsStep
@@ -132,11 +133,14 @@ class EnvClient:
                 reason = f"{exc.code().name}: {exc.details()}"
                 again = said == (reason, self.stats.env_steps)  # no step since: the server said just that before
                 said = (reason, self.stats.env_steps)
-                log.log(
-                    logging.DEBUG if again else logging.WARNING,
-                    "stream broke (%s); reconnecting, without saying so again while the server gives this reason",
-                    reason,
-                )
+                if no_model_yet(exc):  # start-up: said once, at info
+                    log.log(logging.DEBUG if again else logging.INFO, "waiting for the server's model (%s)", reason)
+                else:
+                    log.log(
+                        logging.DEBUG if again else logging.WARNING,
+                        "stream broke (%s); reconnecting, without saying so again while the server gives this reason",
+                        reason,
+                    )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.max_backoff_s)
             else:

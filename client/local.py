@@ -36,7 +36,7 @@ from typing import IO, TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
-from rlgate.client.connection import RETRYABLE, ServerRefused, Tally
+from rlgate.client.connection import RETRYABLE, ServerRefused, Tally, no_model_yet
 from rlgate.core.columns import Columns
 from rlgate.core.errors import UserError
 from rlgate.core.space_diff import space_differences
@@ -318,8 +318,9 @@ class ServerLink:
                 if exc.code() not in RETRYABLE:
                     return self._fail(ServerRefused(self.client.target, exc.code(), exc.details()))
                 reason = f"{stream.__name__}: {exc.code().name}: {exc.details()}"
-                if reason != said:  # once per reason, not once per try
-                    log.warning("server %s: stream %s; reopening it", self.client.target, reason)
+                if reason != said:  # once per reason, not once per try; no model yet is start-up, not a fault
+                    level = logging.INFO if no_model_yet(exc) else logging.WARNING
+                    log.log(level, "server %s: stream %s; reopening it", self.client.target, reason)
                     said = reason
             except asyncio.InvalidStateError:  # grpc.aio's error for a write after the stream ended: it broke
                 pass

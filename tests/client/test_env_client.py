@@ -11,17 +11,35 @@ from rlgate.client.env_client import EnvClient
 from tests.support.servers import BOX4, DISCRETE2, SpaceEnv, running_client, target, until
 
 
-async def test_a_refusal_the_server_repeats_is_logged_once(server_factory, caplog: pytest.LogCaptureFixture) -> None:
-    """A server waiting for its learner says UNAVAILABLE to every hello: once is enough for the client's log."""
+async def test_a_server_without_a_model_yet_is_start_up_said_once_at_info(
+    server_factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server waiting for its learner says UNAVAILABLE to every hello: what every run meets as it starts, said
+    once and not as a warning."""
     with socket.create_server(("127.0.0.1", 0)) as sock:
         nowhere = f"127.0.0.1:{sock.getsockname()[1]}"  # closed again: no learner answers there
     server = await server_factory(learner=nowhere)
-    caplog.set_level(logging.WARNING, logger="rlgate.client.env_client")
+    caplog.set_level(logging.INFO, logger="rlgate.client.env_client")
     client = EnvClient(SpaceEnv(BOX4, DISCRETE2), target(server), max_backoff_s=0.05)
     async with running_client(client):
         await until(lambda: client.stats.reconnects >= 5, timeout=30)
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "rlgate.client.env_client"]
-    assert "stream broke (UNAVAILABLE: no model yet: waiting for the learner's first weights)" in warning
+    (record,) = [r for r in caplog.records if r.name == "rlgate.client.env_client"]
+    assert record.levelno == logging.INFO
+    assert record.getMessage() == (
+        "waiting for the server's model (UNAVAILABLE: no model yet: waiting for the learner's first weights)"
+    )
+
+
+async def test_a_stream_that_breaks_mid_run_is_a_warning(server_factory, caplog: pytest.LogCaptureFixture) -> None:
+    server = await server_factory()  # a fresh model for the first client's spaces: serves at once
+    caplog.set_level(logging.INFO, logger="rlgate.client.env_client")
+    client = EnvClient(SpaceEnv(BOX4, DISCRETE2), target(server), max_backoff_s=0.05)
+    async with running_client(client):
+        await until(lambda: client.stats.env_steps > 0, timeout=30)
+        await server.stop()  # the stream ends under the client
+        await until(lambda: client.stats.reconnects >= 1, timeout=30)
+    (record, *_) = [r for r in caplog.records if r.name == "rlgate.client.env_client"]
+    assert record.levelno == logging.WARNING and record.getMessage().startswith("stream broke ("), record.getMessage()
 
 
 async def test_a_multi_agent_episodes_return_sums_its_agents_rewards(server_factory) -> None:
