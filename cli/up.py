@@ -177,6 +177,8 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
     commands = {
         "learner": [
             *("learn", "--config", spec_file, "--port", learner_port, "--http-port", learner_http),
+            # spec.json is whole; the preset `up` started from, not the env id's, says so in the child's log too.
+            *("--preset", s.preset),
             *("--checkpoint-dir", run_dir / "checkpoints", "--no-resume"),
             *("--torch-threads", 1),  # it shares the cores with the server and clients (LearnerSettings)
             *("--log-dir", run_dir),  # TensorBoard event files and progress.csv: `tensorboard --logdir runs`
@@ -190,7 +192,7 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
             *(("--allow-non-finite-obs",) if spec.env.allow_nonfinite_obs else ()),
         ],
         "envs": [
-            *("env", "--server", f"127.0.0.1:{server_port}", "--config", spec_file),
+            *("env", "--server", f"127.0.0.1:{server_port}", "--config", spec_file, "--preset", s.preset),
             *("--num-clients", s.num_clients, "--no-progress", "--inference", s.inference),
             *(("--spool-dir", run_dir / "spool") if s.inference == "local" else ()),
         ],
@@ -215,6 +217,7 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
             )
         print(f"rlgate up: {spec.env.id}, logs, run spec and checkpoints in {run_dir}", flush=True)
         print(f"pages: learner http://127.0.0.1:{learner_http}/, server http://127.0.0.1:{server_http}/", flush=True)
+        print(s.preset_line(), flush=True)
         children.announce = True
         # The env clients connect once the server is ready: a server that fails to start says why in its own
         # words (its log), not as the clients' timeout connecting to it.

@@ -32,6 +32,7 @@ REPORT_EVERY_S = 0.5
 
 def run_clients(settings: ClientSettings) -> int:
     """Start the client processes, show progress, end them all on Ctrl-C; exit code 0 when all succeeded."""
+    log.info("%s", settings.preset_line())
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` and `kill` end the clients like Ctrl-C does
     context = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
     reports: mp.Queue = context.Queue()

@@ -84,6 +84,7 @@ class LearnerServer:
             self.http_port,
             self.learner.trainer.version,
         )
+        log.info("%s", s.preset_line())
 
     async def stop(self) -> None:
         """Stop taking data, write a final checkpoint, stop serving."""

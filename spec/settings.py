@@ -43,7 +43,7 @@ class SpecSettings(BaseSettings):
         "settings for CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MountainCar-v0, "
         "MountainCarContinuous-v0, MiniGrid-Empty-5x5-v0 and, as 'ALE', every ALE/ game), one of those names, or "
         "'none'.",
-    )
+    )  # once read: the preset that applied, or "none"
     seed: int | None = Field(None, description="Shorthand for --spec.seed.")
     spec: RunSpec = Field(
         default_factory=RunSpec,
@@ -70,7 +70,17 @@ class SpecSettings(BaseSettings):
         merged: dict[str, Any] = {}
         for layer in (cls.DEFAULT_SPEC, preset(name) if name != "none" else {}, file, overrides):
             merged = _deep_merge(merged, layer)
-        return {**data, "spec": merged}
+        return {**data, "preset": name, "spec": merged}
+
+    def preset_line(self) -> str:
+        """Which preset the run spec starts from, for the start-up log: without one, whatever the file and flags
+        leave unset is the spec's default, tuned for CartPole, which may not suit the env."""
+        if self.preset != "none":
+            return f"run spec: the {self.preset} preset (settings tuned for it), with the file and flags over it"
+        return (
+            f"run spec: no preset for {self.spec.env.id}: what the file and flags leave unset is the spec's default "
+            f"(the algorithm's, tuned for CartPole-v1; env.num_envs {self.spec.env.num_envs})"
+        )
 
     def spec_given(self) -> bool:
         """Whether anything said what the run is (a file, a shorthand or a spec field), beyond the defaults."""

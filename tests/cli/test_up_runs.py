@@ -111,6 +111,10 @@ def test_a_run_without_a_goal_runs_its_step_budget_and_exits_0(tmp_path: Path) -
     (tmp_path / "infobs.py").write_text(INF_OBS)  # any env with no reward_threshold
     code, out, err = up(tmp_path, "--env", "infobs:InfObs", "--spec.env.allow-nonfinite-obs", "--max-steps", "500")
     assert code == 0, out + err
+    no_preset = "run spec: no preset for infobs:InfObs: what the file and flags leave unset is the spec's default"
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert no_preset in out and no_preset in (run_dir / "learner.log").read_text()  # once each, at start
+    assert no_preset in (run_dir / "envs.log").read_text()
     no_goal = "(no --stop-return, and infobs:InfObs has no reward_threshold)"
     assert re.search(
         rf"^ran to --max-steps at return [\d.]+: \d+ env steps in [\d.]+ s {re.escape(no_goal)}$", out, re.M

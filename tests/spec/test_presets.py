@@ -46,6 +46,22 @@ def test_an_env_with_a_preset_starts_from_it_and_the_file_and_flags_go_on_top(tm
         LearnerSettings(env="Acrobot-v1", preset="Pong")
 
 
+def test_the_start_up_log_says_which_preset_applied_or_that_none_did() -> None:
+    """An env without a preset silently got the defaults (one sub-env, PPO tuned for CartPole): now said."""
+    assert LearnerSettings(env="Pendulum-v1").preset_line() == (
+        "run spec: the Pendulum-v1 preset (settings tuned for it), with the file and flags over it"
+    )
+    assert LearnerSettings(env="ALE/Breakout-v5").preset == "ALE"  # the preset that applied, not "auto"
+    none = "no preset for {}: what the file and flags leave unset is the spec's default (the algorithm's, tuned "
+    assert none.format("mypkg:MyEnv") in LearnerSettings(env="mypkg:MyEnv").preset_line()
+    assert LearnerSettings(env="mypkg:MyEnv").preset_line().endswith("for CartPole-v1; env.num_envs 1)")
+    assert (
+        LearnerSettings(env="Pendulum-v1", preset="none")
+        .preset_line()
+        .startswith(f"run spec: {none.format('Pendulum-v1')}")
+    )
+
+
 def test_every_ale_game_starts_from_the_atari_preset() -> None:
     """`--env ALE/Breakout-v5` takes the ALE preset (RLlib's Atari recipe) with its own id; `--preset ALE` alone
     is Pong."""
