@@ -256,7 +256,10 @@ class LearnerLink:
         try:
             await self.shipper.stream(call)
         finally:
+            held = self.over_window()
             self.room = None  # unknown until the next stream's first ack: meanwhile only the window holds sampling
+            if held and not self.over_window():  # the room held sampling: it may go on (the learner may be gone)
+                self._on_room()
 
     def _acked(self, ack: learner_pb2.EpisodeAck, path: Path | None) -> None:
         """An ack of the learner's: delete the batch file, take its room, and wake sampling if that made room."""

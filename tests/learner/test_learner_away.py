@@ -113,3 +113,31 @@ async def test_with_the_learner_away_and_sampling_paused_the_server_is_not_ready
             assert (await http_get(server.http_port, "/readyz"))[0] == 200
     finally:
         await learner.stop()
+
+
+async def test_a_learner_gone_during_its_pacing_lets_sampling_go_on_while_there_is_room(
+    learner_settings, server_factory
+):
+    """While the learner takes what was shipped (each update: here long, as nothing is acknowledged during one),
+    sampling waits. The learner gone meanwhile, sampling goes on while there is room (its window), then pauses
+    (it used to stay paused: the learner's room, forgotten with its stream, woke nothing)."""
+    slow = {"algorithm": {"train_batch_size": 64, "minibatch_size": 8, "num_epochs": 100, "overlap_sampling": False}}
+    learner = LearnerServer(learner_settings(spec=slow))
+    await learner.start()
+    try:
+        server = await server_factory(learner=f"127.0.0.1:{learner.port}")
+        last: dict = {}
+
+        def paused(connected: bool) -> bool:
+            last.update(server.status.status())
+            return last["paused"] is not None and last["learner"]["connected"] is connected
+
+        async with running_client(EnvClient(gym.make(ENV), target(server), seed=0)):
+            await until(lambda: paused(connected=True), 60)
+            steps = last["env_steps"]
+            await learner.stop()
+            await until(lambda: paused(connected=False), 30)
+            assert last["env_steps"] > steps
+            await server.stop()  # its paused client's last step is answered by the stop, not by the learner
+    finally:
+        await learner.stop()
