@@ -63,12 +63,21 @@ class ServerStatus:
             "non_finite_rejected": dict(self.service.non_finite_rejected),
             "draining": self.service.draining,
             "paused": self.host.pause_reason(),
+            "stalled": self._stalled(),
             "unacked_steps": learner.unacked_steps() if learner else None,
             "learner": learner.status() if learner else None,
             **self._batches(),
             "env_id": core.spec.env.id if core else None,
             "learner_page": learner.learner_page() if learner else None,
         }
+
+    def _stalled(self) -> bool:
+        """Whether sampling is paused by more than the learner's pacing (which pauses it while the learner takes
+        what was shipped, a moment in every update): the learner away, its run spec refused, or the spool full."""
+        link = self.learner
+        return self.host.pause_reason() is not None and (
+            link is None or not link.connected or link.full() or self.host.refused is not None
+        )
 
     def _batches(self) -> dict[str, Any]:
         """Forward passes so far and their mean size in env steps (from the batch size histogram)."""

@@ -115,12 +115,12 @@ async def test_with_the_learner_away_and_sampling_paused_the_server_is_not_ready
         await learner.stop()
 
 
-async def test_a_learner_gone_during_its_pacing_lets_sampling_go_on_while_there_is_room(
+async def test_the_learners_pacing_is_no_stall_and_a_learner_gone_meanwhile_lets_sampling_go_on(
     learner_settings, server_factory
 ):
     """While the learner takes what was shipped (each update: here long, as nothing is acknowledged during one),
-    sampling waits. The learner gone meanwhile, sampling goes on while there is room (its window), then pauses
-    (it used to stay paused: the learner's room, forgotten with its stream, woke nothing)."""
+    sampling waits: the learner's pacing, not a stall (/status's `stalled`, the server page's warning colour).
+    The learner gone meanwhile, sampling goes on while there is room (its window), then pauses: a stall."""
     slow = {"algorithm": {"train_batch_size": 64, "minibatch_size": 8, "num_epochs": 100, "overlap_sampling": False}}
     learner = LearnerServer(learner_settings(spec=slow))
     await learner.start()
@@ -134,10 +134,11 @@ async def test_a_learner_gone_during_its_pacing_lets_sampling_go_on_while_there_
 
         async with running_client(EnvClient(gym.make(ENV), target(server), seed=0)):
             await until(lambda: paused(connected=True), 60)
+            assert last["stalled"] is False
             steps = last["env_steps"]
             await learner.stop()
             await until(lambda: paused(connected=False), 30)
-            assert last["env_steps"] > steps
+            assert last["env_steps"] > steps and last["stalled"] is True
             await server.stop()  # its paused client's last step is answered by the stop, not by the learner
     finally:
         await learner.stop()
