@@ -4,11 +4,13 @@ A plain env runs as a vector env of one. A PettingZoo ParallelEnv or AECEnv (or 
 opens a multi-agent session: its hello declares the agents and their spaces, each step carries every
 sub-env's acting agents' observations, rewards and done flags (see spec/agent_envs.py). Sub-envs reset
 themselves the way gymnasium's vector envs do by default (autoreset mode NEXT_STEP), which is what the
-server expects: after a sub-env's episode ends, its next observation is a reset observation. A stream that
-breaks (server restart, network) is re-opened with backoff, and every sub-env starts a fresh episode; the
-server ships the old ones as truncated. A server that cannot be reached within `connect_timeout_s` (when
-set), or that refuses the stream for a reason a new stream would meet again (spaces that do not match its
-model, a wrong token), ends `run()` with a UserError that says so.
+server expects: after a sub-env's episode ends, its next observation is a reset observation. A server that
+hands the session over (Actions.reconnect: its max session age, or it is stopping) has seen every recorded
+episode end: the client closes the stream and opens a new one through the same target, with fresh episodes,
+none cut. A stream that breaks (server restart, network) is re-opened with backoff, and every sub-env starts
+a fresh episode; the server ships the old ones as truncated. A server that cannot be reached within
+`connect_timeout_s` (when set), or that refuses the stream for a reason a new stream would meet again (spaces
+that do not match its model, a wrong token), ends `run()` with a UserError that says so.
 """
 
 from __future__ import annotations
@@ -176,7 +178,7 @@ class EnvClient:
                 await call.write(step_message(obs, rewards, terminateds, truncateds))
                 reply = await self._read(call)
                 self.stats.model_version = reply.actions.model_version
-                if self.done(max_steps):  # the last step's outcome is sent: the server records it
+                if self._handed_over(reply) or self.done(max_steps):  # the last step's outcome is recorded
                     break
                 actions = codec.from_value(reply.actions.actions, "actions")
                 obs, rewards, terminateds, truncateds, _ = self.env.step(actions)
@@ -204,7 +206,7 @@ class EnvClient:
             await call.write(pb.ClientMessage(step=pb.Step(agents=[_agents_step(s) for s in steps])))
             reply = await self._read(call)
             self.stats.model_version = reply.actions.model_version
-            if self.done(max_steps):
+            if self._handed_over(reply) or self.done(max_steps):
                 break
             actions = [
                 {agent: codec.from_value(value, f"actions[{agent!r}]") for agent, value in per_env.actions.items()}
@@ -225,6 +227,15 @@ class EnvClient:
         await call.write(pb.ClientMessage(close=pb.Close()))
         await call.done_writing()
         await call.code()
+
+    def _handed_over(self, reply: pb.ServerMessage) -> bool:
+        """The server asks for a new stream (Actions.reconnect): every episode it recorded has ended, so the client
+        leaves these actions unused and starts afresh through the same target, which may reach another replica."""
+        if not reply.actions.reconnect:
+            return False
+        self.stats.handovers += 1
+        log.info("server handed the session over: reconnecting to %s", self.target)
+        return True
 
     @staticmethod
     async def _read(call: grpc.aio.StreamStreamCall) -> pb.ServerMessage:

@@ -142,7 +142,8 @@ class InferenceServer:
         log.info("serving grpc=%s:%d http=%s:%d", s.host, self.port, s.host, self.http_port)
 
     async def stop(self) -> None:
-        """Graceful stop: NOT_SERVING, refuse new sessions, end open ones at their next message, flush."""
+        """Graceful stop: NOT_SERVING, refuse new sessions, hand open ones over at their episodes' end
+        (Actions.reconnect) for up to drain_timeout_s (then the rest end, their episodes cut), flush."""
         self.service.draining = True
         await self._health.enter_graceful_shutdown()
         if self._grpc is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +48,14 @@ SERVICE_NAME = "rlgate.v1.PolicyService"
 # keys), which may be megabytes; gRPC sends the message percent-encoded (at most 3 bytes per byte) in a trailer,
 # and a client refuses trailers over 8 KiB with a bare RESOURCE_EXHAUSTED in place of the status. Logged as sent.
 MAX_DETAILS = 1024
+# Each session's age limit is max_session_age_s times a draw from this range (gRPC's max connection age jitters
+# as much): sessions opened together are handed over apart, not all in one burst.
+AGE_JITTER = (0.9, 1.1)
+# How a stream ends that goes on after its answer said reconnect (a client that does not read Actions.reconnect).
+HANDED_OVER = (
+    "session handed over (max session age, or the server is stopping): reconnect through the same target; "
+    "every episode it recorded had ended and was shipped"
+)
 
 
 #: The status each error a stream can end with gets (server/errors.py); anything else is the server's own fault:
@@ -98,6 +108,8 @@ class _Stream:
     decoder: StepDecoder | AgentsStepDecoder | None = None
     idle: IdleWatch | None = None
     writing: bool = False  # an answer waits for the client to take it
+    due: float = math.inf  # perf_counter time after which the session is handed over (max_session_age_s)
+    handed_over: bool = False  # an answer told the client to reconnect
 
 
 class PolicyService:
@@ -218,22 +230,30 @@ class PolicyService:
         arrived, arrived_cpu = time.perf_counter(), time.thread_time()
         message = _parse(pb.ClientMessage, raw)
         kind = message.WhichOneof("kind")
-        if self.draining:
-            raise NotServing("server is shutting down: reconnect to another one")
         if kind == "hello":
             if stream.session is not None:
                 raise WrongState("hello sent twice on one stream")
             stream.session, stream.batcher, stream.decoder = await self._open(message.hello)
+            if age := self.settings.max_session_age_s:
+                stream.due = arrived + age * random.uniform(*AGE_JITTER)
             welcome = pb.Welcome(session_id=stream.session.id, model_version=stream.batcher.core.version)
             await _write(context, stream, pb.ServerMessage(welcome=welcome))
         elif kind == "step":
             session, batcher, decoder = stream.session, stream.batcher, stream.decoder
             if session is None or batcher is None or decoder is None:
                 raise WrongState("step before hello: send a hello first")
+            if stream.handed_over:
+                raise NotServing(HANDED_OVER)
+            if not session.moving and (self.draining or arrived >= stream.due):
+                session.move()
             if isinstance(decoder, AgentsStepDecoder):
                 reply = await self._multi_agent_step(session, batcher, decoder, message.step)
             else:
                 reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
+            if session.moving and session.settled():
+                reply.actions.reconnect = stream.handed_over = True
+                self.metrics.handovers.inc()
+                log.info("session handed over session=%s client=%r", session.id, session.spec.client_id)
             await _write(context, stream, reply)
             self.metrics.step_latency.observe(time.perf_counter() - arrived)
         elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -186,7 +185,8 @@ def test_tls_and_token_together(tls_files):
 
 
 def test_sigterm_drains_flushes_and_exits_zero(tmp_path):
-    """`rlgate serve` as a real process: SIGTERM ends open sessions, ships their episodes, exits 0."""
+    """`rlgate serve` as a real process: SIGTERM hands the open session over at its episode's end (nothing cut),
+    ships the episodes, exits 0."""
     episodes = tmp_path / "episodes"
     process = subprocess.Popen(
         [
@@ -224,7 +224,7 @@ def test_sigterm_drains_flushes_and_exits_zero(tmp_path):
                 task = asyncio.create_task(client.run())
                 await wait_for_steps(client, 30)
                 process.send_signal(signal.SIGTERM)
-                while client.stats.reconnects == 0:  # the draining server ends the stream; the client retries
+                while client.stats.handovers == 0:  # told to reconnect at its episode's end
                     await asyncio.sleep(0.01)
                 client.stop()
                 await task
@@ -236,5 +236,6 @@ def test_sigterm_drains_flushes_and_exits_zero(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait()
-    files = list(Path(episodes).glob("*.pb"))
-    assert files, "the open episode was not flushed on SIGTERM"
+    messages = shipped(episodes)
+    assert messages, "the episodes were not flushed on SIGTERM"
+    assert not any(m.session_closed for m in messages)  # the episode running at SIGTERM ran to its end
