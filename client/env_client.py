@@ -44,6 +44,9 @@ from rlgate.v1 import policy_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# How long a failed write waits for the stream's status (it has one by then: the server ended the stream).
+STATUS_WAIT_S = 5.0
+
 
 class EnvClient:
     """Steps `env` with actions from the server at `target` until `max_steps` env steps or `stop()`."""
@@ -163,7 +166,7 @@ class EnvClient:
             if not await self.connected(channel):
                 return  # stopped while waiting
             call = policy_pb2_grpc.PolicyServiceStub(channel).Connect(metadata=self.metadata)
-            await call.write(self._hello())
+            await _write(call, self._hello())
             welcome = await self._read(call)
             self.stats.model_version = welcome.welcome.model_version
             if isinstance(self.env, AgentEnvs):
@@ -175,7 +178,7 @@ class EnvClient:
             rewards, terminateds, truncateds = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
             tally = Tally(self.stats, n)
             while True:
-                await call.write(step_message(obs, rewards, terminateds, truncateds))
+                await _write(call, step_message(obs, rewards, terminateds, truncateds))
                 reply = await self._read(call)
                 self.stats.model_version = reply.actions.model_version
                 if self._handed_over(reply) or self.done(max_steps):  # the last step's outcome is recorded
@@ -184,7 +187,7 @@ class EnvClient:
                 obs, rewards, terminateds, truncateds, _ = self.env.step(actions)
                 tally.step(rewards, terminateds, truncateds)
                 self.stepped()
-            await call.write(pb.ClientMessage(close=pb.Close()))
+            await _write(call, pb.ClientMessage(close=pb.Close()))
             await call.done_writing()
             await call.code()
 
@@ -203,7 +206,7 @@ class EnvClient:
         self.seed = None
         returns = [0.0 for _ in steps]  # per sub-env: its episode's return so far, every agent's rewards summed
         while True:
-            await call.write(pb.ClientMessage(step=pb.Step(agents=[_agents_step(s) for s in steps])))
+            await _write(call, pb.ClientMessage(step=pb.Step(agents=[_agents_step(s) for s in steps])))
             reply = await self._read(call)
             self.stats.model_version = reply.actions.model_version
             if self._handed_over(reply) or self.done(max_steps):
@@ -224,7 +227,7 @@ class EnvClient:
                     self.stats.episodes += 1
                     self.stats.returns.append(returns[i])  # as RLlib's episode return: all agents' rewards
             self.stepped()
-        await call.write(pb.ClientMessage(close=pb.Close()))
+        await _write(call, pb.ClientMessage(close=pb.Close()))
         await call.done_writing()
         await call.code()
 
@@ -262,6 +265,25 @@ class EnvClient:
         return hello_message(
             env.single_observation_space, env.single_action_space, env.num_envs, self.explore, self.client_id
         )
+
+
+async def _write(call: grpc.aio.StreamStreamCall, message: pb.ClientMessage) -> None:
+    """Write one message. A write to a stream the server has ended (a server stopping as the stream opens) fails with
+    gRPC's own INTERNAL 'Internal error from Core', which says nothing of why: the stream's status is raised
+    instead (UNAVAILABLE there, after which the client reconnects)."""
+    try:
+        await call.write(message)
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+        try:
+            async with asyncio.timeout(STATUS_WAIT_S):
+                code = await call.code()
+        except TimeoutError:
+            raise exc from None
+        if code == grpc.StatusCode.OK:
+            raise
+        raise grpc.aio.AioRpcError(
+            code, await call.initial_metadata(), await call.trailing_metadata(), await call.details()
+        ) from exc
 
 
 def step_message(obs: Any, rewards: np.ndarray, terminateds: np.ndarray, truncateds: np.ndarray) -> pb.ClientMessage:
