@@ -133,7 +133,9 @@ class PolicyService:
         self.local = local
         self.sessions = router.sessions
         self.non_finite_rejected = {"obs": 0, "reward": 0}  # as rlgate_non_finite_rejected_total counts them
-        self.draining = False
+        self.draining = False  # handing sessions over, refusing new ones
+        self.drain_over = False  # the drain timeout passed: sessions still open end at their next message
+        self._no_sessions = asyncio.Event()
         self._stage_seconds = metrics.stage_seconds
 
     @property
@@ -208,6 +210,20 @@ class PolicyService:
             if client is not None:
                 self.local.close(client)
 
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new sessions and hand every open one over at its episodes' end (Actions.reconnect); after
+        `timeout_s` those still open end UNAVAILABLE at their next message, their running episodes cut."""
+        self.draining = True
+        self._no_sessions.clear()
+        if not self.sessions:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._no_sessions.wait()
+        except TimeoutError:
+            self.drain_over = True
+            log.info("drain timeout: %d sessions not handed over end at their next message", len(self.sessions))
+
     def count_non_finite(self, field: str) -> None:
         """A step refused for a NaN or infinite value in `field` (obs, reward)."""
         self.non_finite_rejected[field] += 1
@@ -244,6 +260,8 @@ class PolicyService:
                 raise WrongState("step before hello: send a hello first")
             if stream.handed_over:
                 raise NotServing(HANDED_OVER)
+            if self.drain_over:
+                raise NotServing("server is shutting down and its drain timeout passed: reconnect to another one")
             if not session.moving and (self.draining or arrived >= stream.due):
                 session.move()
             if isinstance(decoder, AgentsStepDecoder):
@@ -423,6 +441,8 @@ class PolicyService:
         self.router.ship(session.close(), session.spec.explore)
         self.sessions.pop(session.id, None)
         self.metrics.sessions.set(len(self.sessions))
+        if not self.sessions:
+            self._no_sessions.set()
         log.info("session closed session=%s client=%r", session.id, session.spec.client_id)
 
     async def abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:

@@ -28,6 +28,7 @@ from support.servers import (
 from support.stalled_client import stalled_stream
 
 from rlgate.client.env_client import EnvClient
+from rlgate.server.main import LAST_MESSAGE_S
 from rlgate.spec.run import RunSpec, SamplingSpec
 
 
@@ -100,12 +101,15 @@ async def test_long_episodes_are_cut_into_chunks_with_lookback(server_factory, t
 
 
 async def test_clients_reconnect_on_their_own_after_a_server_restart(server_factory):
-    first = await server_factory()
+    """An episode that never ends is not handed over: once the stopping server's drain timeout passes, its stream ends
+    UNAVAILABLE at its next message (the episode cut), the stop returns, and the client reconnects by itself."""
+    first = await server_factory(drain_timeout_s=0.5)
     port = first.port
     client = EnvClient(SpaceEnv(BOX4, DISCRETE2, length=10**6), f"127.0.0.1:{port}", seed=0, max_backoff_s=0.2)
     async with running_client(client):
         await wait_for_steps(client, 10)
-        await first.stop()
+        await asyncio.wait_for(first.stop(), 0.5 + LAST_MESSAGE_S + 3)
+        assert client.stats.handovers == 0
         second = await server_factory(port=port)
         reached = client.stats.env_steps
         await wait_for_steps(client, reached + 20)
