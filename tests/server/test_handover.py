@@ -76,6 +76,30 @@ async def start_server(directory: Path, port: int = 0, **settings: object) -> In
     return server
 
 
+async def first_replica(
+    stack: AsyncExitStack, directory: Path, clients: int, **settings: object
+) -> tuple[InferenceServer, int, list[EnvClient]]:
+    """Replica A, started; the port of a replica B to come, held (bound, not listening) until B starts on it; and
+    `clients` env clients (not running yet) of a target naming both, as a Service's name lists every replica: they
+    reach A alone until B starts. The stack stops A (unless the test did) and frees the port."""
+    reservation = reserve_shared_port("127.0.0.1", 0, "--port")
+    stack.callback(reservation.close)
+    a = await start_server(directory, **settings)
+
+    async def stop_a() -> None:
+        if not a.service.draining:
+            await a.stop()
+
+    stack.push_async_callback(stop_a)
+    port_b = reservation.getsockname()[1]
+    shared = f"ipv4:127.0.0.1:{a.port},127.0.0.1:{port_b}"
+    env_clients = [
+        EnvClient(SpaceEnv(BOX4, DISCRETE2, length=LENGTH), shared, client_id=f"c{i}", seed=i, max_backoff_s=0.05)
+        for i in range(clients)
+    ]
+    return a, port_b, env_clients
+
+
 def halves(a: InferenceServer, b: InferenceServer) -> bool:
     """Every client has a session, and each replica serves three to five of the eight."""
     return 3 <= len(b.service.sessions) <= 5 and len(a.service.sessions) + len(b.service.sessions) == CLIENTS
@@ -84,19 +108,9 @@ def halves(a: InferenceServer, b: InferenceServer) -> bool:
 async def test_sessions_spread_over_a_replica_started_later_with_no_episode_cut(tmp_path):
     """Two replicas behind one target, the second started once every client is on the first: within a few session
     ages both serve about half the sessions, and every episode either shipped is whole, none lost."""
-    # Replica B's port is held (bound, not listening) from the start, as a Service's name that already lists it.
-    reservation = reserve_shared_port("127.0.0.1", 0, "--port")
-    port_b = reservation.getsockname()[1]
     dirs = [tmp_path / "a", tmp_path / "b"]
     async with AsyncExitStack() as stack:
-        stack.callback(reservation.close)
-        a = await start_server(dirs[0], max_session_age_s=1.0)
-        stack.push_async_callback(a.stop)
-        shared = f"ipv4:127.0.0.1:{a.port},127.0.0.1:{port_b}"
-        clients = [
-            EnvClient(SpaceEnv(BOX4, DISCRETE2, length=LENGTH), shared, client_id=f"c{i}", seed=i, max_backoff_s=0.05)
-            for i in range(CLIENTS)
-        ]
+        a, port_b, clients = await first_replica(stack, dirs[0], CLIENTS, max_session_age_s=1.0)
         async with AsyncExitStack() as running:  # the clients stop first, then the servers
             for client in clients:
                 await running.enter_async_context(running_client(client))
@@ -178,18 +192,9 @@ async def test_a_client_that_ignores_reconnect_gets_unavailable_and_nothing_is_c
 async def test_a_stopping_server_hands_every_client_over_at_its_next_reset_within_the_drain_timeout(tmp_path):
     """A graceful stop (what SIGTERM runs) hands each session over at its episode's end: the clients carry on on the
     other replica (a rolling update), the stop returns well within drain_timeout_s, and no episode is cut."""
-    reservation = reserve_shared_port("127.0.0.1", 0, "--port")
-    port_b = reservation.getsockname()[1]
     dirs = [tmp_path / "a", tmp_path / "b"]
     async with AsyncExitStack() as stack:
-        stack.callback(reservation.close)
-        a = await start_server(dirs[0], drain_timeout_s=10)
-        stack.push_async_callback(lambda: a.stop() if not a.service.draining else asyncio.sleep(0))
-        shared = f"ipv4:127.0.0.1:{a.port},127.0.0.1:{port_b}"
-        clients = [
-            EnvClient(SpaceEnv(BOX4, DISCRETE2, length=LENGTH), shared, client_id=f"c{i}", seed=i, max_backoff_s=0.05)
-            for i in range(4)
-        ]
+        a, port_b, clients = await first_replica(stack, dirs[0], 4, drain_timeout_s=10)
         async with AsyncExitStack() as running:  # the clients stop first, then the servers
             for client in clients:
                 await running.enter_async_context(running_client(client))
