@@ -99,8 +99,9 @@ class Session:
         self._unshipped: int | None = None  # unshipped_steps(), until a step, a cut or the end changes it
 
     def move(self) -> None:
-        """Hand the session over at its sub-envs' episode boundaries: episodes begun from the next observed
-        step on are parked (acted on, never recorded), until `settled()`; the client starts them afresh elsewhere."""
+        """Hand the session over at its sub-envs' episode boundaries: every episode that begins from now on (with
+        the reset observations of the step about to be observed) is parked: acted on, never recorded; the client
+        starts afresh elsewhere once `settled()`."""
         self.moving = True
 
     def settled(self) -> bool:
