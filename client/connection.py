@@ -70,7 +70,8 @@ class ClientStats:
 
     env_steps: int = 0
     episodes: int = 0
-    reconnects: int = 0
+    reconnects: int = 0  # after a broken stream
+    handovers: int = 0  # new streams the server asked for at an episode boundary (Actions.reconnect)
     model_version: int = -1
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     paused: str | None = None  # local inference: why the client does not sample now (the learner's pace)

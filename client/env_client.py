@@ -4,11 +4,13 @@ A plain env runs as a vector env of one. A PettingZoo ParallelEnv or AECEnv (or 
 opens a multi-agent session: its hello declares the agents and their spaces, each step carries every
 sub-env's acting agents' observations, rewards and done flags (see spec/agent_envs.py). Sub-envs reset
 themselves the way gymnasium's vector envs do by default (autoreset mode NEXT_STEP), which is what the
-server expects: after a sub-env's episode ends, its next observation is a reset observation. A stream that
-breaks (server restart, network) is re-opened with backoff, and every sub-env starts a fresh episode; the
-server ships the old ones as truncated. A server that cannot be reached within `connect_timeout_s` (when
-set), or that refuses the stream for a reason a new stream would meet again (spaces that do not match its
-model, a wrong token), ends `run()` with a UserError that says so.
+server expects: after a sub-env's episode ends, its next observation is a reset observation. A server that
+hands the session over (Actions.reconnect: its max session age, or it is stopping) has seen every recorded
+episode end: the client closes the stream and opens a new one through the same target, with fresh episodes,
+none cut. A stream that breaks (server restart, network) is re-opened with backoff, and every sub-env starts
+a fresh episode; the server ships the old ones as truncated. A server that cannot be reached within
+`connect_timeout_s` (when set), or that refuses the stream for a reason a new stream would meet again (spaces
+that do not match its model, a wrong token), ends `run()` with a UserError that says so.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import policy_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+# How long a failed write waits for the stream's status (it has one by then: the server ended the stream).
+STATUS_WAIT_S = 5.0
 
 
 class EnvClient:
@@ -165,7 +170,7 @@ class EnvClient:
             if not await self.connected(channel):
                 return  # stopped while waiting
             call = policy_pb2_grpc.PolicyServiceStub(channel).Connect(metadata=self.metadata)
-            await call.write(self._hello())
+            await _write(call, self._hello())
             welcome = await self._read(call)
             self.stats.model_version = welcome.welcome.model_version
             if isinstance(self.env, AgentEnvs):
@@ -177,16 +182,16 @@ class EnvClient:
             rewards, terminateds, truncateds = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
             tally = Tally(self.stats, n)
             while True:
-                await call.write(step_message(obs, rewards, terminateds, truncateds))
+                await _write(call, step_message(obs, rewards, terminateds, truncateds))
                 reply = await self._read(call)
                 self.stats.model_version = reply.actions.model_version
-                if self.done(max_steps):  # the last step's outcome is sent: the server records it
+                if self._handed_over(reply) or self.done(max_steps):  # the last step's outcome is recorded
                     break
                 actions = codec.from_value(reply.actions.actions, "actions")
                 obs, rewards, terminateds, truncateds, _ = self.env.step(actions)
                 tally.step(rewards, terminateds, truncateds)
                 self.stepped()
-            await call.write(pb.ClientMessage(close=pb.Close()))
+            await _write(call, pb.ClientMessage(close=pb.Close()))
             await call.done_writing()
             await call.code()
 
@@ -205,10 +210,10 @@ class EnvClient:
         self.seed = None
         returns = [0.0 for _ in steps]  # per sub-env: its episode's return so far, every agent's rewards summed
         while True:
-            await call.write(pb.ClientMessage(step=pb.Step(agents=[_agents_step(s) for s in steps])))
+            await _write(call, pb.ClientMessage(step=pb.Step(agents=[_agents_step(s) for s in steps])))
             reply = await self._read(call)
             self.stats.model_version = reply.actions.model_version
-            if self.done(max_steps):
+            if self._handed_over(reply) or self.done(max_steps):
                 break
             actions = [
                 {agent: codec.from_value(value, f"actions[{agent!r}]") for agent, value in per_env.actions.items()}
@@ -226,9 +231,18 @@ class EnvClient:
                     self.stats.episodes += 1
                     self.stats.returns.append(returns[i])  # as RLlib's episode return: all agents' rewards
             self.stepped()
-        await call.write(pb.ClientMessage(close=pb.Close()))
+        await _write(call, pb.ClientMessage(close=pb.Close()))
         await call.done_writing()
         await call.code()
+
+    def _handed_over(self, reply: pb.ServerMessage) -> bool:
+        """The server asks for a new stream (Actions.reconnect): every episode it recorded has ended, so the client
+        leaves these actions unused and starts afresh through the same target, which may reach another replica."""
+        if not reply.actions.reconnect:
+            return False
+        self.stats.handovers += 1
+        log.info("server handed the session over: reconnecting to %s", self.target)
+        return True
 
     @staticmethod
     async def _read(call: grpc.aio.StreamStreamCall) -> pb.ServerMessage:
@@ -255,6 +269,25 @@ class EnvClient:
         return hello_message(
             env.single_observation_space, env.single_action_space, env.num_envs, self.explore, self.client_id
         )
+
+
+async def _write(call: grpc.aio.StreamStreamCall, message: pb.ClientMessage) -> None:
+    """Write one message. A write to a stream the server has ended (a server stopping as the stream opens) fails with
+    gRPC's own INTERNAL 'Internal error from Core', which says nothing of why: the stream's status is raised
+    instead (UNAVAILABLE there, after which the client reconnects)."""
+    try:
+        await call.write(message)
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+        try:
+            async with asyncio.timeout(STATUS_WAIT_S):
+                code = await call.code()
+        except TimeoutError:
+            raise exc from None
+        if code == grpc.StatusCode.OK:
+            raise
+        raise grpc.aio.AioRpcError(
+            code, await call.initial_metadata(), await call.trailing_metadata(), await call.details()
+        ) from exc
 
 
 def step_message(obs: Any, rewards: np.ndarray, terminateds: np.ndarray, truncateds: np.ndarray) -> pb.ClientMessage:

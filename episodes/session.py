@@ -81,6 +81,8 @@ class Session:
         self._table = StepTable(spec.num_envs)
         n = spec.num_envs
         self._live = np.zeros(n, bool)
+        self._parked = np.zeros(n, bool)  # running an episode begun after move(): never shipped
+        self.moving = False
         self._done = np.zeros(n, bool)
         self._terminateds = self._truncateds = self._done  # the newest message's flags
         self._start = np.zeros(n, np.int64)
@@ -95,6 +97,16 @@ class Session:
         self._first_start = 0  # the smallest start: no cut is due before row first_start + fragment
         self._pending: _Step | None = None  # the newest row while its actions are being computed
         self._unshipped: int | None = None  # unshipped_steps(), until a step, a cut or the end changes it
+
+    def move(self) -> None:
+        """Hand the session over at its sub-envs' episode boundaries: every episode that begins from now on (with
+        the reset observations of the step about to be observed) is parked: acted on, never recorded; the client
+        starts afresh elsewhere once `settled()`."""
+        self.moving = True
+
+    def settled(self) -> bool:
+        """Moving, and every recorded episode has ended: the client may leave without cutting one."""
+        return self.moving and not (self._live & ~self._parked).any()
 
     def resets_only(self) -> bool:
         """True when no sub-env has a running episode: the next step's rows all carry reset observations."""
@@ -134,6 +146,7 @@ class Session:
             self._first_start = int(self._start.min())
             self._done[fresh] = False
             live[fresh] = True
+            self._parked[fresh] = self.moving
         self._any_done = bool(self._done.any())
         self._pending = _Step(self, t, obs)
         self._unshipped = None
@@ -174,7 +187,8 @@ class Session:
 
         Kept until the session changes: a server with a learner asks every session before every batch."""
         if self._unshipped is None:
-            self._unshipped = int((self._recorded_row() - self._start)[self._live].clip(min=0).sum())
+            recorded = self._live & ~self._parked
+            self._unshipped = int((self._recorded_row() - self._start)[recorded].clip(min=0).sum())
         return self._unshipped
 
     def close(self) -> list[Chunk]:
@@ -184,7 +198,7 @@ class Session:
         pipeline."""
         end = self._recorded_row()
         done = self._take_done() if end == self._row else []
-        running = self._live & (end > self._start)
+        running = self._live & ~self._parked & (end > self._start)
         unfinished = self._chunks(np.flatnonzero(running), end, truncated=True, session_closed=True)
         self._live[:] = False
         self._unshipped = None
@@ -225,6 +239,8 @@ class Session:
         """These sub-envs' running episodes up to row `end`, as chunks to ship; none when nothing takes them."""
         if not self._ships:
             return []
+        if self.moving:
+            rows = rows[~self._parked[rows]]
         return [self._chunk(int(i), end, truncated=truncated, session_closed=session_closed) for i in rows]
 
     def _chunk(self, i: int, end: int, *, truncated: bool = False, session_closed: bool = False) -> Chunk:

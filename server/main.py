@@ -36,6 +36,9 @@ from rlgate.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 
+# After the drain timeout, how long the sessions still open have to send a message and take their UNAVAILABLE.
+LAST_MESSAGE_S = 1.0
+
 
 class InferenceServer:
     """One `rlgate serve` process: its parts, its gRPC server and its HTTP server."""
@@ -142,11 +145,14 @@ class InferenceServer:
         log.info("serving grpc=%s:%d http=%s:%d", s.host, self.port, s.host, self.http_port)
 
     async def stop(self) -> None:
-        """Graceful stop: NOT_SERVING, refuse new sessions, end open ones at their next message, flush."""
+        """Graceful stop: NOT_SERVING, refuse new sessions, hand open ones over at their episodes' end
+        (Actions.reconnect) for up to drain_timeout_s (then the rest end UNAVAILABLE, their episodes cut), flush."""
         self.service.draining = True
         await self._health.enter_graceful_shutdown()
-        if self._grpc is not None:
-            await self._grpc.stop(self.settings.drain_timeout_s)
+        if self._grpc is not None:  # new calls are refused from now on; streams still open after the grace cancelled
+            stopped = asyncio.ensure_future(self._grpc.stop(self.settings.drain_timeout_s + LAST_MESSAGE_S))
+            await self.service.drain(self.settings.drain_timeout_s)
+            await stopped
         await self.host.stop()
         if self.router.files is not None:
             await self.router.files.stop()

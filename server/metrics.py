@@ -27,6 +27,11 @@ class ServerMetrics:
             "rlgate_env_steps", "Env steps received (transitions; reset observations do not count).", registry=r
         )
         self.sessions = Gauge("rlgate_sessions", "Open client sessions.", registry=r)
+        self.handovers = Counter(
+            "rlgate_handovers",
+            "Sessions told to reconnect at their episodes' end (max session age, or a stopping server).",
+            registry=r,
+        )
         self.batch_size = HotHistogram(
             "rlgate_batch_size", "Env steps per forward pass.", buckets=_BATCH_BUCKETS, registry=r
         )

@@ -67,7 +67,17 @@ class MultiAgentSession:
         self._outputs: list[dict[str, dict]] = [{} for _ in range(spec.num_envs)]
         self._done: list[MultiAgentEpisode] = []  # ended at the latest message, shipped by record()
         self._shipped: dict[str, int] = {}  # running episode id -> agent chunks shipped so far (cut off)
+        self._parked: set[str] = set()  # episodes begun after move(): never shipped
+        self.moving = False
         self._pending = False
+
+    def move(self) -> None:
+        """Hand the session over at its sub-envs' episode boundaries, as `Session.move` does."""
+        self.moving = True
+
+    def settled(self) -> bool:
+        """Moving, and every recorded episode has ended."""
+        return self.moving and all(e is None or e.is_done or e.id_ in self._parked for e in self._episodes)
 
     def observe(self, steps: list[AgentsStep]) -> tuple[list[MultiAgentEpisode], int]:
         """Record one message (a step per sub-env); returns every sub-env's episode (the batch's rows, ended
@@ -81,6 +91,8 @@ class MultiAgentSession:
         for i, (step, env_step) in enumerate(zip(steps, checked, strict=True)):
             if env_step is None:  # a reset observation starts the sub-env's next episode
                 episode = self._episodes[i] = self._new_episode(i)
+                if self.moving:
+                    self._parked.add(episode.id_)
                 episode.add_env_reset(observations=step.observations, infos=step.infos)
                 continue
             episode = self._episodes[i]
@@ -151,7 +163,9 @@ class MultiAgentSession:
 
     def unshipped_steps(self) -> int:
         """Env or agent steps (as the learner counts them) in running episodes, not shipped yet."""
-        running = sum(self._steps(e) for e in self._episodes if e is not None and not e.is_done)
+        running = sum(
+            self._steps(e) for e in self._episodes if e is not None and not e.is_done and e.id_ not in self._parked
+        )
         return running + sum(self._steps(e) for e in self._done)
 
     def close(self) -> list[Chunk]:
@@ -159,7 +173,7 @@ class MultiAgentSession:
         agents' chunks `session_closed`: the env did not end it)."""
         shipped = [chunk for episode in self._done for chunk in self._agent_chunks(episode)]
         for episode in self._episodes:
-            if episode is None or episode.is_done:
+            if episode is None or episode.is_done or episode.id_ in self._parked:
                 continue
             episode.is_truncated = True
             for agent_episode in episode.agent_episodes.values():
@@ -177,7 +191,10 @@ class MultiAgentSession:
 
     def _agent_chunks(self, episode: MultiAgentEpisode) -> list[Chunk]:
         """The agents' episodes with at least one step in this chunk, to ship; the first carries its env steps,
-        and if the episode ended, each carries how many agent chunks the episode shipped in all."""
+        and if the episode ended, each carries how many agent chunks the episode shipped in all. None of a parked
+        episode."""
+        if episode.id_ in self._parked:
+            return []
         chunks = [agent_episode for agent_episode in episode.agent_episodes.values() if len(agent_episode)]
         if chunks:
             chunks[0].multi_agent_env_steps = len(episode)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +48,14 @@ SERVICE_NAME = "rlgate.v1.PolicyService"
 # keys), which may be megabytes; gRPC sends the message percent-encoded (at most 3 bytes per byte) in a trailer,
 # and a client refuses trailers over 8 KiB with a bare RESOURCE_EXHAUSTED in place of the status. Logged as sent.
 MAX_DETAILS = 1024
+# Each session's age limit is max_session_age_s times a draw from this range (gRPC's max connection age jitters
+# as much): sessions opened together are handed over apart, not all in one burst.
+AGE_JITTER = (0.9, 1.1)
+# How a stream ends that goes on after its answer said reconnect (a client that does not read Actions.reconnect).
+HANDED_OVER = (
+    "session handed over (max session age, or the server is stopping): reconnect through the same target; "
+    "every episode it recorded had ended and was shipped"
+)
 
 
 #: The status each error a stream can end with gets (server/errors.py); anything else is the server's own fault:
@@ -98,6 +108,8 @@ class _Stream:
     decoder: StepDecoder | AgentsStepDecoder | None = None
     idle: IdleWatch | None = None
     writing: bool = False  # an answer waits for the client to take it
+    due: float = math.inf  # perf_counter time after which the session is handed over (max_session_age_s)
+    handed_over: bool = False  # an answer told the client to reconnect
 
 
 class PolicyService:
@@ -121,7 +133,9 @@ class PolicyService:
         self.local = local
         self.sessions = router.sessions
         self.non_finite_rejected = {"obs": 0, "reward": 0}  # as rlgate_non_finite_rejected_total counts them
-        self.draining = False
+        self.draining = False  # handing sessions over, refusing new ones
+        self.drain_over = False  # the drain timeout passed: sessions still open end at their next message
+        self._no_sessions = asyncio.Event()
         self._stage_seconds = metrics.stage_seconds
 
     @property
@@ -196,6 +210,20 @@ class PolicyService:
             if client is not None:
                 self.local.close(client)
 
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new sessions and hand every open one over at its episodes' end (Actions.reconnect); after
+        `timeout_s` those still open end UNAVAILABLE at their next message, their running episodes cut."""
+        self.draining = True
+        self._no_sessions.clear()
+        if not self.sessions:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._no_sessions.wait()
+        except TimeoutError:
+            self.drain_over = True
+            log.info("drain timeout: %d sessions not handed over end at their next message", len(self.sessions))
+
     def count_non_finite(self, field: str) -> None:
         """A step refused for a NaN or infinite value in `field` (obs, reward)."""
         self.non_finite_rejected[field] += 1
@@ -218,22 +246,32 @@ class PolicyService:
         arrived, arrived_cpu = time.perf_counter(), time.thread_time()
         message = _parse(pb.ClientMessage, raw)
         kind = message.WhichOneof("kind")
-        if self.draining:
-            raise NotServing("server is shutting down: reconnect to another one")
         if kind == "hello":
             if stream.session is not None:
                 raise WrongState("hello sent twice on one stream")
             stream.session, stream.batcher, stream.decoder = await self._open(message.hello)
+            if age := self.settings.max_session_age_s:
+                stream.due = arrived + age * random.uniform(*AGE_JITTER)
             welcome = pb.Welcome(session_id=stream.session.id, model_version=stream.batcher.core.version)
             await _write(context, stream, pb.ServerMessage(welcome=welcome))
         elif kind == "step":
             session, batcher, decoder = stream.session, stream.batcher, stream.decoder
             if session is None or batcher is None or decoder is None:
                 raise WrongState("step before hello: send a hello first")
+            if stream.handed_over:
+                raise NotServing(HANDED_OVER)
+            if self.drain_over:
+                raise NotServing("server is shutting down and its drain timeout passed: reconnect to another one")
+            if not session.moving and (self.draining or arrived >= stream.due):
+                session.move()
             if isinstance(decoder, AgentsStepDecoder):
                 reply = await self._multi_agent_step(session, batcher, decoder, message.step)
             else:
                 reply = await self._step(session, batcher, decoder, message.step, arrived_cpu)
+            if session.moving and session.settled():
+                reply.actions.reconnect = stream.handed_over = True
+                self.metrics.handovers.inc()
+                log.info("session handed over session=%s client=%r", session.id, session.spec.client_id)
             await _write(context, stream, reply)
             self.metrics.step_latency.observe(time.perf_counter() - arrived)
         elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
@@ -403,6 +441,8 @@ class PolicyService:
         self.router.ship(session.close(), session.spec.explore)
         self.sessions.pop(session.id, None)
         self.metrics.sessions.set(len(self.sessions))
+        if not self.sessions:
+            self._no_sessions.set()
         log.info("session closed session=%s client=%r", session.id, session.spec.client_id)
 
     async def abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:

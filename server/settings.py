@@ -99,7 +99,20 @@ class ServerSettings(ServiceSettings):
         description="A session silent this long (or leaving an answer unread this long) is closed; its episodes "
         "ship as truncated.",
     )
-    drain_timeout_s: float = Field(10.0, ge=0, description="On SIGTERM, how long open sessions may finish.")
+    drain_timeout_s: float = Field(
+        10.0,
+        ge=0,
+        description="On SIGTERM, how long open sessions may take to reach their episodes' end and be handed over "
+        "(Actions.reconnect); those still open then end UNAVAILABLE, their episodes shipped as truncated.",
+    )
+    max_session_age_s: float = Field(
+        0.0,
+        ge=0,
+        description="Hand a session over after this long (each session's age drawn within +-10%, so that "
+        "sessions opened together leave apart): at its episodes' next end the client is told to reconnect "
+        "(Actions.reconnect), through a Service name to any replica, so long-lived streams spread over replicas "
+        "added or restarted later. No episode is cut. 0: never (sessions stay until the client or a stop ends them).",
+    )
     tls_client_ca: FilePath | None = Field(None, description="PEM CA that client certificates must chain to (mTLS).")
     allow_non_finite_obs: bool = Field(
         False,

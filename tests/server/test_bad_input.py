@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 
@@ -20,7 +19,6 @@ from support.servers import (
     shipped,
     step,
     target,
-    until,
     wait_for_steps,
 )
 
@@ -360,25 +358,6 @@ async def test_a_server_still_waiting_for_its_learners_weights_is_unavailable(se
     _, status, details = await exchange(server, hello())
     assert status == grpc.StatusCode.UNAVAILABLE
     assert details == "no model yet: waiting for the learner's first weights"
-
-
-async def test_a_stopping_server_ends_open_sessions_with_unavailable_at_their_next_message(server_factory):
-    server = await server_factory()
-    raw = RawStream(server)
-    try:
-        await raw.send(hello())
-        await raw.recv()
-        await raw.send(step(GOOD_OBS))
-        await raw.recv()
-        stopping = asyncio.create_task(server.stop())
-        await until(lambda: server.service.draining, 5)
-        await raw.send(step(GOOD_OBS))
-        status, details = await raw.status()
-        await asyncio.wait_for(stopping, 10)
-    finally:
-        await raw.close()
-    assert status == grpc.StatusCode.UNAVAILABLE
-    assert details == "server is shutting down: reconnect to another one"
 
 
 async def test_data_that_breaks_a_users_piece_fails_its_stream_alone_with_the_error_named(server_factory):

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -29,6 +28,7 @@ from support.servers import (
 from support.stalled_client import stalled_stream
 
 from rlgate.client.env_client import EnvClient
+from rlgate.server.main import LAST_MESSAGE_S
 from rlgate.spec.run import RunSpec, SamplingSpec
 
 
@@ -101,12 +101,15 @@ async def test_long_episodes_are_cut_into_chunks_with_lookback(server_factory, t
 
 
 async def test_clients_reconnect_on_their_own_after_a_server_restart(server_factory):
-    first = await server_factory()
+    """An episode that never ends is not handed over: once the stopping server's drain timeout passes, its stream ends
+    UNAVAILABLE at its next message (the episode cut), the stop returns, and the client reconnects by itself."""
+    first = await server_factory(drain_timeout_s=0.5)
     port = first.port
     client = EnvClient(SpaceEnv(BOX4, DISCRETE2, length=10**6), f"127.0.0.1:{port}", seed=0, max_backoff_s=0.2)
     async with running_client(client):
         await wait_for_steps(client, 10)
-        await first.stop()
+        await asyncio.wait_for(first.stop(), 0.5 + LAST_MESSAGE_S + 3)
+        assert client.stats.handovers == 0
         second = await server_factory(port=port)
         reached = client.stats.env_steps
         await wait_for_steps(client, reached + 20)
@@ -186,7 +189,8 @@ def test_tls_and_token_together(tls_files):
 
 
 def test_sigterm_drains_flushes_and_exits_zero(tmp_path):
-    """`rlgate serve` as a real process: SIGTERM ends open sessions, ships their episodes, exits 0."""
+    """`rlgate serve` as a real process: SIGTERM hands the open session over at its episode's end (nothing cut),
+    ships the episodes, exits 0."""
     episodes = tmp_path / "episodes"
     process = subprocess.Popen(
         [
@@ -224,7 +228,7 @@ def test_sigterm_drains_flushes_and_exits_zero(tmp_path):
                 task = asyncio.create_task(client.run())
                 await wait_for_steps(client, 30)
                 process.send_signal(signal.SIGTERM)
-                while client.stats.reconnects == 0:  # the draining server ends the stream; the client retries
+                while client.stats.handovers == 0:  # told to reconnect at its episode's end
                     await asyncio.sleep(0.01)
                 client.stop()
                 await task
@@ -236,5 +240,6 @@ def test_sigterm_drains_flushes_and_exits_zero(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait()
-    files = list(Path(episodes).glob("*.pb"))
-    assert files, "the open episode was not flushed on SIGTERM"
+    messages = shipped(episodes)
+    assert messages, "the episodes were not flushed on SIGTERM"
+    assert not any(m.session_closed for m in messages)  # the episode running at SIGTERM ran to its end

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from support.chunks import decoded
-from support.servers import BOX4, DISCRETE2, SELF_PLAY, RawStream, shipped, target
+from support.servers import BOX4, DISCRETE2, SELF_PLAY, RawStream, running_client, shipped, target, wait_for_steps
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
@@ -436,3 +436,23 @@ def test_a_multi_agent_mean_std_filter_counts_each_observation_once_across_a_flu
         for offset, observation in enumerate(chunk.get_observations()):
             observed.setdefault(chunk.t_started + offset, []).append(round(float(observation[0]), 3))
     assert {t: set(v) for t, v in observed.items()} == {0: {0.0}, 1: {0.707}, 2: {1.0}, 3: {1.162}}
+
+
+async def test_a_stopping_server_hands_a_multi_agent_session_over_with_no_episode_cut(server_factory, tmp_path):
+    """Each sub-env finishes its game, the one it begins after is not recorded, and the answer to the step that ends
+    the last one says reconnect: the stop takes one episode's end, and no chunk is cut off (session_closed)."""
+    server = await server_factory(spec=multi_agent_spec(), drain_timeout_s=10)
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+
+    client = EnvClient([MultiAgentCartPole(num_agents=2) for _ in range(3)], target(server), seed=1)
+    async with running_client(client):
+        await wait_for_steps(client, 30)
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(server.stop(), 10)
+        drain_s = asyncio.get_running_loop().time() - started
+        assert client.stats.handovers == 1
+    assert drain_s < 5
+    chunks = [episode_from_proto(c) for c in shipped(tmp_path / "episodes")]
+    assert chunks and not any(c.session_closed for c in chunks)
+    ended = {c.multi_agent_episode_id for c in chunks if c.multi_agent_episode_chunks}
+    assert {c.multi_agent_episode_id for c in chunks} == ended  # every episode shipped ran to its end

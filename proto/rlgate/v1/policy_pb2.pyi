@@ -316,8 +316,20 @@ class Actions(_message.Message):
     ACTIONS_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     AGENTS_FIELD_NUMBER: _builtins.int
+    RECONNECT_FIELD_NUMBER: _builtins.int
     model_version: _builtins.int
     """The model version that chose them."""
+    reconnect: _builtins.bool
+    """The server hands this session over (its max session age passed, or it is stopping), so that env streams
+    spread over the replicas behind a Service name. When true, every episode the server recorded has ended:
+    do not step the env with these actions; send Close (or half-close the stream), open a new stream through the
+    same target (it may reach another replica), send a hello and the reset observations of every sub-env (reset
+    the env). Nothing is lost and no episode is cut. How the server gets there: once it decides to hand over,
+    each sub-env finishes the episode it runs, recorded as usual; an episode a sub-env begins after that (its
+    next reset observation on) is acted on but never recorded, and the client's reset on its new stream drops
+    it. A client that sends another step instead gets UNAVAILABLE (retryable; then it reconnects the same way).
+    Multi-agent sessions too (the flag rides on the Actions message that carries `agents`).
+    """
     @_builtins.property
     def actions(self) -> _tensor_pb2.Value:
         """Actions for the env (normalised and clipped into the action space), leading axis N. Read each tensor's
@@ -335,10 +347,11 @@ class Actions(_message.Message):
         actions: _tensor_pb2.Value | None = ...,
         model_version: _builtins.int = ...,
         agents: _abc.Iterable[Global___AgentActions] | None = ...,
+        reconnect: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agents", b"agents", "model_version", b"model_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agents", b"agents", "model_version", b"model_version", "reconnect", b"reconnect"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
