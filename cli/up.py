@@ -229,8 +229,8 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
                 children.check()
                 learner = _get_json(learner_http)
                 server = _get_json(server_http)
-                if learner is None or server is None:
-                    continue
+                if learner is None or server is None or "episodes" not in learner:
+                    continue  # not answering yet, or (a port taken in between) not our learner: check() will tell
                 if learner.get("failed_updates_in_a_row", 0) >= MAX_FAILED_UPDATES:
                     raise SystemExit(
                         f"rlgate: the learner's last {MAX_FAILED_UPDATES} updates failed, nothing trains: "
