@@ -21,6 +21,7 @@ from rlgate.connectors.connector_pipeline_v2 import ConnectorPipelineV2
 from rlgate.connectors.connector_v2 import ConnectorV2
 from rlgate.connectors.learner import (
     AddColumnsFromEpisodesToTrainBatch,
+    AddNextObservationsFromEpisodesToTrainBatch,
     AddOneTsToEpisodesAndTruncate,
     GeneralAdvantageEstimation,
 )
@@ -118,6 +119,7 @@ def build_learner_pipeline(
     add_default_connectors: bool = True,
     device: torch.device | str = "cpu",
     gae: tuple[float, float] | None = None,
+    next_observations: bool = False,
     module_spaces: ModuleSpaces | None = None,
 ) -> ConnectorPipelineV2:
     """[user pieces] -> AddObservationsFromEpisodesToBatch -> AddColumnsFromEpisodesToTrainBatch ->
@@ -127,7 +129,9 @@ def build_learner_pipeline(
     Multi-agent (`module_spaces`): the batch becomes `{module id: {column: tensor}}` and GAE runs per module.
 
     `gae=(gamma, lambda_)` adds PPO's pieces (with the defaults): AddOneTsToEpisodesAndTruncate first
-    and GeneralAdvantageEstimation(gamma, lambda_) last. The spaces are the env-to-module pipeline's
+    and GeneralAdvantageEstimation(gamma, lambda_) last. `next_observations` adds DQN's and SAC's
+    AddNextObservationsFromEpisodesToTrainBatch right after AddObservationsFromEpisodesToBatch (where RLlib's
+    DQNLearner inserts it). The spaces are the env-to-module pipeline's
     output spaces (what the episodes hold after its pieces wrote back).
     """
     pipeline = ConnectorPipelineV2(
@@ -137,6 +141,8 @@ def build_learner_pipeline(
     )
     if add_default_connectors:
         pipeline.append(AddObservationsFromEpisodesToBatch(as_learner_connector=True))
+        if next_observations:
+            pipeline.append(AddNextObservationsFromEpisodesToTrainBatch())
         pipeline.append(AddColumnsFromEpisodesToTrainBatch())
         pipeline.append(AddTimeDimToBatchAndZeroPad(as_learner_connector=True))
         pipeline.append(AddStatesFromEpisodesToBatch(as_learner_connector=True))

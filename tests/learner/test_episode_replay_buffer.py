@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections import Counter
 from itertools import pairwise
 
+import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
+from rlgate.connectors.builders import build_learner_pipeline
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.episode_replay_buffer import N_STEP, WEIGHTS, EpisodeReplayBuffer
@@ -263,3 +266,20 @@ def test_prioritized_state_keeps_the_priorities() -> None:
     a, b = buffer.sample_transitions(64, beta=0.5), restored.sample_transitions(64, beta=0.5)
     np.testing.assert_array_equal(a[Columns.OBS], b[Columns.OBS])
     np.testing.assert_allclose(a[WEIGHTS], b[WEIGHTS])
+
+
+def test_the_learner_pipeline_over_sampled_episodes_makes_the_fast_paths_columns() -> None:
+    """DQN's and SAC's learner pipeline (AddNextObservationsFromEpisodesToTrainBatch among the defaults) over the
+    one-step episodes `sample` returns gives the columns `sample_transitions` makes at once."""
+    whole = episode(4, 40, truncated=True)
+    one, two = (EpisodeReplayBuffer(100, seed=13) for _ in range(2))
+    for buffer in (one, two):
+        buffer.add(chunks(whole, 13, 27))
+    space = gym.spaces.Box(-1000.0, 1000.0, (2,), np.float32)
+    pipeline = build_learner_pipeline(space, gym.spaces.Discrete(2), next_observations=True)
+    batch = pipeline(rl_module=None, batch={}, episodes=two.sample(32, n_step=(1, 3), gamma=GAMMA))
+    columns = one.sample_transitions(32, n_step=(1, 3), gamma=GAMMA)
+    assert set(batch) == set(columns)
+    for key, tensor in batch.items():
+        assert isinstance(tensor, torch.Tensor)
+        np.testing.assert_allclose(tensor.numpy(), columns[key], rtol=1e-6, err_msg=key)
