@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core import codec
+from rlgate.learner.chunk_check import learner_output_shapes
 from rlgate.learner.intake import Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
+from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.progress import Progress
 from rlgate.learner.servers import Servers
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
-from rlgate.models.outputs import output_shapes
 from rlgate.spec import checkpoint
 from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
@@ -81,16 +82,27 @@ class Learner:
             with ckpt.loading_weights():
                 load_weights(module, ckpt.weights)
         module.eval()
-        self.trainer = Trainer(
-            module,
-            build_learner_connector(self.spec, module.observation_space, module.action_space, self.imports),
-            self.spec.algorithm,
-            max_staleness=settings.max_staleness,
-            seed=self.spec.seed,
-            version=ckpt.version if ckpt else 0,
-            optimizer_state=ckpt.optimizer_state if ckpt else None,
-            env_steps=ckpt.env_steps if ckpt else 0,
-        )
+        pipeline = build_learner_connector(self.spec, module.observation_space, module.action_space, self.imports)
+        if self.spec.algorithm.OFF_POLICY:
+            self.trainer = OffPolicyTrainer(
+                module,
+                pipeline,
+                self.spec.algorithm,
+                seed=self.spec.seed,
+                version=ckpt.version if ckpt else 0,
+                env_steps=ckpt.env_steps if ckpt else 0,
+            )
+        else:
+            self.trainer = Trainer(
+                module,
+                pipeline,
+                self.spec.algorithm,
+                max_staleness=settings.max_staleness,
+                seed=self.spec.seed,
+                version=ckpt.version if ckpt else 0,
+                optimizer_state=ckpt.optimizer_state if ckpt else None,
+                env_steps=ckpt.env_steps if ckpt else 0,
+            )
         # Chunks hold observations as the servers' write-back pieces left them: the env's, or some piece's output.
         pieces = [piece.observation_space for piece in self.connectors.connectors]
         self.intake = Intake(
@@ -103,7 +115,7 @@ class Learner:
             lookback=self.spec.sampling.episode_lookback_horizon,
             allow_nonfinite_obs=self.spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
-            output_shapes={None: output_shapes(module)},
+            output_shapes={None: learner_output_shapes(module, self.spec.algorithm.name)},
         )
         self._init_service()
 
@@ -149,7 +161,7 @@ class Learner:
             module_spaces=episode_module_spaces(spec, agents, self.connectors, self.imports),
             agents=frozenset(agents),
             count=self.trainer.steps,
-            output_shapes={module_id: output_shapes(module[module_id]) for module_id in modules},
+            output_shapes={m: learner_output_shapes(module[m], spec.algorithm.name) for m in modules},
         )
         self._init_service()
 
@@ -211,10 +223,25 @@ class Learner:
         return ack
 
     def _room(self) -> int:
-        """Env steps the next update still needs; none while an update runs without `overlap_sampling`."""
-        if self.updating_since is not None and not self.spec.algorithm.overlap_sampling:
+        """Env steps the learner takes in before it holds the next update's: PPO's, the steps the next update still
+        needs (none while an update runs without `overlap_sampling`); DQN's and SAC's, those that bring it to two
+        calls' worth of updates ahead of the updates done (`off_policy_window`)."""
+        algorithm = self.spec.algorithm
+        if algorithm.OFF_POLICY:
+            ahead = self.trainer.steps_trained_for() + 2 * self.off_policy_window()
+            return max(0, int(ahead) - self.env_steps_received())
+        if self.updating_since is not None and not algorithm.overlap_sampling:
             return 0
-        return max(0, self.spec.algorithm.train_batch_size - self.intake.pending_steps)
+        return max(0, algorithm.train_batch_size - self.intake.pending_steps)
+
+    def off_policy_window(self) -> float:
+        """DQN's and SAC's env steps per call of the trainer: those `broadcast_interval` updates earn, or one chunk
+        from every sub-env of a client, if more (taking less would leave updates waiting on a client's chunks)."""
+        algorithm, sampling = self.spec.algorithm, self.spec.sampling
+        return max(
+            algorithm.broadcast_interval * algorithm.steps_per_update(),
+            sampling.rollout_fragment_length * self.spec.env.num_envs,
+        )
 
     def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
         """Every version newer than `version`, as it is published (the newest first, if newer already).
@@ -263,7 +290,17 @@ class Learner:
             await self.train_once()
 
     async def train_once(self) -> None:
-        """Wait for a train batch (dropping chunks too stale to train on), take exactly it, update."""
+        """Wait for a train batch (PPO: `train_batch_size` steps, dropping chunks too stale to train on; DQN, SAC:
+        any steps, or updates owed), take it, update."""
+        if self.spec.algorithm.OFF_POLICY:
+            async with self._intake_changed:
+                await self._intake_changed.wait_for(
+                    lambda: self.intake.pending_steps > 0 or self.trainer.owed_updates() > 0
+                )
+                episodes = self.intake.take(self.intake.pending_steps)
+                self._intake_changed.notify_all()
+            await self._update(episodes)
+            return
         size = self.spec.algorithm.train_batch_size
         async with self._intake_changed:
             while True:
@@ -278,6 +315,10 @@ class Learner:
                 await self._intake_changed.wait()
             episodes = self.intake.take(size)
             self._intake_changed.notify_all()  # room for the next batch, sampled while this one trains
+        await self._update(episodes)
+
+    async def _update(self, episodes: list[Any]) -> None:
+        """One call of the trainer on these chunks (on its thread); publish and checkpoint a new version."""
         self.metrics.pending_steps.set(self.intake.pending_steps)
         started = time.perf_counter()
         self.updating_since, self._steps_in_while_updating = time.time(), 0
@@ -293,6 +334,9 @@ class Learner:
             async with self._intake_changed:  # room again, where overlap_sampling withheld it
                 self._intake_changed.notify_all()
         self.failed_updates_in_a_row = 0
+        if stats.get("updates") == 0:  # off-policy: steps into the replay buffer, no update earned yet
+            self.metrics.env_steps.inc(stats["env_steps"])
+            return
         seconds = time.perf_counter() - started
         # With overlap_sampling, the next batch's sampling overlapping this update; 0 without (nothing is taken).
         stats["steps_in_during_update"] = self._steps_in_while_updating

@@ -70,9 +70,11 @@ class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
         priorities = np.maximum(np.abs(np.asarray(priorities, np.float64)), MIN_PRIORITY)
         if priorities.shape != rows.shape:
             raise ValueError(f"{len(priorities)} priorities for the {len(rows)} steps last sampled")
-        live = self._priorities[rows] > 0  # steps evicted since they were sampled stay free
-        self._priorities[rows[live]] = priorities[live] ** self._alpha
-        self._max_priority = max(self._max_priority, float(priorities.max(initial=0.0)))
+        # Steps evicted since they were sampled stay free; a non-finite TD error (an update the trainer undoes)
+        # leaves a step's priority as it was, or one inf would make every later draw NaN.
+        kept = (self._priorities[rows] > 0) & np.isfinite(priorities)
+        self._priorities[rows[kept]] = priorities[kept] ** self._alpha
+        self._max_priority = max(self._max_priority, float(priorities[kept].max(initial=0.0)))
         self._cumulative = None
 
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

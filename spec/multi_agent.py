@@ -23,7 +23,7 @@ from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, de
 from rlgate.models import ModelConfig, MultiRLModule, load_weights, parameter_count
 from rlgate.models.catalog import MAX_PARAMETERS, UnsupportedSpace, encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_pieces, build_rl_module, output_space, seeded
+from rlgate.spec.policy import algorithm_pieces, build_pieces, build_rl_module, output_space, seeded
 from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
 
 #: agent id -> (observation space, action space), as the env declares them.
@@ -194,15 +194,14 @@ def build_multi_agent_module_to_env(
 def build_multi_agent_learner_connector(
     spec: RunSpec, modules: dict[str, tuple], imports: ImportPolicy, device: str = "cpu"
 ) -> ConnectorPipelineV2:
-    """The spec's learner pipeline with PPO's pieces, ending in per-module batches (GAE per module)."""
-    algorithm = spec.algorithm
+    """The spec's learner pipeline with its algorithm's pieces, ending in per-module batches (GAE per module)."""
     return build_learner_pipeline(
         gym.spaces.Dict({m: spaces[0] for m, spaces in modules.items()}),
         gym.spaces.Dict({m: spaces[1] for m, spaces in modules.items()}),
         learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner", multi_agent=True),
         device=device,
-        gae=(algorithm.gamma, algorithm.lambda_),
         module_spaces=modules,
+        **algorithm_pieces(spec),
     )
 
 

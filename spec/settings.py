@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
-from rlgate.spec.presets import preset, preset_names
+from rlgate.spec.presets import ALGORITHM, preset, preset_names
 from rlgate.spec.run import RunSpec, read_spec_file
 
 
@@ -28,7 +28,11 @@ class SpecSettings(BaseSettings):
     (under the preset, the file and the flags).
     """
 
-    SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {"env": ("env", "id"), "seed": ("seed",)}
+    SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "env": ("env", "id"),
+        "seed": ("seed",),
+        "algo": ("algorithm", "name"),
+    }
     DEFAULT_SPEC: ClassVar[dict[str, Any]] = {}
 
     config: Path | None = Field(
@@ -37,11 +41,13 @@ class SpecSettings(BaseSettings):
         "Code it names may be imported by this process: it is its operator's choice.",
     )
     env: str | None = Field(None, description="Shorthand for --spec.env.id: the env to run (see the spec's env.id).")
+    algo: str | None = Field(None, description="Shorthand for --spec.algorithm.name: PPO (the default), DQN or SAC.")
     preset: str = Field(
         "auto",
-        description="Run spec the file and flags start from: 'auto' (the env's preset if it has one: tuned PPO "
-        "settings for CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MountainCar-v0, "
-        "MountainCarContinuous-v0), an env id among those, or 'none'.",
+        description="Run spec the file and flags start from: 'auto' (the preset of the env and algorithm if there is "
+        "one: tuned PPO settings for CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MountainCar-v0, "
+        "MountainCarContinuous-v0; DQN for CartPole-v1, Acrobot-v1, LunarLander-v3; SAC for Pendulum-v1, "
+        "LunarLanderContinuous-v3, MountainCarContinuous-v0), an env id among those, or 'none'.",
     )
     seed: int | None = Field(None, description="Shorthand for --spec.seed.")
     spec: RunSpec = Field(
@@ -63,11 +69,15 @@ class SpecSettings(BaseSettings):
                 overrides = _deep_merge(_nested(path, data[field]), overrides)
         file = read_spec_file(Path(data["config"])) if data.get("config") else {}
         name = data.get("preset", "auto")
-        if name == "auto":  # the preset of the env named (by a flag, the file or this command's default)
-            env_id = _deep_merge(_deep_merge(cls.DEFAULT_SPEC, file), overrides).get("env", {}).get("id")
-            name = env_id if env_id in preset_names() else "none"
+        # The env and algorithm named (by a flag, the file or this command's default) choose the preset.
+        named = _deep_merge(_deep_merge(cls.DEFAULT_SPEC, file), overrides)
+        given = named.get("algorithm")
+        algorithm = given.get("name", ALGORITHM) if isinstance(given, dict) else ALGORITHM
+        if name == "auto":
+            env_id = (named.get("env") or {}).get("id")
+            name = env_id if env_id in preset_names(algorithm) else "none"
         merged: dict[str, Any] = {}
-        for layer in (cls.DEFAULT_SPEC, preset(name) if name != "none" else {}, file, overrides):
+        for layer in (cls.DEFAULT_SPEC, preset(name, algorithm) if name != "none" else {}, file, overrides):
             merged = _deep_merge(merged, layer)
         return {**data, "spec": merged}
 

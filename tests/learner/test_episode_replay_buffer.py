@@ -283,3 +283,12 @@ def test_the_learner_pipeline_over_sampled_episodes_makes_the_fast_paths_columns
     for key, tensor in batch.items():
         assert isinstance(tensor, torch.Tensor)
         np.testing.assert_allclose(tensor.numpy(), columns[key], rtol=1e-6, err_msg=key)
+
+
+def test_non_finite_td_errors_leave_the_priorities_as_they_were() -> None:
+    buffer = PrioritizedEpisodeReplayBuffer(1000, alpha=1.0, seed=14)
+    buffer.add(episode(2, 10, terminated=True))
+    buffer.sample(10)
+    buffer.update_priorities(np.full(10, np.inf))
+    weights = buffer.sample_transitions(64, beta=0.4)[WEIGHTS]
+    assert np.isfinite(weights).all() and np.allclose(weights, 1.0)

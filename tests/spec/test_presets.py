@@ -13,13 +13,17 @@ from rlgate.spec.presets import preset, preset_names
 from rlgate.spec.run import RunSpec
 
 
-@pytest.mark.parametrize("name", preset_names())
-def test_every_preset_is_a_valid_spec_for_its_env_and_says_where_its_values_come_from(name: str) -> None:
-    spec = RunSpec.parse(preset(name), name)
-    assert spec.env.id == name
+@pytest.mark.parametrize(("algorithm", "name"), [(a, name) for a in ("PPO", "DQN", "SAC") for name in preset_names(a)])
+def test_every_preset_is_a_valid_spec_for_its_env_and_says_where_its_values_come_from(
+    algorithm: str, name: str
+) -> None:
+    spec = RunSpec.parse(preset(name, algorithm), name)
+    assert spec.env.id == name and spec.algorithm.name == algorithm
     from importlib import resources
 
-    assert "rl-baselines3-zoo" in (resources.files("rlgate.spec") / "presets" / f"{name}.toml").read_text()
+    folder = resources.files("rlgate.spec") / "presets"
+    text = (folder / f"{name}.toml" if algorithm == "PPO" else folder / algorithm / f"{name}.toml").read_text()
+    assert "rl-baselines3-zoo" in text
     if name.startswith("LunarLander"):
         pytest.importorskip("Box2D", reason="LunarLander needs Box2D (pip install 'gymnasium[box2d]')")
     from rlgate.spec.env import env_spaces
@@ -42,6 +46,16 @@ def test_an_env_with_a_preset_starts_from_it_and_the_file_and_flags_go_on_top(tm
     assert UpSettings(env="Acrobot-v1").spec.env.num_envs == 16  # the preset over up's own default of 8
     with pytest.raises(ValueError, match=r"no preset .Pong."):
         LearnerSettings(env="Acrobot-v1", preset="Pong")
+
+
+def test_the_algorithm_named_picks_its_presets_and_an_env_without_one_starts_from_the_defaults() -> None:
+    dqn = UpSettings(_cli_parse_args=["--algo", "DQN"]).spec  # up's CartPole
+    assert dqn.algorithm.name == "DQN" and dqn.model.config["fcnet_hiddens"] == [256, 256]
+    assert LearnerSettings(env="Pendulum-v1", algo="SAC").spec.algorithm.actor_lr == 1e-3
+    assert LearnerSettings(env="Acrobot-v1", algo="DQN").spec.algorithm.target_network_update_freq == 250
+    bare = LearnerSettings(env="MountainCar-v0", algo="DQN").spec  # no DQN preset: DQN's defaults, not PPO's preset
+    assert bare.algorithm.name == "DQN" and bare.algorithm.train_batch_size == 32 and not bare.connectors.learner
+    assert LearnerSettings(env="Pendulum-v1", algo="SAC", preset="MountainCarContinuous-v0").spec.algorithm.tau == 0.01
 
 
 def test_a_flag_replaces_a_presets_schedule_with_one_number() -> None:
