@@ -91,6 +91,8 @@ class Learner:
                 seed=self.spec.seed,
                 version=ckpt.version if ckpt else 0,
                 env_steps=ckpt.env_steps if ckpt else 0,
+                state=ckpt.learner_state if ckpt else None,
+                buffer_state=self._replay_buffer(ckpt),
             )
         else:
             self.trainer = Trainer(
@@ -118,6 +120,18 @@ class Learner:
             output_shapes={None: learner_output_shapes(module, self.spec.algorithm.name)},
         )
         self._init_service()
+
+    def _replay_buffer(self, ckpt: checkpoint.Checkpoint | None) -> checkpoint.State | None:
+        """The checkpoint's replay buffer to go on with, where the spec keeps buffers in checkpoints (RLlib's
+        `store_buffer_in_checkpoints`); a mismatch either way is said in the log."""
+        if ckpt is None:
+            return None
+        keep = self.spec.algorithm.store_buffer_in_checkpoints
+        if keep and ckpt.replay_buffer is None:
+            log.warning("store_buffer_in_checkpoints: %s holds no replay buffer; it starts empty", ckpt.directory)
+        if not keep and ckpt.replay_buffer is not None:
+            log.warning("%s holds a replay buffer, left unread: store_buffer_in_checkpoints is off", ckpt.directory)
+        return ckpt.replay_buffer if keep else None
 
     def _init_multi_agent(self, ckpt: checkpoint.Checkpoint | None) -> None:
         """A multi-agent run: a MultiRLModule (a module per module id), its trainer, and an intake that decodes
@@ -356,12 +370,13 @@ class Learner:
         if self.trainer.version % self.settings.checkpoint_every == 0:
             await self.save_checkpoint()
         by_module = " ".join(f"{m}={r:.3g}" for m, r in self.module_mean_returns().items())
+        loss = f"qf_loss={stats['qf_loss']:.4g}" if "qf_loss" in stats else f"kl={stats.get('kl', 0.0):.4f}"
         log.info(
-            "update version=%d env_steps=%d mean_return=%s kl=%.4f%s",
+            "update version=%d env_steps=%d mean_return=%s %s%s",
             self.trainer.version,
             stats["env_steps"],
             self.mean_return(),
-            stats.get("kl", 0.0),
+            loss,
             f" module_mean_returns: {by_module}" if by_module else "",
         )
 
@@ -388,7 +403,17 @@ class Learner:
             partial_chunks=partial_chunks,
             env_steps=self.trainer.env_steps,
             module_versions=self.trainer.module_versions if multi_agent else None,
+            **self._off_policy_state(),
         )
+
+    def _off_policy_state(self) -> dict[str, checkpoint.State]:
+        """DQN's and SAC's parts of a checkpoint: the trainer's state, and the replay buffer's if the spec keeps it."""
+        if not self.spec.algorithm.OFF_POLICY:
+            return {}
+        parts = {"learner_state": self.trainer.state()}
+        if self.spec.algorithm.store_buffer_in_checkpoints:
+            parts["replay_buffer"] = self.trainer.buffer.get_state()
+        return parts
 
     def _module_weights(self) -> dict[str, bytes]:
         return {module_id: weights_to_bytes(module) for module_id, module in self.trainer.module.items()}
@@ -449,6 +474,12 @@ class Learner:
             (m.vf_loss, "vf_loss"),
             (m.entropy, "entropy"),
             (m.kl, "kl"),
+            (m.qf_loss, "qf_loss"),
+            (m.td_error, "td_error_mean"),
+            (m.alpha, "alpha"),
+            (m.epsilon, "epsilon"),
+            (m.buffer_size, "buffer_size"),
+            (m.replay_ratio, "replay_ratio"),
         ):
             if key in stats:
                 gauge.set(stats[key])
@@ -527,6 +558,11 @@ def resumable(ckpt: checkpoint.Checkpoint, given: RunSpec, imports: ImportPolicy
             f"{where} holds a run of {mine} (observations {ckpt.observation_space}, actions "
             f"{ckpt.action_space}); the run spec given is {theirs} (observations {spaces[0]}, actions "
             f"{spaces[1]}): pass another --checkpoint-dir, or --no-resume to start afresh"
+        )
+    if ckpt.spec.algorithm.name != given.algorithm.name:
+        raise SpecError(
+            f"{where} holds a {ckpt.spec.algorithm.name} run; the run spec given is {given.algorithm.name}'s "
+            "(algorithm.name): pass another --checkpoint-dir, or --no-resume to start afresh"
         )
     for part in ("model", "connectors.env_to_module"):
         old, new = (_part(s, part) for s in (ckpt.spec, given))

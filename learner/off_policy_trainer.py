@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from rlgate.connectors import ConnectorPipelineV2
@@ -33,6 +34,7 @@ from rlgate.learner.sac import SACLearner
 from rlgate.learner.trainer import Snapshot, scheduled_values, skipped_reason
 from rlgate.models import RLModule
 from rlgate.spec.algorithm import DQNConfig, ReplayBufferConfig, SACConfig
+from rlgate.spec.checkpoint import State, optimizer_from_tensors, optimizer_to_tensors
 
 #: The default learner pieces of DQN's and SAC's pipeline, in order: with these alone, the fast path applies.
 DEFAULT_PIECES = tuple(type(piece) for piece in build_learner_pipeline(None, None, next_observations=True).connectors)
@@ -63,7 +65,11 @@ class OffPolicyTrainer:
         seed: int | None = None,
         version: int = 0,
         env_steps: int = 0,
+        state: State | None = None,
+        buffer_state: State | None = None,
     ) -> None:
+        """`state`: a checkpoint's `learner_state` (optimizers, target networks, alpha, counters) to go on from;
+        `buffer_state`: its replay buffer's, if it kept one."""
         self.module = module
         self.pipeline = pipeline
         self.config = config
@@ -75,6 +81,10 @@ class OffPolicyTrainer:
         self.learner = make_learner(module, config)
         self.buffer = make_buffer(config.replay_buffer_config, seed)
         self._fast = tuple(type(piece) for piece in pipeline.connectors) == DEFAULT_PIECES
+        if state is not None:
+            self.load_state(state)
+        if buffer_state is not None:
+            self.buffer.set_state(*buffer_state)
         self.learner.explore(config.at(env_steps))
 
     @property
@@ -176,6 +186,38 @@ class OffPolicyTrainer:
         versions = batch.pop(Columns.MODEL_VERSION, None)
         return batch, None if versions is None else versions.cpu().numpy()
 
+    def state(self) -> State:
+        """What a checkpoint keeps of the training beyond the module's weights: every optimizer's state, the learner's
+        own networks (targets, SAC's temperature) and the counters."""
+        tensors: dict[str, torch.Tensor] = {}
+        meta: dict[str, Any] = {
+            "updates": self.updates,
+            "replayed": self.replayed,
+            "last_target_update": self.last_target_update,
+            "optimizers": {},
+        }
+        for name, optimizer in self.learner.optimizers.items():
+            saved, meta["optimizers"][name] = optimizer_to_tensors(optimizer)
+            tensors |= {f"optimizer.{name}/{key}": value for key, value in saved.items()}
+        for name, network in self.learner.networks().items():
+            tensors |= {f"network.{name}/{key}": value.detach().cpu() for key, value in network.state_dict().items()}
+        return tensors, meta
+
+    def load_state(self, state: State) -> None:
+        """Go on from a checkpoint's `state()`; CorruptCheckpoint-worthy mismatches raise ValueError or KeyError."""
+        tensors, meta = state
+        self.updates, self.replayed = int(meta["updates"]), int(meta["replayed"])
+        self.last_target_update = int(meta["last_target_update"])
+        for name, optimizer in self.learner.optimizers.items():
+            saved = _prefixed(tensors, f"optimizer.{name}/")
+            optimizer.load_state_dict(optimizer_from_tensors(saved, meta["optimizers"][name]))
+        for name, network in self.learner.networks().items():
+            network.load_state_dict(_prefixed(tensors, f"network.{name}/"))
+
     def _everything(self) -> nn.Module:
         """The module and the learner's own networks, as one module (for snapshots)."""
         return nn.ModuleDict({"module": self.module, **self.learner.networks()})
+
+
+def _prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {key.removeprefix(prefix): value for key, value in tensors.items() if key.startswith(prefix)}
