@@ -150,19 +150,29 @@ class Learner:
             with ckpt.loading_weights():
                 load_weights(module[module_id], weights)
         module.eval()
-        self.trainer = MultiAgentTrainer(
-            module,
-            build_multi_agent_learner_connector(spec, modules, self.imports),
-            spec.algorithm,
-            trainable=modules_to_train(spec, list(modules)),
-            count_steps_by=spec.multi_agent.count_steps_by,
-            max_staleness=settings.max_staleness,
-            seed=spec.seed,
-            version=ckpt.version if ckpt else 0,
-            module_versions=ckpt.module_versions if ckpt else None,
-            optimizer_states=ckpt.module_optimizer_states if ckpt else None,
-            env_steps=ckpt.env_steps if ckpt else 0,
-        )
+        common = {
+            "trainable": modules_to_train(spec, list(modules)),
+            "count_steps_by": spec.multi_agent.count_steps_by,
+            "seed": spec.seed,
+            "version": ckpt.version if ckpt else 0,
+            "module_versions": ckpt.module_versions if ckpt else None,
+            "env_steps": ckpt.env_steps if ckpt else 0,
+        }
+        pipeline = build_multi_agent_learner_connector(spec, modules, self.imports)
+        if spec.algorithm.OFF_POLICY:
+            state = ckpt.learner_state if ckpt else None
+            self.trainer = OffPolicyTrainer(
+                module, pipeline, spec.algorithm, state=state, buffer_state=self._replay_buffer(ckpt), **common
+            )
+        else:
+            self.trainer = MultiAgentTrainer(
+                module,
+                pipeline,
+                spec.algorithm,
+                max_staleness=settings.max_staleness,
+                optimizer_states=ckpt.module_optimizer_states if ckpt else None,
+                **common,
+            )
         self.intake = Intake(
             settings.checkpoint_dir / "intake",
             [self.connectors.observation_space],
@@ -389,7 +399,7 @@ class Learner:
         return path
 
     def _write_checkpoint(self, trained_chunks: list[str], partial_chunks: dict[str, int]) -> Path:
-        multi_agent = isinstance(self.trainer, MultiAgentTrainer)
+        multi_agent = bool(self.spec.multi_agent)
         return checkpoint.save(
             self.settings.checkpoint_dir,
             version=self.trainer.version,
@@ -412,7 +422,7 @@ class Learner:
             return {}
         parts = {"learner_state": self.trainer.state()}
         if self.spec.algorithm.store_buffer_in_checkpoints:
-            parts["replay_buffer"] = self.trainer.buffer.get_state()
+            parts["replay_buffer"] = self.trainer.buffer_state()
         return parts
 
     def _module_weights(self) -> dict[str, bytes]:
@@ -449,7 +459,7 @@ class Learner:
         self.metrics.model_version.set(weights.version)
 
     def _weights_message(self) -> learner_pb2.Weights:
-        if isinstance(self.trainer, MultiAgentTrainer):
+        if self.spec.multi_agent:
             per_module = {"module_weights": self._module_weights(), "module_versions": self.trainer.module_versions}
         else:
             per_module = {"safetensors": weights_to_bytes(self.trainer.module)}
