@@ -7,12 +7,11 @@ from typing import Any
 
 import gymnasium as gym
 import torch
-from torch import nn
 
 from rlgate.core.columns import Columns
 from rlgate.models.catalog import UnsupportedSpace, build_encoder
 from rlgate.models.config import ModelConfig
-from rlgate.models.networks import MLP
+from rlgate.models.networks import MLP, torch_default_init
 from rlgate.models.rl_module import RLModule
 
 #: The train forward's Q values of the batch's observations, [B, actions] (RLlib's name).
@@ -48,9 +47,7 @@ class DQNModule(RLModule):
         self.vf = MLP(*head, out_dim=1, out_gain=1.0) if dueling else None
         self.register_buffer("epsilon", torch.tensor(float(epsilon)))
         if not model_config.ortho_init:
-            for layer in self.modules():
-                if isinstance(layer, nn.Linear | nn.Conv2d):
-                    layer.reset_parameters()
+            torch_default_init(self)
 
     @staticmethod
     def action_space_misfit(action_space: gym.Space) -> str | None:

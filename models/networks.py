@@ -83,6 +83,14 @@ def run_layers(layers: Sequence[Layer], x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def torch_default_init(module: nn.Module) -> None:
+    """Give every layer of `module` torch's own initialisation again, in place of cleanrl's orthogonal one (SB3's
+    off-policy algorithms and a ModelConfig with `ortho_init = false`)."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear | nn.Conv2d | nn.LSTM | nn.LSTMCell):
+            layer.reset_parameters()
+
+
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
     return (size, size) if isinstance(size, int) else size
 

@@ -14,7 +14,7 @@ from rlgate.core.columns import Columns
 from rlgate.models.catalog import UnsupportedSpace, build_encoder
 from rlgate.models.config import ModelConfig
 from rlgate.models.distributions import Categorical, Distribution, SquashedGaussian
-from rlgate.models.networks import MLP
+from rlgate.models.networks import MLP, torch_default_init
 from rlgate.models.rl_module import RLModule
 
 #: The Q networks' attribute names (the learner keeps target copies of these).
@@ -51,9 +51,7 @@ class SACModule(RLModule):
         self.qf_encoder, self.qf = self._q_network(model_config)
         self.qf_twin_encoder, self.qf_twin = self._q_network(model_config) if twin_q else (None, None)
         if not model_config.ortho_init:
-            for layer in self.modules():
-                if isinstance(layer, nn.Linear | nn.Conv2d):
-                    layer.reset_parameters()
+            torch_default_init(self)
 
     @staticmethod
     def action_space_misfit(action_space: gym.Space) -> str | None:

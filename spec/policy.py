@@ -199,6 +199,12 @@ def build_rl_module(
         cls = imports.load(spec.model.module_class, "model.module_class")
         if not (isinstance(cls, type) and issubclass(cls, RLModule)):
             raise SpecError(f"model.module_class: {spec.model.module_class!r} is not an rlgate RLModule subclass")
+        base = {"DQN": DQNModule, "SAC": SACModule}.get(spec.algorithm.name)
+        if base is not None and not issubclass(cls, base):  # their learners call its Q networks by name
+            raise SpecError(
+                f"model.module_class: {spec.algorithm.name} trains a subclass of rlgate.models.{base.__name__}; "
+                f"{spec.model.module_class!r} is not one"
+            )
         module = cls(observation_space, action_space, dict(spec.model.config))
         misfit = dist_inputs_misfit(module)
         if misfit is not None:  # it would sample actions outside the space, which the env then refuses
@@ -217,6 +223,8 @@ def default_module(spec: RunSpec, observation_space: gym.Space, action_space: gy
     misfit = cls.action_space_misfit(action_space)
     if misfit:
         raise SpecError(f"algorithm.name: {misfit}")
+    if config.use_lstm:  # the replay buffer samples single transitions, with no state to run a sequence from
+        raise SpecError(f"model.config.use_lstm: {algorithm.name} takes stateless modules (no LSTM)")
     if algorithm.name == "DQN":
         epsilon = scheduled(algorithm.epsilon, 0)
         return DQNModule(observation_space, action_space, config, dueling=algorithm.dueling, epsilon=epsilon)

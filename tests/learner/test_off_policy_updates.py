@@ -227,3 +227,20 @@ def test_discrete_sac_learns_a_bandit() -> None:
     soft = np.exp(1 / stats["alpha"]) / (np.exp(1 / stats["alpha"]) + 2)
     assert np.allclose(probs[:, 2].detach().numpy(), soft, atol=0.08) and soft > 0.6
     assert stats["alpha"] < 0.6 and stats["entropy"] < 1.0  # below the start (1.0), towards the target entropy
+
+
+def test_a_multi_agent_run_with_learner_pieces_of_its_own_is_refused() -> None:
+    from rlgate.models import MultiRLModule
+    from rlgate.spec.imports import SpecError
+
+    modules = {"a": (OBS, gym.spaces.Discrete(2))}
+    user = build_learner_pipeline(
+        gym.spaces.Dict({"a": OBS}),
+        gym.spaces.Dict({"a": gym.spaces.Discrete(2)}),
+        learner_connector=lambda o, a: [ScaleRewards()],
+        next_observations=True,
+        module_spaces=modules,
+    )
+    module = MultiRLModule({"a": DQNModule(OBS, gym.spaces.Discrete(2), CONFIG)})
+    with pytest.raises(SpecError, match="^connectors.learner: multi-agent DQN takes no learner pieces"):
+        OffPolicyTrainer(module, user, DQNConfig(), trainable=["a"])

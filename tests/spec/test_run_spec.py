@@ -224,4 +224,13 @@ def test_the_algorithm_chooses_the_default_module_and_its_learner_pieces() -> No
     assert float(module.epsilon) == pytest.approx(0.7) and module.vf is None  # the schedule's start, no dueling
     with pytest.raises(SpecError, match=r"^algorithm.name: DQN takes Discrete actions"):
         build_rl_module(dqn, obs, box, ImportPolicy())
+    lstm = RunSpec.parse({"algorithm": {"name": "SAC"}, "model": {"config": {"use_lstm": True}}}, "x")
+    with pytest.raises(SpecError, match=r"^model.config.use_lstm: SAC takes stateless modules"):
+        build_rl_module(lstm, obs, box, ImportPolicy())
     assert RunSpec.parse({"algorithm": {"lr": 1e-4}}, "old").algorithm.name == "PPO"  # specs from before: PPO
+    actor_critic = {
+        "algorithm": {"name": "DQN"},
+        "model": {"module_class": "support.rllib_style_module:RLlibStyleModule"},
+    }
+    with pytest.raises(SpecError, match=r"^model.module_class: DQN trains a subclass of rlgate.models.DQNModule"):
+        build_rl_module(RunSpec.parse(actor_critic, "x"), obs, actions, ImportPolicy(["support"]))
