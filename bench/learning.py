@@ -10,7 +10,8 @@ included) to the goal. Prints one line per run, then per env and algorithm the m
 
 SB3's PPO runs min(budget, rl-zoo's n_timesteps) env steps, its linear schedules over them. Its DQN and SAC run the
 whole budget with rl-zoo's schedules kept on rl-zoo's n_timesteps: DQN's exploration over the same env steps
-(exploration_fraction rescaled), linear learning rates falling to 0 at n_timesteps.
+(exploration_fraction rescaled), linear learning rates falling to 0 at n_timesteps; and on one torch thread, as
+rlgate's learner (PPO's SB3 runs keep torch's default, as they were measured).
 """
 
 from __future__ import annotations
@@ -148,6 +149,12 @@ def sb3_child(env_id: str, algo: str, seed: int, goal: float, budget: int) -> No
     from stable_baselines3.common.vec_env import VecNormalize
 
     started = process_started()
+    if algo != "PPO":
+        # One torch thread, as rlgate's learner trains under `rlgate up`: on a small, shared machine torch's default
+        # pool made SB3's SAC ~20x slower per step (Pendulum seed 0 took 2,325 s to its goal, for ~90 s alone).
+        import torch
+
+        torch.set_num_threads(1)
     params = dict(ZOO[algo][env_id])
     n_envs, n_timesteps = params.pop("n_envs", 1), params.pop("n_timesteps")
     normalize = params.pop("normalize", False)
