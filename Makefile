@@ -15,7 +15,7 @@ $(VENV)/.run: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.dev: $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) --editable '.[dev,pettingzoo]'
+	$(PIP) --editable '.[dev,pettingzoo,atari,minigrid]'
 	touch $@
 
 # The main job: learner + inference server + env clients on this machine, until CartPole is solved.

@@ -6,6 +6,9 @@ start together, pinned to the same core; each round measures every load against 
 in alternating order, so that drift on a shared host hits both alike. The load generators are this
 checkout's. Prints one line per measurement and, per load, the median over rounds of NEW / OLD.
 
+`--backends OLD_BACKEND NEW_BACKEND` serves each with its own `rlgate serve --backend` (one checkout may be both:
+`python -m rlgate.bench.compare . --backends torch onnxruntime`).
+
 `--handoff` adds B7, the hand-off to a real learner (`bench.handoff`), in the same alternating rounds: each
 checkout's own learner and server, started afresh per round, at B7's load. `--loads` with no load measures
 the hand-off alone.
@@ -31,12 +34,24 @@ HANDOFF_FIGURES = ("env_steps_per_s", "p99_ms", "server_cpu_us_per_step", "shipp
 Figures = dict[str, dict[str, list[float]]]  # checkout -> figure -> one value per round
 
 
-def compare(checkouts: dict[str, Path], loads: list[Load], rounds: int, timing: Timing) -> dict[Load, dict]:
-    """Per load and figure, each checkout's value in every round."""
+def compare(
+    checkouts: dict[str, Path],
+    loads: list[Load],
+    rounds: int,
+    timing: Timing,
+    backends: dict[str, str] | None = None,
+) -> dict[Load, dict]:
+    """Per load and figure, each checkout's value in every round; `backends`: each one's `--backend`, if given."""
     server_cores, client_cores = split_cores()
     logs = Path(tempfile.mkdtemp(prefix="rlgate-compare-"))
     servers = {
-        name: ServerProcess("rlgate", SERVE, server_cores, logs / f"{name}.log", checkout=checkout)
+        name: ServerProcess(
+            "rlgate",
+            [*SERVE, *(["--backend", backends[name]] if backends else [])],
+            server_cores,
+            logs / f"{name}.log",
+            checkout=checkout,
+        )
         for name, checkout in checkouts.items()
     }
     results: dict[Load, dict] = {load: {name: {f: [] for f in FIGURES} for name in servers} for load in loads}
@@ -80,6 +95,7 @@ def main() -> None:
     parser.add_argument("old", type=Path, help="the checkout to compare against (before)")
     parser.add_argument("new", type=Path, nargs="?", default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--loads", nargs="*", default=["1x1", "64x1", "16x32", "16x128"], help="CLIENTSxENVS")
+    parser.add_argument("--backends", nargs=2, metavar=("OLD", "NEW"), help="each server's rlgate serve --backend")
     parser.add_argument("--handoff", action="store_true", help="also B7, the hand-off to a real learner")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup-s", type=float, default=1.0)
@@ -89,7 +105,8 @@ def main() -> None:
     loads = [Load(*(int(n) for n in label.split("x"))) for label in args.loads]
     timing = Timing(args.warmup_s, args.window_s, args.repeats)
     checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
-    results = compare(checkouts, loads, args.rounds, timing) if loads else {}
+    backends = dict(zip(checkouts, args.backends, strict=True)) if args.backends else None
+    results = compare(checkouts, loads, args.rounds, timing, backends) if loads else {}
     handoff = compare_handoff(checkouts, args.rounds, timing) if args.handoff else None
     for load, by_name in results.items():
         _print_ratios(load.label, by_name, FIGURES, args.rounds)

@@ -1,7 +1,7 @@
 """The in-process floor: the server's own hot path with no network, to compare rlgate to.
 
 One process steps gymnasium's vectorised CartPole-v1 and, per step, does what the server does for the
-same env steps: the server's `Session` appends them to their episodes, the server's `Policy` runs the
+same env steps: the server's `Session` appends them to their episodes, the server's `ActingCore` runs the
 env-to-module pipeline, the forward pass and the module-to-env pipeline, and `Session.record` keeps the
 outputs. No gRPC, no codec, no event loop, no batcher. The envs are split into vector envs of at most
 `max_batch_size` sub-envs (the server's batch limit), stepped in turn.
@@ -19,20 +19,19 @@ import numpy as np
 
 from rlgate.bench.cartpole import make_env
 from rlgate.core.columns import Columns
-from rlgate.server.metrics import ServerMetrics
-from rlgate.server.policy import Policy
-from rlgate.server.session import Session, SessionSpec
+from rlgate.episodes.session import Session, SessionSpec
+from rlgate.policy.acting import ActingCore
 from rlgate.spec.run import RunSpec
 
 
 class InProcess:
-    """Vector envs of at most `max_batch_size` sub-envs, each with its session, sharing one policy."""
+    """Vector envs of at most `max_batch_size` sub-envs, each with its session, sharing one acting core."""
 
     def __init__(self, envs: int, max_batch_size: int) -> None:
         sizes = [min(max_batch_size, envs - start) for start in range(0, envs, max_batch_size)]
         self.envs = [make_env(size, real=True) for size in sizes]
         observation_space, action_space = self.envs[0].single_observation_space, self.envs[0].single_action_space
-        self.policy = Policy.create(RunSpec(), observation_space, action_space, metrics=ServerMetrics(), seed=0)
+        self.core = ActingCore.build(RunSpec(), observation_space, action_space, seed=0)
         self.sessions = [
             Session(
                 SessionSpec("bench", observation_space, action_space, size, explore=True),
@@ -53,7 +52,7 @@ class InProcess:
         for i, (env, session) in enumerate(zip(self.envs, self.sessions, strict=True)):
             obs, rewards, terminateds, truncateds = self._last[i]
             episodes, appended = session.observe(obs, rewards, terminateds, truncateds, None)
-            outputs = self.policy.compute(obs, episodes, explore=True)
+            outputs = self.core.act(episodes, True, obs)
             session.record(outputs)
             obs, rewards, terminateds, truncateds, _ = env.step(outputs[Columns.ACTIONS_FOR_ENV])
             self._last[i] = (obs, rewards, terminateds, truncateds)

@@ -6,7 +6,10 @@ others):
 - B2 concurrency: K clients x 1 env per message;
 - B3 vectorised clients: 16 clients x E envs per message;
 - B4 breakdown: rlgate's server CPU per env step by stage, for every B2 and B3 load;
-- B7 hand-off: episode chunks from the server to a real learner, nothing lost, bounded spool.
+- B7 hand-off: episode chunks from the server to a real learner, nothing lost, bounded spool;
+- B8 placement: server-side against local inference (the clients act themselves) at 1x1, 4x1, 16x1 and 16x8, both
+  while a real learner trains on what they sample (`bench.placement`).
+`--env ENV` measures that env with its preset instead, beside CartPole-v1 (`bench.envs`).
 Every B1-B3 load also runs against two floors: the bare gRPC floor (`bench.floor`, same load) and the
 in-process floor (`bench.inprocess`, the same number of sub-envs, no network). Each figure is the
 median over windows after a warm-up. `--micro` adds the micro benchmarks (episode codec, connectors).
@@ -25,9 +28,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rlgate.bench import report
+from rlgate.bench import envs, report
 from rlgate.bench.handoff import hand_off
 from rlgate.bench.measure import Load, Timing, in_process, under_load
+from rlgate.bench.placement import LOADS as PLACEMENT_LOADS
+from rlgate.bench.placement import PLACEMENTS, placements
 from rlgate.bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
 from rlgate.core.errors import ArgumentParser, UserError
 
@@ -46,6 +51,9 @@ FIGURES += ("server_cpu", "client_cpu_peak", "limited_by")
 # Figures of the B7 record, from bench.handoff.
 HAND_OFF = ("shipped_per_s", "episodes_per_s", "bytes_per_s", "max_spool_bytes", "spool_limit_bytes", "unacked_batches")
 HAND_OFF += ("chunks", "steps_lost")
+# Figures of each placement in a B8 record, from bench.placement.
+PLACED = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step", "server_cpu", "client_cpu_peak")
+PLACED += ("limited_by", "trained_per_s", "updates_per_s", "staleness")
 MICRO = ("rlgate.bench.episodes_codec", "rlgate.bench.connectors_pipeline")
 # Share of one core used outside the bench during a run above which its figures are not to be trusted.
 BUSY = 0.1
@@ -56,10 +64,16 @@ class Plan:
     timing: Timing
     clients: tuple[int, ...]  # B2: K
     envs: tuple[int, ...]  # B3: E
+    placement: tuple[tuple[int, int], ...]  # B8: (clients, envs per client)
 
 
-FULL = Plan(Timing(warmup_s=2.0, window_s=5.0, repeats=3), clients=(1, 4, 16, 64, 256), envs=(8, 32, 128))
-QUICK = Plan(Timing(warmup_s=0.5, window_s=1.0, repeats=1), clients=(1, 64), envs=(32,))
+FULL = Plan(
+    Timing(warmup_s=2.0, window_s=5.0, repeats=3),
+    clients=(1, 4, 16, 64, 256),
+    envs=(8, 32, 128),
+    placement=PLACEMENT_LOADS,
+)
+QUICK = Plan(Timing(warmup_s=0.5, window_s=1.0, repeats=1), clients=(1, 64), envs=(32,), placement=((1, 1),))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -70,6 +84,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--window-s", type=float, help="seconds per measuring window (default by plan)")
     parser.add_argument("--repeats", type=int, help="measuring windows per point; figures are medians")
     parser.add_argument("--real-envs", action="store_true", help="clients step gymnasium's CartPole-v1")
+    parser.add_argument(
+        "--env",
+        metavar="ENV",
+        help="instead of B1-B7: ENV with its preset (e.g. ALE/Pong-v5) beside CartPole-v1, at 1x8 and 4x8, real "
+        "envs: steps/s, server CPU and bytes per env step",
+    )
     parser.add_argument("--micro", action="store_true", help="also run the micro benchmarks")
     parser.add_argument("--py-spy", metavar="PATH", help="profile one more window per point with this py-spy")
     parser.add_argument("--logs", type=Path, metavar="DIR", help="keep logs and profiles here (default: discarded)")
@@ -101,11 +121,14 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="rlgate-bench-") as scratch:
         logs = args.logs or Path(scratch)
         logs.mkdir(parents=True, exist_ok=True)
-        records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs)
+        if args.env:
+            records, profiles = envs.run(args.env, timing, logs), {}
+        else:
+            records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs)
         micro = {module: _micro(module, logs) for module in MICRO} if args.micro else {}
     elapsed = time.perf_counter() - started
     others = max(0.0, (host_busy_seconds() - host_busy) - (own_seconds() - own))  # clock ticks: can dip below 0
-    print(report.render(records))
+    print(report.render_envs(records) if args.env else report.render(records))
     busy = "; the host was busy: rerun" if others > BUSY * elapsed else ""
     print(
         f"\nhost: {os.cpu_count()} cores, run took {elapsed:.0f} s; CPU used outside the bench's processes meanwhile "
@@ -128,8 +151,9 @@ def run(
     loads = [Load(k, 1, real_envs) for k in plan.clients] + [Load(B3_CLIENTS, e, real_envs) for e in plan.envs]
     lone = Load(1, 1, real_envs)  # B1, also B2's K=1
     b7_load = Load(*B7_LOAD, real_envs)
+    placed = [Load(clients, envs, real_envs=True) for clients, envs in plan.placement]  # EnvClient steps real envs
     transported = sum((load.clients, load.envs) in TRANSPORT_POINTS for load in loads)
-    progress = tqdm(total=2 * len(loads) + transported + 2, desc="rlgate bench", unit="run")
+    progress = tqdm(total=2 * len(loads) + transported + 3, desc="rlgate bench", unit="run")
     measured: dict[tuple[str, Load], dict[str, Any]] = {}
     servers = {}
     try:
@@ -156,9 +180,14 @@ def run(
     progress.set_postfix_str("hand-off")
     measured["hand-off", b7_load] = hand_off(b7_load, timing, SERVE_FED, (server_cores, client_cores), logs)
     progress.update()
+    progress.set_postfix_str("placement")
+    if placed:
+        measured.update(placements(placed, timing, SERVE_FED, (server_cores, client_cores), logs))
+    progress.update()
     progress.close()
     profiles = {f"{name} {load.label}": m["profile"] for (name, load), m in measured.items() if "profile" in m}
-    return [_rounded(r) for r in _records(loads, lone, b7_load, measured, floors)], profiles
+    records = _records(loads, lone, b7_load, measured, floors) + _placement_records(placed, measured)
+    return [_rounded(r) for r in records], profiles
 
 
 def _records(
@@ -204,6 +233,24 @@ def _records(
             **{key: b7[key] for key in HAND_OFF},
         }
     )
+    return records
+
+
+def _placement_records(loads: list[Load], measured: dict[tuple[str, Load], dict[str, Any]]) -> list[dict[str, Any]]:
+    """One B8 record per load: each placement's figures, and local inference's env steps/s over server-side's."""
+    records = []
+    for load in loads:
+        placed = {placement: {key: measured[placement, load][key] for key in PLACED} for placement in PLACEMENTS}
+        ratio = placed["local"]["env_steps_per_s"] / max(placed["server"]["env_steps_per_s"], 1e-9)
+        records.append(
+            {
+                "scenario": "B8",
+                "clients": load.clients,
+                "envs_per_message": load.envs,
+                **placed,
+                "local_x_server": ratio,
+            }
+        )
     return records
 
 

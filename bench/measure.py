@@ -27,11 +27,13 @@ Watch = Callable[[float], dict[str, Any]]
 
 @dataclass(frozen=True)
 class Load:
-    """`clients` env clients with `envs` sub-envs each (rows per message)."""
+    """`clients` env clients with `envs` sub-envs each (rows per message); `spec`: the env of this run spec file
+    instead of CartPole."""
 
     clients: int
     envs: int
     real_envs: bool = False
+    spec: Path | None = None
 
     @property
     def label(self) -> str:
@@ -65,7 +67,8 @@ def server_figures(before: dict[str, float], after: dict[str, float], cpu_s: flo
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    server_steps = delta("rlgate_env_steps_total") if after else steps
+    # Its sessions' env steps and its local clients' (which act themselves and send it their episodes).
+    server_steps = delta("rlgate_env_steps_total") + delta("rlgate_local_env_steps_total") if after else steps
     per_step_us = 1e6 / max(server_steps, 1)
     result: dict[str, Any] = {"server_cpu_us_per_step": cpu_s * per_step_us}
     if not after:
@@ -123,18 +126,30 @@ def under_load(
     *,
     watch: Watch = sleep,
     py_spy: str | None = None,
+    local_spool: Path | None = None,
 ) -> dict[str, Any]:
     """Run `load` against `server`: warm up, measure `timing.repeats` windows; the medians, the busiest
     load process's share of its core in the busiest window (`client_cpu_peak`), which side limited the
     point (`limited_by`), and the env steps the clients had answered when they stopped (`total_steps`).
 
     With `py_spy`, one more window is sampled (server and one client process) into `logs`/profiles and
-    summarised under `profile`; its figures are not among the medians.
+    summarised under `profile`; its figures are not among the medians. With `local_spool`, the clients act
+    themselves (local inference) and spool their episodes there.
     """
     cores = sorted(client_cores)
     shares = [load.clients // len(cores) + (i < load.clients % len(cores)) for i in range(len(cores))]
+    placement = "local-" if local_spool is not None else ""
     loaders = [
-        LoadProcess(server.target, n, load.envs, load.real_envs, {core}, logs / f"load-{load.label}-{core}.log")
+        LoadProcess(
+            server.target,
+            n,
+            load.envs,
+            load.real_envs,
+            {core},
+            logs / f"load-{placement}{load.label}-{core}.log",
+            load.spec,
+            local_spool,
+        )
         for core, n in zip(cores, shares, strict=True)
         if n
     ]
@@ -176,6 +191,9 @@ def _window(server: ServerProcess, loaders: list[LoadProcess], window_s: float, 
         **figures(steps, seconds, [us for r in reports for us in r["latency_us"]]),
         **server_figures(before, after, cpu_after - cpu_before, steps),
         "client_cpu": max(r["cpu_s"] / r["seconds"] for r in reports),
+        # Protobuf bytes of the step messages and of the answers, per env step (gRPC's framing not counted).
+        "bytes_out_per_step": sum(r["bytes_out"] for r in reports) / max(steps, 1),
+        "bytes_in_per_step": sum(r["bytes_in"] for r in reports) / max(steps, 1),
         "server_cpu": (cpu_after - cpu_before) / seconds,
         **watched,
     }

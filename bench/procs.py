@@ -172,9 +172,24 @@ class ServerProcess(Child):
 class LoadProcess(Child):
     """A `bench.load` child: K clients of E envs; talks the line protocol described there."""
 
-    def __init__(self, target: str, clients: int, envs: int, real_envs: bool, cores: set[int], log: Path) -> None:
+    def __init__(
+        self,
+        target: str,
+        clients: int,
+        envs: int,
+        real_envs: bool,
+        cores: set[int],
+        log: Path,
+        spec: Path | None = None,
+        local_spool: Path | None = None,
+    ) -> None:
+        """`spec`: the env of this run spec file; `local_spool`: the clients act themselves (local inference) and
+        spool their episodes there."""
         args = ["--target", target, "--clients", str(clients), "--envs", str(envs)]
-        super().__init__("rlgate.bench.load", args + (["--real-envs"] if real_envs else []), cores, log, pipes=True)
+        args += ["--real-envs"] if real_envs else []
+        args += ["--spec", str(spec)] if spec else []
+        args += ["--local-spool", str(local_spool)] if local_spool is not None else []
+        super().__init__("rlgate.bench.load", args, cores, log, pipes=True)
 
     def send(self, command: str) -> None:
         assert self.proc.stdin is not None

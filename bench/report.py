@@ -27,6 +27,9 @@ GOALS: tuple[tuple[str, str, int, int, Callable[[Record], float], str, float], .
     ("B2 K=64 server CPU/step x bare floor", "B2", 64, 1, lambda r: cpu_ratio(r, "floor"), "<=", 1.2),
     ("B3 E=32 server CPU/step x bare floor", "B3", 16, 32, lambda r: cpu_ratio(r, "floor"), "<=", 1.2),
     ("B3 E=128 server CPU/step x bare floor", "B3", 16, 128, lambda r: cpu_ratio(r, "floor"), "<=", 1.2),
+    # Acting in the client at one env per client, where every action would otherwise cross the network (issue 37).
+    ("B8 1x1 local inference x server-side, steps/s training", "B8", 1, 1, lambda r: r["local_x_server"], ">=", 5),
+    ("B8 4x1 local inference x server-side, steps/s training", "B8", 4, 1, lambda r: r["local_x_server"], ">=", 3),
 )
 
 
@@ -43,6 +46,11 @@ RATIOS = {
 LIMITS = (
     "limited by: server = its core >= 0.9 busy; load = a load process >= 0.9 of its core in some window (the "
     "steps/s are then the clients' pace, not the server's: read x cpu/step); round trip = neither saturated"
+)
+PLACEMENT_NOTE = (
+    "B8: steps/s while a learner trains on them (trained/s: env steps it trained, the same run); p50/p99: one step "
+    "of a client (server-side: its round trip; local: acting, recording and stepping its envs); server cpu us/step "
+    "over every env step, its sessions' or its local clients'"
 )
 HAND_OFF_LIMITS = (
     "B7 limited by: learner = the server's spool reached its limit (it paused sampling until the learner took "
@@ -75,7 +83,7 @@ def _cell(value: Any) -> str:
 
 def render(records: list[Record]) -> str:
     """All tables and the goals, as text."""
-    by_scenario = {s: [r for r in records if r["scenario"] == s] for s in ("B1", "B2", "B3", "B4", "B7")}
+    by_scenario = {s: [r for r in records if r["scenario"] == s] for s in ("B1", "B2", "B3", "B4", "B7", "B8")}
     loads = [r for s in ("B1", "B2", "B3") for r in by_scenario[s]]
     throughput = table(
         ["rlgate", "clients", "envs/msg", "cpu us/step", "steps/s", "p50 ms", "p99 ms", "p99.9 ms", "batch",
@@ -118,7 +126,48 @@ def render(records: list[Record]) -> str:
             for r in by_scenario["B7"]
         ],
     )  # fmt: skip
-    return "\n\n".join([throughput, floors, LIMITS, stages, hand_off, HAND_OFF_LIMITS, goals(records)])
+    placement = table(
+        ["B8 acting", "clients", "envs/client", "steps/s", "x server-side", "trained/s", "updates/s", "staleness",
+         "p50 ms", "p99 ms", "cpu us/step", "server cpu", "client cpu", "limited by"],
+        [
+            [where, r["clients"], r["envs_per_message"], p["env_steps_per_s"],
+             r["local_x_server"] if where == "local" else "", p["trained_per_s"], p["updates_per_s"], p["staleness"],
+             p["p50_ms"], p["p99_ms"], p["server_cpu_us_per_step"], p["server_cpu"], p["client_cpu_peak"],
+             p["limited_by"]]
+            for r in by_scenario["B8"]
+            for where, p in (("server", r["server"]), ("local", r["local"]))
+        ],
+    )  # fmt: skip
+    parts = [throughput, floors, LIMITS, stages, hand_off, HAND_OFF_LIMITS, placement, PLACEMENT_NOTE, goals(records)]
+    return "\n\n".join(parts)
+
+
+def render_envs(records: list[Record]) -> str:
+    """`rlgate bench --env`'s table: each env and load, and server CPU per env step against CartPole's."""
+    baseline = {(r["clients"], r["envs_per_message"]): r for r in records if r["env"] == records[-1]["env"]}
+    return "\n\n".join([
+        table(
+            ["env", "clients", "envs/msg", "steps/s", "cpu us/step", "x baseline cpu/step", "bytes/step out",
+             "bytes/step in", "batch", "p50 ms", "p99 ms", "server cpu", "client cpu", "limited by"],
+            [
+                [r["env"], r["clients"], r["envs_per_message"], r["env_steps_per_s"], r["server_cpu_us_per_step"],
+                 r["server_cpu_us_per_step"] / baseline[r["clients"], r["envs_per_message"]]["server_cpu_us_per_step"],
+                 r["bytes_out_per_step"], r["bytes_in_per_step"], r["mean_batch"], r["p50_ms"], r["p99_ms"],
+                 r["server_cpu"], r["client_cpu_peak"], r["limited_by"]]
+                for r in records
+            ],
+        ),
+        table(
+            ["us/env step", "clients", "envs/msg", *STAGES, "untimed", "total"],
+            [
+                [r["env"], r["clients"], r["envs_per_message"], *(r["stages_us"][s] for s in STAGES),
+                 r["stages_us"]["untimed"], r["server_cpu_us_per_step"]]
+                for r in records
+            ],
+        ),
+        f"x baseline cpu/step: server CPU per env step over {records[-1]['env']}'s at the same load, in this run",
+        LIMITS,
+    ])  # fmt: skip
 
 
 def goals(records: list[Record]) -> str:

@@ -37,13 +37,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--explore", action="store_true", help="sample actions instead of taking the most likely")
     p.add_argument("--video", type=Path, metavar="DIR", help="record every episode as mp4 here (needs moviepy)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
-    p.add_argument(
-        "--allow-import",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="a module the checkpoint's run spec may name code in (repeatable)",
-    )
+    p.add_allow_import()
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="torch device of the forward pass")
     return p
 

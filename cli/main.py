@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("rlgate.cli.up", "train locally: learner, server and env clients as processes, until a return is reached"),
     "bench": ("rlgate.bench.main", "measure throughput and latency against in-process and bare-gRPC floors"),
     "eval": ("rlgate.cli.evaluate", "evaluate a checkpoint's policy in its env: return and length, optionally video"),
+    "export": ("rlgate.cli.export", "write a checkpoint's policy as an ONNX file (docs/onnx.md)"),
     "episodes": ("rlgate.cli.episodes", "summarize a directory of recorded episodes (rlgate serve --episode-dir)"),
 }
 USAGE_ERROR = 2

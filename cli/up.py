@@ -2,15 +2,20 @@
 
 It trains until the mean return of the last 20 episodes reaches `--stop-return` (exit 0) or
 `--max-steps` env steps have been taken (exit 1), then shuts every process down (clients first, then
-the server, which flushes its episodes, then the learner, which writes a final checkpoint). Ctrl-C
-does the same: the processes start with SIGINT ignored, so a terminal's Ctrl-C, which reaches the whole
-process group, stops only `up`, which then stops them in that order. Each process logs to a file in the
-run directory. Progress is a tqdm bar on a terminal, and a plain line every 10 s elsewhere (a log file).
+the server, which flushes its episodes, then the learner, which writes a final checkpoint). Ctrl-C, SIGTERM
+and a hang-up do the same, whenever they come: `up` blocks them and polls for them, so none interrupts it
+halfway through starting or stopping a child (no traceback, no child left behind); the processes start with
+Ctrl-C and hang-ups ignored, so a terminal's, which reach the whole process group, stop only `up`, which then
+stops them in that order; and they get SIGTERM if `up` dies without stopping them (Linux). The env clients
+start once the server is ready, so a server that cannot start ends `up` with its own error. Each process logs
+to a file in the run directory. Progress is a tqdm bar on a terminal, and a plain line every 10 s elsewhere.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import math
 import os
@@ -21,9 +26,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, Literal, NoReturn
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -38,9 +44,19 @@ from rlgate.spec.run import RunSpec
 from rlgate.spec.settings import SpecSettings
 
 POLL_S = 0.25
+GRACE_S = 15.0  # each child's time to stop after SIGTERM (the learner writes a checkpoint) before SIGKILL
+START_TIMEOUT_S = 300.0  # the server's time to become ready (a model, from the spec or the learner)
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 MAX_FAILED_UPDATES = 3  # the learner's updates failing this many times in a row stop the run: nothing trains
 PLAIN_EVERY_S = 10.0  # a progress line this often when the output is not a terminal
 WINDOW = 20  # episodes in the mean return
+# Goals of envs with a preset that registers no reward_threshold (`--stop-return` overrides).
+GOALS = {
+    "ALE/Pong-v5": 20.0,  # of 21 points: where RLlib's Pong examples stop
+    "MiniGrid-Empty-5x5-v0": 0.9,  # the shortest way (5 steps) returns 1 - 0.9 * 5 / 100 = 0.955; 0.9 is 11 steps
+}
 
 
 class UpSettings(SpecSettings):
@@ -65,7 +81,7 @@ class UpSettings(SpecSettings):
         None,
         allow_inf_nan=False,  # a NaN goal is never reached and an infinite one never met: a typo, not a run
         description="Stop when the mean return of the last 20 episodes reaches this (default: the env's "
-        "reward_threshold, 475 for CartPole-v1).",
+        "reward_threshold, 475 for CartPole-v1; 20 for ALE/Pong-v5, 0.9 for MiniGrid-Empty-5x5-v0).",
     )
     max_steps: int = Field(100_000, ge=1, description="Stop (exit 1) after this many env steps.")
     num_clients: int = Field(
@@ -76,6 +92,11 @@ class UpSettings(SpecSettings):
     )
     run_dir: Directory = Field(
         Path("runs"), description="Logs, the run spec and checkpoints go to run_dir/<env>-<time>."
+    )
+    inference: Literal["server", "local"] = Field(
+        "server",
+        description="Where the policy acts: on the server, or in each env client with the weights the server relays "
+        "(rlgate env --inference local; single-agent runs), which sends the server its episodes.",
     )
 
     @classmethod
@@ -165,25 +186,17 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
         ],
         "envs": [
             *("env", "--server", f"127.0.0.1:{server_port}", "--config", spec_file),
-            *("--num-clients", s.num_clients, "--no-progress"),
+            *("--num-clients", s.num_clients, "--no-progress", "--inference", s.inference),
+            *(("--spool-dir", run_dir / "spool") if s.inference == "local" else ()),
         ],
     }
-    processes: dict[str, subprocess.Popen] = {}
+    children = Children(run_dir)
     started = process_started()  # "in T s" counts the command's own start-up too
     mean_return, steps, code = float("nan"), 0, 1
     with contextlib.ExitStack() as stack:
-        stack.callback(_shut_down, processes)
-        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: Ctrl-C stops them through us
-        for name, args in commands.items():
-            log = stack.enter_context(open(run_dir / f"{name}.log", "w"))
-            processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "rlgate", *map(str, args)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=_child_environment(),
-            )
-        signal.signal(signal.SIGINT, interrupt)
+        stack.callback(children.shut_down)
+        for name in ("learner", "server"):
+            children.start(name, commands[name])
         # Only now: gymnasium's import would delay every process (a mistake here stops them again).
         stop_return = (
             s.stop_return if s.stop_return is not None else _reward_threshold(spec, ImportPolicy(spec.modules()))
@@ -191,13 +204,15 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
         if stop_return is None:
             raise SpecError(f"{spec.env.id} has no reward_threshold: pass --stop-return")
         print(f"rlgate up: {spec.env.id}, logs, run spec and checkpoints in {run_dir}", flush=True)
-        progress = stack.enter_context(Progress(s.max_steps))
-        try:
-            while True:
-                time.sleep(POLL_S)
-                for name, process in processes.items():
-                    if process.poll() is not None:
-                        _child_failed(name, process.returncode, run_dir / f"{name}.log")
+        children.announce = True
+        # The env clients connect once the server is ready: a server that fails to start says why in its own
+        # words (its log), not as the clients' timeout connecting to it.
+        stopped = _until_ready(children, server_http)
+        if stopped is None:
+            children.start("envs", commands["envs"])
+            progress = stack.enter_context(Progress(s.max_steps))
+            while (stopped := _stop_signal(POLL_S)) is None:
+                children.check()
                 learner = _get_json(learner_http)
                 server = _get_json(server_http)
                 if learner is None or server is None:
@@ -207,7 +222,7 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
                         f"rlgate: the learner's last {MAX_FAILED_UPDATES} updates failed, nothing trains: "
                         f"see {run_dir / 'learner.log'}"
                     )
-                steps = int(server.get("env_steps", 0))
+                steps = int(server.get("env_steps", 0)) + int(server["local_clients"]["env_steps"])
                 elapsed = time.monotonic() - started
                 episodes = int(learner["episodes"])
                 if learner["mean_return"] is not None:
@@ -220,14 +235,11 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
                     break
                 if steps >= s.max_steps:
                     break
-            elapsed = time.monotonic() - started  # to the goal or the budget; shutting down is not counted
-        except KeyboardInterrupt:
-            for sig in (signal.SIGINT, signal.SIGTERM):  # one interrupt is enough: shut down in order
-                signal.signal(sig, signal.SIG_IGN)
             progress.close()
-            print("Ctrl-C: shutting down", flush=True)
-            code = 130
-            elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - started  # to the goal, the budget or the signal; shutting down is not counted
+        if stopped is not None:
+            print(f"{_signal_name(stopped)}: shutting down", flush=True)
+            code = 128 + stopped
     print(f"checkpoint: {run_dir / 'checkpoints'}")
     if code == 0:
         print(f"reached return {mean_return:.1f} at {steps} env steps in {elapsed:.1f} s")
@@ -236,6 +248,100 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
     else:
         print(f"stopped at return {mean_return:.1f} after {steps} env steps in {elapsed:.1f} s")
     return code
+
+
+class Children:
+    """`up`'s child processes (learner, server, env clients): started so that stopping them is `up`'s alone,
+    checked for an early exit, stopped in order."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.announce = False  # say which child it stops (once the run was announced, not after a user error)
+
+    def start(self, name: str, args: list[Any]) -> None:
+        """Start `rlgate ARGS`, logging to name.log, leaving stopping it to `up` (`_child_setup`; `up` has no other
+        thread while it starts children, as a function run between fork and exec needs)."""
+        with open(self.run_dir / f"{name}.log", "w") as log:
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "rlgate", *map(str, args)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_child_environment(),
+                preexec_fn=functools.partial(_child_setup, os.getpid()),
+            )
+
+    def check(self) -> None:
+        """End `up` with the first child's own error if one has exited (learner, then server, then env clients)."""
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                _child_failed(name, process.returncode, self.run_dir / f"{name}.log")
+
+    def shut_down(self) -> None:
+        """Stop in order (clients, server, learner), each with SIGTERM, then SIGKILL after a grace period. Stop
+        signals stay blocked meanwhile: one more Ctrl-C changes nothing, and every wait is bounded."""
+        for name, what in (("envs", "env clients"), ("server", "server"), ("learner", "learner")):
+            process = self.processes.get(name)
+            if process is None or process.poll() is not None:
+                continue
+            if self.announce:
+                with contextlib.suppress(OSError):  # a closed stdout (`up | head`) must not stop the stopping
+                    print(f"stopping the {what}", flush=True)
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _child_setup(parent: int) -> None:
+    """In a child, before it runs rlgate: the stop signals `up` blocks are delivered again; Ctrl-C and a hang-up,
+    which a terminal sends to the whole process group, are ignored, so `up` alone acts on them and stops the
+    children in order; and on Linux the child gets SIGTERM when `up` dies, however it dies (even SIGKILL)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):  # first: one coming once unblocked must find it ignored
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # `up` died before the line above: nobody would stop this child
+            os._exit(1)
+
+
+def _stop_signal(timeout: float) -> int | None:
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) that came, waiting up to `timeout` s for one; None if none did.
+
+    `up` blocks them from its start (`main`), so one never interrupts it anywhere, and is taken only here."""
+    info = signal.sigtimedwait(STOP_SIGNALS, timeout)
+    return None if info is None else info.si_signo
+
+
+def _signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def _until_ready(children: Children, http_port: int) -> int | None:
+    """Wait until the server is ready (/readyz: it holds a model and can answer steps), a child exits (its own
+    error ends `up`), a stop signal comes (returned) or START_TIMEOUT_S pass (an error naming why it is not)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    reason = "no answer on its HTTP port"
+    while (stopped := _stop_signal(POLL_S)) is None:
+        children.check()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=2):
+                return None
+        except urllib.error.HTTPError as exc:  # 503: it says why
+            with contextlib.suppress(OSError, ValueError):
+                reason = json.loads(exc.read()).get("reason", reason)
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"rlgate: the server was not ready after {START_TIMEOUT_S:.0f} s ({reason}): "
+                f"see {children.run_dir / 'server.log'}"
+            )
+    return stopped
 
 
 class Progress(contextlib.AbstractContextManager):
@@ -275,8 +381,11 @@ def _child_failed(name: str, code: int, log: Path) -> NoReturn:
 
 
 def _reward_threshold(spec: RunSpec, imports: ImportPolicy) -> float | None:
-    """The registered env's reward_threshold (None for an env class or factory, or when it has none)."""
+    """The registered env's reward_threshold, else rlgate's goal for it (GOALS); None for an env class or
+    factory, or an env with neither."""
     import gymnasium as gym
+
+    from rlgate.spec.env import register_env_id
 
     env_id = spec.env.id
     if ":" in env_id:
@@ -284,10 +393,12 @@ def _reward_threshold(spec: RunSpec, imports: ImportPolicy) -> float | None:
         imports.import_module(module, "env.id")  # first: a module that does not import is the real problem
         if env_id.isidentifier():  # an env class or factory: not registered
             return None
+    register_env_id(env_id)
     try:
-        return gym.spec(env_id).reward_threshold
+        threshold = gym.spec(env_id).reward_threshold
     except gym.error.Error as exc:
         raise SpecError(f"env.id: {exc}") from exc
+    return GOALS.get(env_id) if threshold is None else threshold
 
 
 def _child_environment() -> dict[str, str]:
@@ -299,20 +410,6 @@ def _child_environment() -> dict[str, str]:
         for key, value in os.environ.items()
         if key.upper() not in spec_variables and not key.upper().startswith("RLGATE_SPEC__")
     }
-
-
-def _shut_down(processes: dict[str, subprocess.Popen]) -> None:
-    """Stop in order (clients, server, learner), each with SIGTERM, then SIGKILL after a grace period."""
-    for name in ("envs", "server", "learner"):
-        process = processes.get(name)
-        if process is None or process.poll() is not None:
-            continue
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _free_ports(count: int) -> list[int]:
@@ -334,6 +431,11 @@ def _get_json(port: int) -> dict | None:
 
 
 def main(argv: list[str]) -> int:
+    # Ctrl-C, SIGTERM and a hang-up are taken only where `up` polls for them (`_stop_signal`): wherever one comes,
+    # it starts the orderly shutdown, never a traceback halfway through starting or stopping a child.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     settings = UpSettings(_cli_parse_args=argv, _cli_prog_name="rlgate up")
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM shuts down like Ctrl-C
+    if (stopped := _stop_signal(0)) is not None:
+        print(f"{_signal_name(stopped)}: nothing started")
+        return 128 + stopped
     return run(settings)

@@ -14,78 +14,33 @@ model, a wrong token), ends `run()` with a UserError that says so.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import gymnasium as gym
 import numpy as np
 
+from rlgate.client.connection import (
+    RETRYABLE,
+    ClientStats,
+    ServerRefused,
+    Tally,
+    channel_to,
+    connected,
+)
 from rlgate.core import codec
 from rlgate.core.agents_step import AgentsStep
 from rlgate.core.errors import UserError
-from rlgate.service.channel import CHANNEL_OPTIONS as RECONNECT_AND_KEEPALIVE
 from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.env import is_multi_agent_env
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import policy_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-# Codes after which a fresh stream may well succeed; any other error is the client's to fix.
-RETRYABLE = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-    }
-)
-
-# A target like dns:///inference:50051 resolves to every replica; round_robin spreads streams over them
-# (each stream, once open, stays on its replica, so its episodes never move). Each client has a connection
-# of its own (gRPC would share one between a process's channels to one target): a server's workers, which
-# share its port, get connections spread over them by the kernel, not streams.
-CHANNEL_OPTIONS = (
-    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
-    ("grpc.use_local_subchannel_pool", 1),
-    *RECONNECT_AND_KEEPALIVE,
-)
-# While the server is unreachable, one warning after this long, not one per attempt.
-WARN_AFTER_S = 1.0
-
-
-class ServerRefused(UserError):
-    """The server ended the stream with a status that a new stream would get too: the client's to fix."""
-
-    def __init__(self, target: str, code: grpc.StatusCode, details: str | None) -> None:
-        super().__init__(f"the server at {target} refused the stream: {code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class ServerUnreachable(UserError):
-    """No connection to the server within the client's connect timeout."""
-
-
-@dataclass
-class ClientStats:
-    """What a client did so far."""
-
-    env_steps: int = 0
-    episodes: int = 0
-    reconnects: int = 0
-    model_version: int = -1
-    returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
-
-    def mean_return(self) -> float | None:
-        return float(np.mean(self.returns)) if self.returns else None
 
 
 class EnvClient:
@@ -104,10 +59,20 @@ class EnvClient:
         max_backoff_s: float = 1.0,
         connect_timeout_s: float | None = None,
         on_step: Callable[[ClientStats], None] | None = None,
+        inference: Literal["server", "local"] = "server",
+        allow_import: Iterable[str] = (),
+        spool_dir: Path = Path("spool"),
+        max_spool_bytes: int = 1 << 30,
+        drain_timeout_s: float = 10.0,
     ) -> None:
         """`env`: a gymnasium env or vector env, or a PettingZoo ParallelEnv / AECEnv (or a list of them: one
         sub-env each). `connect_timeout_s`: how long each connection (the first, and each after a broken
-        stream) may take before run() gives up with ServerUnreachable; None: wait for the server forever."""
+        stream) may take before run() gives up with ServerUnreachable; None: wait for the server forever.
+
+        `inference="local"`: act here with the server's policy instead (client/local.py; single-agent envs): code
+        its run spec names is imported only from the modules in `allow_import`; the episodes wait for the
+        server's acks in `spool_dir`/<client id> (at most `max_spool_bytes`), and a stopping client gives the
+        server `drain_timeout_s` to take them (what is left is sent at the next start with the same client id)."""
         if isinstance(env, list) or is_multi_agent_env(env):
             env = AgentEnvs(env if isinstance(env, list) else [env])
         elif not isinstance(env, gym.vector.VectorEnv):
@@ -122,11 +87,21 @@ class EnvClient:
         self.explore = explore
         self.seed = seed
         self.stats = ClientStats()
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._credentials = grpc.ssl_channel_credentials(tls_ca.read_bytes()) if tls_ca else None
-        self._max_backoff_s = max_backoff_s
+        self.max_backoff_s = max_backoff_s
         self._connect_timeout_s = connect_timeout_s
         self._on_step = on_step
+        self.inference = inference
+        self.allow_import = tuple(allow_import)
+        self.spool_dir = spool_dir
+        self.max_spool_bytes = max_spool_bytes
+        self.drain_timeout_s = drain_timeout_s
+        if inference == "local" and isinstance(env, AgentEnvs):
+            raise UserError(
+                "inference local acts in single-agent runs: a multi-agent env (PettingZoo) needs the server to act "
+                "(inference server)"
+            )
         self._stopping = False
         self._stopped = asyncio.Event()
 
@@ -138,10 +113,16 @@ class EnvClient:
     async def run(self, max_steps: int = 0) -> ClientStats:
         """Run until max_steps env steps (0: until stop()), reconnecting when the stream breaks. A server that
         refuses stream after stream for one reason (UNAVAILABLE: no model yet, a run spec it may not use) is
-        reported once, not every second: the client waits for it quietly."""
+        reported once, not every second: the client waits for it quietly. With local inference, the client acts
+        itself and only its weights and episodes go through the server (client/local.py)."""
+        if self.inference == "local":
+            from rlgate.client.local import act_locally  # here: it imports torch, which a client of a server needs not
+
+            await act_locally(self, max_steps)
+            return self.stats
         backoff = 0.1
         said: tuple[str, int] | None = None  # the last break warned about, and the env steps then
-        while not self._done(max_steps):
+        while not self.done(max_steps):
             try:
                 await self._stream(max_steps)
             except grpc.aio.AioRpcError as exc:
@@ -157,24 +138,29 @@ class EnvClient:
                     reason,
                 )
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff_s)
+                backoff = min(backoff * 2, self.max_backoff_s)
             else:
                 backoff = 0.1
         return self.stats
 
-    def _done(self, max_steps: int) -> bool:
+    def done(self, max_steps: int) -> bool:
+        """Whether to stop: stop() was called, or `max_steps` env steps are taken (0: no limit)."""
         return self._stopping or (max_steps > 0 and self.stats.env_steps >= max_steps)
+
+    def channel(self) -> grpc.aio.Channel:
+        """A new channel to the server, this client's own."""
+        return channel_to(self.target, self._credentials)
+
+    async def connected(self, channel: grpc.aio.Channel) -> bool:
+        """Wait until the channel connects (True) or stop() is called (False); ServerUnreachable on timeout."""
+        return await connected(channel, self.target, self._stopped, self._connect_timeout_s)
 
     async def _stream(self, max_steps: int) -> None:
         """One stream: hello, then step after step with fresh episodes, then close."""
-        if self._credentials is not None:
-            channel = grpc.aio.secure_channel(self.target, self._credentials, options=CHANNEL_OPTIONS)
-        else:
-            channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
-        async with channel:
-            if not await self._connected(channel):
+        async with self.channel() as channel:
+            if not await self.connected(channel):
                 return  # stopped while waiting
-            call = policy_pb2_grpc.PolicyServiceStub(channel).Connect(metadata=self._metadata)
+            call = policy_pb2_grpc.PolicyServiceStub(channel).Connect(metadata=self.metadata)
             await call.write(self._hello())
             welcome = await self._read(call)
             self.stats.model_version = welcome.welcome.model_version
@@ -185,48 +171,29 @@ class EnvClient:
             obs, _ = self.env.reset(seed=self.seed)
             self.seed = None  # reconnects continue the env's RNG instead of replaying the same episodes
             rewards, terminateds, truncateds = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
-            returns = np.zeros(n)
-            resetting = np.zeros(n, bool)  # sub-envs whose next env.step() only resets them
+            tally = Tally(self.stats, n)
             while True:
                 await call.write(step_message(obs, rewards, terminateds, truncateds))
                 reply = await self._read(call)
                 self.stats.model_version = reply.actions.model_version
-                if self._done(max_steps):  # the last step's outcome is sent: the server records it
+                if self.done(max_steps):  # the last step's outcome is sent: the server records it
                     break
                 actions = codec.from_value(reply.actions.actions, "actions")
                 obs, rewards, terminateds, truncateds, _ = self.env.step(actions)
-                returns += rewards
-                self.stats.env_steps += int(n - resetting.sum())  # transitions; a reset is not an env step
-                resetting = terminateds | truncateds
-                self.stats.returns.extend(returns[resetting].tolist())
-                returns[resetting] = 0.0
-                self.stats.episodes += int(resetting.sum())
-                if self._on_step is not None:
-                    self._on_step(self.stats)
+                tally.step(rewards, terminateds, truncateds)
+                self.stepped()
             await call.write(pb.ClientMessage(close=pb.Close()))
             await call.done_writing()
             await call.code()
 
-    async def _connected(self, channel: grpc.aio.Channel) -> bool:
-        """Wait until the channel connects (True) or stop() is called (False); ServerUnreachable on timeout."""
-        ready = asyncio.ensure_future(channel.channel_ready())
-        stopped = asyncio.ensure_future(self._stopped.wait())
-        waiting = {ready, stopped}
-        try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                done, _ = await asyncio.wait(waiting, timeout=WARN_AFTER_S, return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    limit = "" if self._connect_timeout_s is None else f" for up to {self._connect_timeout_s:g} s"
-                    log.warning("server at %s not reachable yet; trying%s", self.target, limit)
-                    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        except TimeoutError:
-            raise ServerUnreachable(
-                f"cannot reach the server at {self.target} within {self._connect_timeout_s:g} s"
-            ) from None
-        finally:
-            for future in waiting:
-                future.cancel()
-        return ready in done
+    def stepped(self) -> None:
+        """A vector step is counted: tell `on_step`."""
+        if self._on_step is not None:
+            self._on_step(self.stats)
+
+    def stopping(self) -> asyncio.Event:
+        """Set once stop() is called."""
+        return self._stopped
 
     async def _agents_loop(self, call: grpc.aio.StreamStreamCall, max_steps: int) -> None:
         """A multi-agent stream after its welcome: every sub-env's agents' step, then their actions, until done."""
@@ -237,7 +204,7 @@ class EnvClient:
             await call.write(pb.ClientMessage(step=pb.Step(agents=[_agents_step(s) for s in steps])))
             reply = await self._read(call)
             self.stats.model_version = reply.actions.model_version
-            if self._done(max_steps):
+            if self.done(max_steps):
                 break
             actions = [
                 {agent: codec.from_value(value, f"actions[{agent!r}]") for agent, value in per_env.actions.items()}
@@ -254,8 +221,7 @@ class EnvClient:
                 if self.env.done[i]:  # its agents left (with "__all__" or each with its own flag)
                     self.stats.episodes += 1
                     self.stats.returns.append(returns[i])  # as RLlib's episode return: all agents' rewards
-            if self._on_step is not None:
-                self._on_step(self.stats)
+            self.stepped()
         await call.write(pb.ClientMessage(close=pb.Close()))
         await call.done_writing()
         await call.code()

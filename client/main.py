@@ -120,6 +120,10 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
 
     imports = ImportPolicy(settings.spec.modules())  # the operator's own spec: its env may be imported
     try:
+        if settings.inference == "local":
+            import torch  # the client acts: torch is imported anyway (client/local.py)
+
+            torch.set_num_threads(settings.torch_threads)
         client = EnvClient(
             make_agent_envs(env, imports) if settings.spec.multi_agent else make_env(env, imports),
             settings.server,
@@ -130,6 +134,11 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
             tls_ca=settings.tls_ca,
             connect_timeout_s=settings.connect_timeout_s or None,
             on_step=report,
+            inference=settings.inference,
+            allow_import=[*settings.allow_import, *imports.allowed],  # as a server: what its own spec names too
+            spool_dir=settings.spool_dir,
+            max_spool_bytes=settings.max_spool,
+            drain_timeout_s=settings.drain_timeout_s,
         )
 
         async def main() -> None:

@@ -1,14 +1,15 @@
 """Settings of the env clients: environment variables `RLGATE_*`, overridden by `rlgate env` flags."""
 
-from typing import ClassVar
+from pathlib import Path
+from typing import ClassVar, Literal
 
-from pydantic import Field, FilePath
+from pydantic import ByteSize, Field, FilePath
 
-from rlgate.service.settings import RlgateSettings
+from rlgate.service.settings import Directory, ImportSettings
 from rlgate.spec.settings import SpecSettings
 
 
-class ClientSettings(SpecSettings, RlgateSettings):
+class ClientSettings(SpecSettings, ImportSettings):
     """Every knob of `rlgate env`; `RLGATE_SERVER=host:50051` and `--server host:50051` set the same field.
 
     The env comes from the run spec's env section (--config run.toml, or --env and --envs-per-client).
@@ -37,3 +38,23 @@ class ClientSettings(SpecSettings, RlgateSettings):
     )
     tls_ca: FilePath | None = Field(None, description="PEM CA to verify the server by; set to connect over TLS.")
     progress: bool = Field(True, description="Show a progress bar with steps/s and mean return.")
+    inference: Literal["server", "local"] = Field(
+        "server",
+        description="Where the policy acts: on the server (each step a round trip), or here in each client with the "
+        "weights the server relays (single-agent runs), which sends the server its episodes; faster with few envs "
+        "per client. Code the server's run spec names is imported only from --allow-import's modules.",
+    )
+    spool_dir: Directory = Field(
+        Path("spool"),
+        description="Local inference: episodes waiting for the server's ack are kept in spool_dir/<client id> "
+        "(client id: <env id>-<index>), so a crash loses none: the next start with the same ids sends them.",
+    )
+    max_spool: ByteSize = Field(
+        ByteSize(1 << 30),
+        description="Local inference: most bytes a client's spool may hold; when full, the client pauses until the "
+        "server takes its episodes.",
+    )
+    drain_timeout_s: float = Field(
+        10.0, ge=0, description="Local inference: on stop, how long each client waits for the server to take its spool."
+    )
+    torch_threads: int = Field(1, ge=1, description="Local inference: torch intra-op threads of each client.")

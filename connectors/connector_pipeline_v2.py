@@ -23,8 +23,10 @@ class ConnectorPipelineV2(ConnectorV2):
     - Editing: `append`, `prepend`, `insert_before`, `insert_after` and `remove` find an anchor piece by
       class or class name (the first such piece, as in RLlib) and raise ValueError when there is none
       (RLlib 2.60 silently appends). A pipeline may hold several pieces of one class (as RLlib's may).
-    - Indexing: `pipeline[i]` (position), `pipeline["Name"]` or `pipeline[Class]` (the first piece of that
-      name or class; KeyError when absent; RLlib returns the list of all of them).
+    - Indexing, as RLlib: `pipeline[i]` is the piece at position i, `pipeline[Class]` the list of pieces of that
+      class or a subclass ([] when none). `pipeline["Name"]` is the first piece of that name (KeyError when
+      absent): RLlib 2.60 means it to be the list of them, but raises AttributeError (its pieces have no `name`).
+    - A piece that returns something other than a dict raises ValueError (as RLlib's).
     - Spaces: the input spaces flow through every piece (re-propagated after each edit); the pipeline's
       output spaces are those of its last piece.
     - State: `get_state()` is `{piece key: piece state}` for the stateful pieces; `set_state` and
@@ -82,18 +84,30 @@ class ConnectorPipelineV2(ConnectorV2):
             if timed:
                 metrics[connector.name] = metrics.get(connector.name, 0.0) + time.perf_counter() - start
             if not isinstance(batch, dict):
-                raise TypeError(f"{connector.name} returned {type(batch).__name__}, not the batch dict")
+                raise ValueError(
+                    f"{connector.name} returned {type(batch).__name__}, not the batch dict: its __call__ must return "
+                    "the `batch` it was given (changed or not)"
+                )
         return batch
+
+    def takes_batched_obs(self) -> bool:
+        """Whether every piece takes a batched OBS (see ConnectorV2.accepts_batched_obs)."""
+        return all(connector.takes_batched_obs() for connector in self.connectors)
 
     # --- editing ----------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self.connectors)
 
-    def __getitem__(self, key: int | Anchor) -> ConnectorV2:
+    def __getitem__(self, key: int | Anchor) -> ConnectorV2 | list[ConnectorV2]:
+        """The piece at position `key`; the list of pieces of class `key` or a subclass; the first piece named `key`."""
         if isinstance(key, int):
             return self.connectors[key]
-        return self.connectors[self._index(key, error=KeyError)]
+        if isinstance(key, type):
+            return [connector for connector in self.connectors if isinstance(connector, key)]
+        if isinstance(key, str):
+            return self.connectors[self._index(key, error=KeyError)]
+        raise NotImplementedError(f"a pipeline is indexed by position, class or name, not by {type(key).__name__}")
 
     def append(self, connector: ConnectorV2) -> None:
         """Add `connector` at the end."""

@@ -150,6 +150,24 @@ class ConnectorV2(abc.ABC):
 
     # --- the call ---------------------------------------------------------------------------------------
 
+    #: Whether this piece may be called with a batch whose OBS already holds the episodes' latest observations
+    #: as one [B, ...] array (the batched fast path: a step message or a vector env holds them so), and keeps
+    #: that OBS equal to what it writes into the episodes. The built-in env-to-module pieces say True. A piece
+    #: that does not say so (a user's piece written RLlib's way: it rewrites the episodes' latest observation
+    #: and leaves OBS to AddObservationsFromEpisodesToBatch) makes its pipeline run from an empty batch, as
+    #: RLlib's EnvRunner runs it, so the module sees what the piece wrote. See `takes_batched_obs`.
+    accepts_batched_obs: bool = False
+
+    def takes_batched_obs(self) -> bool:
+        """`accepts_batched_obs` as the class that defines this piece's `__call__` (or a subclass of it) says: a
+        subclass that overrides `__call__` without saying so again does not inherit the promise."""
+        for klass in type(self).__mro__:
+            if "accepts_batched_obs" in vars(klass):
+                return bool(vars(klass)["accepts_batched_obs"])
+            if "__call__" in vars(klass):
+                return False
+        return False
+
     @abc.abstractmethod
     def __call__(
         self,

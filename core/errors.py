@@ -18,3 +18,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UserError(message)
+
+    def add_allow_import(self) -> None:
+        """--allow-import MODULE (repeatable): where the code a checkpoint's run spec names may be imported from."""
+        self.add_argument(
+            "--allow-import",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="a module the checkpoint's run spec may name code in (repeatable)",
+        )

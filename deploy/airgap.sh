@@ -14,7 +14,8 @@
 #     finds CPU torch where the host keeps it), so the image builds with no network: --network host and
 #     PIP_INDEX_URL pointing at it.
 #  5. deploy/smoke.sh with those settings; then it stops the index server and the dockerd it started
-#     (KEEP_ENGINE=1 leaves dockerd running).
+#     (KEEP_ENGINE=1 leaves dockerd running, with the images rlgate, python:3.11-slim and PROMETHEUS_IMAGE, to
+#     use the stack with no registry: `up -d --no-build --pull never`, deploy/README.md "After airgap.sh").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,6 +69,9 @@ cleanup() {
         log "stopping the dockerd it started"
         kill "$started_dockerd" 2>/dev/null || true
         wait "$started_dockerd" 2>/dev/null || true
+    elif [ -n "${KEEP_ENGINE:-}" ]; then
+        log "dockerd stays up; the stack, with no registry: PROMETHEUS_IMAGE=rlgate-airgap/prometheus:debian" \
+            "docker compose -f deploy/docker-compose.yml up -d --no-build --pull never (deploy/README.md)"
     fi
 }
 trap cleanup EXIT

@@ -5,8 +5,8 @@ arrays (what a server's step table holds). Every column travels with its lookbac
 have `len_lookback_buffer + len + 1` rows, actions, rewards and extra model outputs `len_lookback_buffer +
 len`. Nested (Dict/Tuple) data travels as a nested Value of tensors. The extra model output
 `Columns.MODEL_VERSION` travels in the `model_versions` field (int64), the others in `extra_model_outputs`.
-The episode's `chunk_index`, `multi_agent_env_steps` and `multi_agent_episode_chunks` attributes travel in the
-fields of those names.
+The episode's `chunk_index`, `multi_agent_env_steps`, `multi_agent_episode_chunks` and `session_closed` attributes
+travel in the fields of those names.
 Infos travel only when at least one is non-empty (as Structs, so numbers come back as floats);
 `custom_data` does not travel.
 
@@ -58,6 +58,7 @@ class ChunkColumns:
     multi_agent_episode_id: Any = None
     multi_agent_env_steps: int = 0
     multi_agent_episode_chunks: int = 0
+    session_closed: bool = False
 
     @property
     def steps(self) -> int:
@@ -107,6 +108,7 @@ def episode_columns(episode: SingleAgentEpisode) -> ChunkColumns:
         multi_agent_episode_id=episode.multi_agent_episode_id,
         multi_agent_env_steps=episode.multi_agent_env_steps,
         multi_agent_episode_chunks=episode.multi_agent_episode_chunks,
+        session_closed=episode.session_closed,
     )
 
 
@@ -133,6 +135,7 @@ def chunk_message(chunk: ChunkColumns) -> episode_pb2.Episode:
         multi_agent_episode_id=_text(chunk.multi_agent_episode_id),
         multi_agent_env_steps=chunk.multi_agent_env_steps,
         multi_agent_episode_chunks=chunk.multi_agent_episode_chunks,
+        session_closed=chunk.session_closed,
     )
     # The columns are filled in place: half the cost of building each message and copying it in.
     fill_value(msg.observations, chunk.observations)
@@ -171,6 +174,8 @@ def _table(chunks: list[ChunkColumns]) -> episode_pb2.EpisodeChunks:
         msg.multi_agent_episode_ids.extend(_text(chunk.multi_agent_episode_id) for chunk in chunks)
         msg.multi_agent_env_steps.extend(chunk.multi_agent_env_steps for chunk in chunks)
         msg.multi_agent_episode_chunks.extend(chunk.multi_agent_episode_chunks for chunk in chunks)
+    if any(chunk.session_closed for chunk in chunks):
+        msg.session_closed.extend(chunk.session_closed for chunk in chunks)
     if any(any(chunk.infos) for chunk in chunks):
         msg.infos.extend(to_struct(info) for chunk in chunks for info in chunk.infos)
     fill_value(msg.observations, _concatenated([chunk.observations for chunk in chunks]))
@@ -220,6 +225,7 @@ def episode_from_proto(
             multi_agent_episode_id=msg.multi_agent_episode_id or None,
             multi_agent_env_steps=msg.multi_agent_env_steps,
             multi_agent_episode_chunks=msg.multi_agent_episode_chunks,
+            session_closed=msg.session_closed,
         ),
         observation_space,
         action_space,
@@ -263,7 +269,13 @@ def chunk_table(
     for name in ("chunk_indices", "len_lookback_buffers", "steps", "terminated", "truncated", "t_started"):
         if len(getattr(msg, name)) != n:
             raise CodecError(f"{name}: {len(getattr(msg, name))} entries for {n} chunks")
-    for name in ("agent_ids", "multi_agent_episode_ids", "multi_agent_env_steps", "multi_agent_episode_chunks"):
+    for name in (
+        "agent_ids",
+        "multi_agent_episode_ids",
+        "multi_agent_env_steps",
+        "multi_agent_episode_chunks",
+        "session_closed",
+    ):
         if len(getattr(msg, name)) not in (0, n):
             raise CodecError(f"{name}: {len(getattr(msg, name))} entries for {n} chunks (0 or one per chunk)")
     lookbacks = list(msg.len_lookback_buffers)
@@ -278,6 +290,7 @@ def chunk_table(
     terminated, truncated = list(msg.terminated), list(msg.truncated)
     agents, episode_ids, env_steps = msg.agent_ids, msg.multi_agent_episode_ids, msg.multi_agent_env_steps
     episode_chunks = msg.multi_agent_episode_chunks  # empty from servers that predate it
+    closed = msg.session_closed  # empty unless some chunk's session closed
     module_id = msg.module_id or None
     episodes, start = [], 0
     for i, (episode_id, stop) in enumerate(zip(msg.ids, ends, strict=True)):
@@ -299,6 +312,7 @@ def chunk_table(
             multi_agent_episode_id=(episode_ids[i] or None) if episode_ids else None,
             multi_agent_env_steps=env_steps[i] if env_steps else 0,
             multi_agent_episode_chunks=episode_chunks[i] if episode_chunks else 0,
+            session_closed=closed[i] if closed else False,
         )
         episodes.append(_episode(chunk, observation_space, action_space))
         start = stop
@@ -367,6 +381,7 @@ def _episode(
     episode.chunk_index = chunk.chunk_index
     episode.multi_agent_env_steps = chunk.multi_agent_env_steps
     episode.multi_agent_episode_chunks = chunk.multi_agent_episode_chunks
+    episode.session_closed = chunk.session_closed
     return episode
 
 

@@ -248,17 +248,18 @@ class InfiniteLookbackBuffer:
         return one_hot(data, self.space_struct)
 
     def _fill_item(self, fill: Any, one_hot_discrete: bool) -> Any:
-        """One padding item: shaped by the space if known, else like a stored item, else `fill` itself."""
+        """One padding item: shaped by the space if known, else like a stored item (and of its dtype: uint8 frames
+        padded with `fill=0.0` stay uint8), else `fill` itself."""
         if self.space is not None:
             return fill_for_space(self.space, fill, one_hot_discrete=one_hot_discrete)
         if self._items is None:
-            return map_structure(lambda leaf: np.full(leaf.shape[1:], fill), self._store)
+            return map_structure(lambda leaf: np.full(leaf.shape[1:], fill, leaf.dtype), self._store)
         return fill
 
     def _fill_rows(self, fill: Any, count: int, one_hot_discrete: bool) -> Any:
         if self.space is not None:
             return fill_for_space(self.space, fill, count, one_hot_discrete=one_hot_discrete)
-        return map_structure(lambda leaf: np.full((count, *leaf.shape[1:]), fill), self._store)
+        return map_structure(lambda leaf: np.full((count, *leaf.shape[1:]), fill, leaf.dtype), self._store)
 
     # --- writing ------------------------------------------------------------------------------------
 

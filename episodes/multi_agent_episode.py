@@ -20,6 +20,13 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
 - An agent that first observes in a successor chunk is mapped from the chunk's start (its lookback is skip
   tags): RLlib counts its skip tags from the episode's reset (`env_t`, not `env_t - env_t_started`), which
   puts its steps at later env steps than they happened unless the chunk's lookback equals `env_t_started`.
+- `cut()` extends the env-step lookback back to the last observation of every agent whose action hangs for every
+  `len_lookback_buffer`, 0 included: RLlib's loop reads index -0 (the chunk's first entry) first, so with 0 it
+  extends only for an agent that was absent at the chunk's start.
+- `cut()` carries the rewards of agents that have not observed yet into the successor's `_hanging_rewards_begin`,
+  and `concat_episode()` takes the successor's (summed further, or cleared where the agent left unobserved): RLlib
+  copies the hanging end rewards there (counted twice by `get_return(include_hanging_rewards=True)`) and keeps the
+  first chunk's in a concatenation.
 - `cut(len_lookback_buffer)` keeps at most the env steps that exist as env-step lookback: RLlib pads its
   env-step mappings to the full length with skip tags, so an index before the episode's reset answers `{}`
   there and raises IndexError here (as for a single-agent episode).
@@ -28,8 +35,14 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
   also marks the episode terminated then, and passes that on to every agent in the step, so an agent only
   truncated (a time limit) became terminated as well, and its value was not bootstrapped.
 - With `env_steps=False` the hanging value counts for every index form (RLlib drops it for indices=None).
-- The constructor takes no per-env-step lists (build episodes with `add_env_reset` / `add_env_step`, or
-  from agent episodes); `slice()` works per agent on env-step boundaries (see its docstring).
+- The constructor records RLlib's per-env-step lists as `add_env_reset` / `add_env_step` would, so its episodes
+  are those the env steps build: a step whose observations straddle the chunk's start (the agent observed in
+  the lookback, then only after it) belongs to the chunk, as in a `cut()` successor (RLlib's constructor puts
+  it in the lookback, where no chunk holds it); env_t counts the observations (RLlib counts the rewards, one
+  more when a last rewards dict follows the last observations); rewards before an agent's first observation
+  are kept as in `add_env_step` (RLlib drops them); a finished episode completes the steps still hanging
+  (RLlib leaves them hanging); `terminateds=True` ends every agent (RLlib raises AttributeError).
+- `slice()` works per agent on env-step boundaries (see its docstring).
 - Precondition failures raise `MultiAgentEnvError` (a ValueError) or RuntimeError, not AssertionError.
 - An agent's rewards summed between two of its steps must stay finite as float32 (the dtype episodes store
   rewards in): else `MultiAgentEnvError`.
@@ -83,18 +96,40 @@ class MultiAgentEpisode:
         self,
         id_: str | None = None,
         *,
+        observations: list[dict[AgentID, Any]] | None = None,
         observation_space: gym.spaces.Dict | dict | None = None,
+        infos: list[dict[AgentID, dict]] | None = None,
+        actions: list[dict[AgentID, Any]] | None = None,
         action_space: gym.spaces.Dict | dict | None = None,
+        rewards: list[dict[AgentID, float]] | None = None,
+        terminateds: dict[AgentID, bool] | bool = False,
+        truncateds: dict[AgentID, bool] | bool = False,
+        extra_model_outputs: list[dict[AgentID, dict]] | None = None,
         env_t_started: int | None = None,
+        agent_t_started: dict[AgentID, int] | None = None,
+        len_lookback_buffer: int | str = "auto",
+        agent_episode_ids: dict[AgentID, str] | None = None,
         agent_episodes: dict[AgentID, SingleAgentEpisode] | None = None,
         agent_module_ids: dict[AgentID, ModuleID] | None = None,
         agent_to_module_mapping_fn: MappingFn | None = None,
     ) -> None:
-        """An empty episode (call `add_env_reset`), or one continuing at `env_t_started`.
+        """An empty episode (call `add_env_reset`), one continuing at `env_t_started`, or one built from RLlib's
+        per-env-step lists.
 
         `agent_module_ids` fixes modules of agents up front; other agents are mapped by
         `agent_to_module_mapping_fn(agent_id, episode)` (default: all to "default_policy") when they first
         appear, and keep that module for the whole episode.
+
+        The lists, as RLlib takes them: `observations[i]` (and `infos[i]`) what the env returned at env step i
+        (the reset first), `actions[i]` (and `extra_model_outputs[i]`) what the agents that observed there sent,
+        `rewards[i]` what the env step after it gave (a last entry after the last observations is summed into
+        the actions still hanging). They are recorded as `add_env_reset` / `add_env_step` would record them;
+        an agent that observes and does not act while the lists go on is done there (terminated, or truncated
+        if `truncateds` says so), and later rewards for it are ignored (as in RLlib); `terminateds` /
+        `truncateds` (per agent and `"__all__"`, or a bool for the episode) are the flags at the end. The first
+        `len_lookback_buffer` env steps ("auto": all given rewards) are lookback, and this chunk starts at
+        `env_t_started`; each agent's steps that complete in the lookback are its lookback, and its first step
+        after them is `agent_t_started[agent]` (default 0). `agent_episode_ids` names the agents' episodes.
         """
         self.id_ = id_ or uuid.uuid4().hex
         self.agent_to_module_mapping_fn = agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
@@ -118,6 +153,94 @@ class MultiAgentEpisode:
         self.custom_data: dict[str, Any] = {}
         self._start_time: float | None = None
         self._last_step_time: float | None = None
+        final = [flags if isinstance(flags, dict) else {ALL: flags} for flags in (terminateds, truncateds)]
+        if observations is None:
+            if any(x for x in (infos, actions, rewards, extra_model_outputs)):
+                raise ValueError("infos, actions, rewards and extra_model_outputs come with observations")
+            self.is_terminated, self.is_truncated = (bool(flags.get(ALL)) for flags in final)
+            return
+        if agent_episodes:
+            raise ValueError("give observations (RLlib's per-env-step lists) or agent_episodes, not both")
+        self.env_t_started = self.env_t = 0  # recorded from the reset on, then moved to `env_t_started`
+        self._record_lists(observations, infos, actions, rewards, extra_model_outputs, *final)
+        lookback = len(rewards or []) if len_lookback_buffer == "auto" else len_lookback_buffer
+        self._split_lookback(min(lookback, len(observations) - 1), env_t_started or 0, agent_t_started or {})
+        for agent_id, episode_id in (agent_episode_ids or {}).items():
+            if agent_id in self.agent_episodes:
+                self.agent_episodes[agent_id].id_ = episode_id
+        self.validate()
+
+    def _record_lists(
+        self,
+        observations: list[dict],
+        infos: list[dict] | None,
+        actions: list[dict] | None,
+        rewards: list[dict] | None,
+        extra_model_outputs: list[dict] | None,
+        terminateds: dict,
+        truncateds: dict,
+    ) -> None:
+        """RLlib's per-env-step lists, recorded by `add_env_reset` and `add_env_step` (see `__init__`)."""
+        n = len(observations)
+        actions, rewards, outputs = actions or [], rewards or [], extra_model_outputs or [{}] * (n - 1)
+        infos = infos or [{}] * n
+        lengths = {"actions": (len(actions), (n - 1,)), "rewards": (len(rewards), (0, n - 1, n))}
+        lengths |= {"extra_model_outputs": (len(outputs), (n - 1,)), "infos": (len(infos), (n,))}
+        wrong = [f"{len_} {name}" for name, (len_, fits) in lengths.items() if len_ not in fits and (n > 1 or len_)]
+        if n == 0 or wrong:
+            raise ValueError(
+                f"MultiAgentEpisode: {n} observations (env steps 0..{n - 1}) take one actions dict per env.step() "
+                f"({n - 1}), rewards likewise (or one more), infos one per observation; got {', '.join(wrong)}"
+            )
+        # RLlib: an agent that observes and does not act while the lists go on is done at that observation.
+        leaves = [{a for a in observations[i] if i < n - 1 and a not in actions[i]} for i in range(n)]
+        self.add_env_reset(
+            observations={a: o for a, o in observations[0].items() if a not in leaves[0]}, infos=infos[0]
+        )
+        for i in range(1, n):
+            obs, acted = observations[i], actions[i - 1]
+            done = {a for a, e in self.agent_episodes.items() if e.is_done}
+            step_rewards = {a: 0.0 for a in obs if a in acted} | {
+                a: r for a, r in (rewards[i - 1] if rewards else {}).items() if a not in done
+            }
+            terminated = {a: True for a in leaves[i] if not truncateds.get(a)}
+            truncated = {a: True for a in leaves[i] if truncateds.get(a)}
+            if i == n - 1:
+                terminated, truncated = terminated | terminateds, truncated | truncateds
+            self.add_env_step(
+                obs,
+                acted,
+                step_rewards,
+                infos[i],
+                terminateds=terminated,
+                truncateds=truncated,
+                extra_model_outputs=outputs[i - 1],
+            )
+        if len(rewards) == n:  # rewards after the last observations: for the actions still hanging
+            for agent_id, reward in rewards[-1].items():
+                if agent_id in self._hanging_actions_end:
+                    self._hanging_rewards_end[agent_id] = _summed(agent_id, self._hanging_rewards_end[agent_id], reward)
+        if n == 1:
+            self.is_terminated, self.is_truncated = bool(terminateds.get(ALL)), bool(truncateds.get(ALL))
+
+    def _split_lookback(self, lookback: int, env_t_started: int, agent_t_started: dict[AgentID, int]) -> None:
+        """Make the first `lookback` recorded env steps lookback and start this chunk at `env_t_started`: each
+        agent's steps that complete there become its lookback (a step whose observations straddle the chunk's
+        start completes in it), its first step after them is `agent_t_started[agent]` (default 0)."""
+        self.env_t_started, self.env_t = env_t_started, env_t_started + self.env_t - lookback
+        for agent_id, mapping in self.env_t_to_agent_t.items():
+            episode = self.agent_episodes[agent_id]
+            observed = sum(t != self.SKIP_ENV_TS_TAG for t in mapping.data[: lookback + 1])
+            agent_lookback = max(observed - 1, 0)
+            t_started = agent_t_started.get(agent_id, 0)
+            mapping.data = [t if t == self.SKIP_ENV_TS_TAG else t - agent_lookback + t_started for t in mapping.data]
+            mapping.lookback = lookback
+            for buffer in (episode.observations, episode.infos, episode.actions, episode.rewards):
+                buffer.lookback = agent_lookback
+            for buffer in episode.extra_model_outputs.values():
+                buffer.lookback = agent_lookback
+            episode.t_started, episode.t = t_started, t_started + len(episode.rewards)
+            self.agent_t_started[agent_id] = t_started
 
     # --- building -----------------------------------------------------------------------------------
 
@@ -376,12 +499,18 @@ class MultiAgentEpisode:
         Every agent that is not done continues with its episode's `cut()` successor (same id, `chunk_index
         + 1`): with up to `len_lookback_buffer` of its steps as lookback, or all steps taken within the last
         `len_lookback_buffer` env steps, whichever are fewer; at least its last observation. Hanging
-        actions, outputs and rewards move into the successor, so pending steps complete there.
+        actions, outputs and rewards move into the successor, so pending steps complete there; as in RLlib,
+        `len_lookback_buffer` grows to reach back to the last observation of every agent whose action hangs.
         """
         if self.is_done:
             raise RuntimeError(f"episode {self.id_} is done: it has no successor")
         if len_lookback_buffer < 0:
             raise ValueError(f"len_lookback_buffer must be >= 0, got {len_lookback_buffer}")
+        # As RLlib: the env-step lookback reaches back to the last observation of every agent whose action hangs,
+        # so the successor can look up the observation its pending step starts from.
+        len_lookback_buffer = max(
+            [len_lookback_buffer] + [self._env_steps_since_observed(a) for a in self._hanging_actions_end]
+        )
         successor = MultiAgentEpisode(
             self.id_,
             observation_space=self.observation_space,
@@ -414,6 +543,11 @@ class MultiAgentEpisode:
         successor.custom_data = copy.deepcopy(self.custom_data)
         return successor
 
+    def _env_steps_since_observed(self, agent_id: AgentID) -> int:
+        """Env steps since the agent's last observation (0: it observed at the latest one)."""
+        mapping = self.env_t_to_agent_t[agent_id].data
+        return next(i for i, t in enumerate(reversed(mapping)) if t != self.SKIP_ENV_TS_TAG)
+
     def concat_episode(self, other: MultiAgentEpisode) -> None:
         """Append `other` (the chunk that continues this one: same id, `other.env_t_started == self.env_t`)."""
         if other.id_ != self.id_:
@@ -422,6 +556,16 @@ class MultiAgentEpisode:
             raise RuntimeError(f"episode {self.id_} is done: nothing can follow it")
         if self.env_t != other.env_t_started:
             raise ValueError(f"chunk starts at env_t={other.env_t_started}, this episode ends at env_t={self.env_t}")
+        # Rewards before an agent's first observation, as the uncut episode holds them: `other` carries on those of
+        # agents that had not observed by this chunk's end (summed further, or cleared when the agent left without
+        # observing); an agent done in `other` has none left (as `add_env_step` clears them when it is done).
+        observed = set(self.agent_episodes)
+        done = {a for a, e in other.agent_episodes.items() if e.is_done}
+        self._hanging_rewards_begin = defaultdict(
+            float,
+            {a: r for a, r in self._hanging_rewards_begin.items() if a in observed and a not in done}
+            | {a: r for a, r in other._hanging_rewards_begin.items() if a not in observed},
+        )
         for agent_id, theirs in other.agent_episodes.items():
             mine = self.agent_episodes.get(agent_id)
             tail = other.env_t_to_agent_t[agent_id].get()
@@ -440,8 +584,9 @@ class MultiAgentEpisode:
                 mine_cache.pop(agent_id, None)
                 if agent_id in their_cache:
                     mine_cache[agent_id] = copy.deepcopy(their_cache[agent_id])
-        for agent_id, mapping in self.env_t_to_agent_t.items():  # agents absent from `other` skipped its steps
-            if agent_id not in other.agent_episodes and not self.agent_episodes[agent_id].is_done:
+        # Agents absent from `other` skipped its steps (done ones too: the uncut episode maps every env step of each)
+        for agent_id, mapping in self.env_t_to_agent_t.items():
+            if agent_id not in other.agent_episodes:
                 mapping.extend([self.SKIP_ENV_TS_TAG] * (other.env_t - other.env_t_started))
         self.env_t = other.env_t
         if other.is_terminated:
@@ -453,8 +598,10 @@ class MultiAgentEpisode:
     def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> MultiAgentEpisode:
         """A new episode with env steps `slice_` of this one (step 1; indices exclude the lookback).
 
-        Each agent keeps its steps whose observations fall within the slice's env steps (a step that starts
-        inside the slice and ends after it becomes hanging, as in RLlib); `len_lookback_buffer` (default:
+        Each agent keeps its steps whose observations fall within the slice's env steps `a..b`; as in RLlib, an
+        action taken before env step b whose next observation comes after it (or has not come yet) hangs, with
+        its reward and outputs, while the action after an observation at b itself belongs to the next env step
+        and is left out; `len_lookback_buffer` (default:
         the agents' current lookback) applies to each agent's steps. Done flags are kept only for agents
         whose episode ends inside the slice.
         """
@@ -472,8 +619,8 @@ class MultiAgentEpisode:
         )
         sliced.env_t = self.env_t_started + stop
         for agent_id, episode in self.agent_episodes.items():
-            mapping = self.env_t_to_agent_t[agent_id]
-            steps = [t for t in mapping.get(slice(start, stop + 1), fill=self.SKIP_ENV_TS_TAG) if t != "S"]
+            window = self.env_t_to_agent_t[agent_id].get(slice(start, stop + 1), fill=self.SKIP_ENV_TS_TAG)
+            steps = [t for t in window if t != self.SKIP_ENV_TS_TAG]
             if not steps:
                 continue
             first, last = steps[0] - episode.t_started, steps[-1] - episode.t_started
@@ -482,20 +629,23 @@ class MultiAgentEpisode:
             sa.is_terminated, sa.is_truncated = episode.is_terminated and keep_done, episode.is_truncated and keep_done
             sliced.agent_episodes[agent_id] = sa
             sliced.agent_t_started[agent_id] = sa.t_started
-            sliced.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(
-                [t for t in mapping.get(slice(start, stop + 1), fill=self.SKIP_ENV_TS_TAG)]
-            )
-            if not keep_done and not sa.is_done:  # the step after the slice's last observation hangs
-                if last < len(episode):
-                    sliced._hanging_actions_end[agent_id] = episode.get_actions(last)
-                    sliced._hanging_rewards_end[agent_id] = float(episode.get_rewards(last))
-                    sliced._hanging_extra_model_outputs_end[agent_id] = {
-                        k: episode.get_extra_model_outputs(k, last) for k in episode.extra_model_outputs
-                    }
-                elif agent_id in self._hanging_actions_end:
-                    sliced._hanging_actions_end[agent_id] = self._hanging_actions_end[agent_id]
-                    sliced._hanging_rewards_end[agent_id] = self._hanging_rewards_end[agent_id]
-                    sliced._hanging_extra_model_outputs_end[agent_id] = self._hanging_extra_model_outputs_end[agent_id]
+            sliced.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(list(window))
+            # The action after the slice's last observation hangs if it was taken inside the slice: an observation at
+            # env step `stop` itself is followed by the action of the step after the slice.
+            if sa.is_done or window[-1] != self.SKIP_ENV_TS_TAG:
+                continue
+            if last < len(episode):  # completed later in this episode
+                sliced._hanging_actions_end[agent_id] = episode.get_actions(last)
+                sliced._hanging_rewards_end[agent_id] = float(episode.get_rewards(last))
+                sliced._hanging_extra_model_outputs_end[agent_id] = {
+                    k: episode.get_extra_model_outputs(k, last) for k in episode.extra_model_outputs
+                }
+            elif agent_id in self._hanging_actions_end:  # still hanging here
+                sliced._hanging_actions_end[agent_id] = copy.deepcopy(self._hanging_actions_end[agent_id])
+                sliced._hanging_rewards_end[agent_id] = self._hanging_rewards_end[agent_id]
+                sliced._hanging_extra_model_outputs_end[agent_id] = copy.deepcopy(
+                    self._hanging_extra_model_outputs_end[agent_id]
+                )
         ends = stop == n
         sliced.is_terminated, sliced.is_truncated = self.is_terminated and ends, self.is_truncated and ends
         return sliced

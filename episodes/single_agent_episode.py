@@ -10,7 +10,9 @@ carried by `get_state()` and the wire codec) identifies chunks of one long episo
 (an agent's episode: the env steps of the multi-agent chunk it was shipped with, on one agent of each chunk,
 else 0; carried by the wire codec) lets the learner count env steps; `multi_agent_episode_chunks` (on the
 agents' chunks shipped when their multi-agent episode ended: how many agent chunks it shipped in all, else 0;
-carried by the wire codec) lets the learner tell when it has a whole multi-agent episode; `cut()` and `slice()`
+carried by the wire codec) lets the learner tell when it has a whole multi-agent episode; `session_closed` (set on
+the truncated chunk a server ships when its session ends while the episode runs; carried by the wire codec, and
+by `slice()` as the done flags are) tells a cut-off episode from one the env ended; `cut()` and `slice()`
 keep `agent_id`, `module_id` and `multi_agent_episode_id`; `to_numpy()` also works on an empty episode and
 converts every column of a length-0 one (RLlib's converts only its observations, so `is_numpy` stays False);
 precondition failures raise RuntimeError / ValueError instead of AssertionError; `add_env_step` does no
@@ -56,6 +58,7 @@ class SingleAgentEpisode:
         "multi_agent_episode_id",
         "observations",
         "rewards",
+        "session_closed",
         "t",
         "t_started",
     )
@@ -92,6 +95,7 @@ class SingleAgentEpisode:
         self.chunk_index = 0
         self.multi_agent_env_steps = 0
         self.multi_agent_episode_chunks = 0
+        self.session_closed = False
 
         len_rewards = _count(rewards)
         if len_lookback_buffer == "auto" or len_lookback_buffer > len_rewards:
@@ -203,8 +207,10 @@ class SingleAgentEpisode:
         if not all(flatten(map_structure(np.array_equal, first, last))):
             raise ValueError("the chunk's first observation differs from this episode's last one")
         missing = set(other.extra_model_outputs) - set(self.extra_model_outputs)
-        if missing:
+        if missing and self.actions.len_incl_lookback():
             raise ValueError(f"extra model outputs {sorted(missing)} are not in this episode")
+        for key in missing:  # no step here yet (a multi-agent agent's first action hung): the chunk's start them
+            self.extra_model_outputs[key] = InfiniteLookbackBuffer()
 
         self.observations.pop()
         self.infos.pop()
@@ -214,6 +220,8 @@ class SingleAgentEpisode:
         self.rewards.extend(other.get_rewards())
         for key in other.extra_model_outputs:
             self.extra_model_outputs[key].extend(other.get_extra_model_outputs(key))
+            if self.actions.finalized:
+                self.extra_model_outputs[key].finalize()
         self.t = other.t
         if other.is_terminated:
             self.is_terminated = True
@@ -292,6 +300,7 @@ class SingleAgentEpisode:
             multi_agent_episode_id=self.multi_agent_episode_id,
         )
         episode.chunk_index = self.chunk_index
+        episode.session_closed = self.session_closed and keep_done
         return episode
 
     def __getitem__(self, item: slice) -> SingleAgentEpisode:

@@ -55,6 +55,19 @@ def chunk_key(episode_id: str, chunk_index: int) -> str:
     return f"{episode_id}:{chunk_index}"
 
 
+@dataclass(frozen=True)
+class Covered:
+    """What a checkpoint written now covers: the chunks trained (every step of them taken by an update), those
+    dropped as too stale to train, how many steps of each split chunk were trained (its head: its rest waits, or
+    was dropped as stale), and the intake files it makes redundant (every chunk in them trained or dropped). The
+    env steps trained are the trained chunks' steps plus the partial ones."""
+
+    trained: list[str]
+    stale: list[str]
+    partial: dict[str, int]
+    files: list[Path]
+
+
 @dataclass
 class _File:
     path: Path
@@ -90,6 +103,7 @@ class Intake:
     observation_spaces: list[gym.Space]
     action_space: gym.Space
     trained: set[str] = field(default_factory=set)  # keys in the last checkpoint
+    stale: set[str] = field(default_factory=set)  # keys dropped as stale in the last checkpoint
     partial: dict[str, int] = field(default_factory=dict)  # key -> steps of that chunk trained, last checkpoint
     pending: deque[SingleAgentEpisode] = field(default_factory=deque)  # oldest first
     pending_steps: int = 0
@@ -122,8 +136,9 @@ class Intake:
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.resume:
             _set_aside(self.directory)
-        self._seen = set(self.trained)
-        self._finished: set[str] = set()  # keys taken whole (or dropped as stale) since the last checkpoint
+        self._seen = self.trained | self.stale
+        self._finished: set[str] = set()  # keys taken whole since the last checkpoint
+        self._dropped: set[str] = set()  # keys dropped as stale since the last checkpoint
         self._taken = dict(self.partial)  # key -> steps of a split chunk taken so far
         self._files: list[_File] = []
         # Episode id -> return, length and number of its chunks so far, least recently added to first.
@@ -178,8 +193,8 @@ class Intake:
         stale = [chunk for chunk in self.pending if is_stale(chunk)]
         if stale:
             self.pending = deque(chunk for chunk in self.pending if not is_stale(chunk))
-            for chunk in stale:
-                self._finish(chunk_key(chunk.id_, chunk.chunk_index))
+            # A split chunk's rest among them keeps its head's steps in `_taken`: those were trained.
+            self._dropped.update(chunk_key(chunk.id_, chunk.chunk_index) for chunk in stale)
         self._version_floor = min(map(_newest_version, self.pending), default=np.iinfo(np.int64).max)
         steps = self.count(stale)
         self.pending_steps -= steps
@@ -210,18 +225,19 @@ class Intake:
         self._finished.add(key)
         self._taken.pop(key, None)
 
-    def checkpoint_state(self) -> tuple[list[str], dict[str, int], list[Path]]:
-        """What a checkpoint written now covers: every trained key, how far split chunks were taken, and the
-        intake files it makes redundant (all their chunks taken whole)."""
-        keys = self.trained | self._finished
-        done = [f.path for f in self._files if keys.issuperset(f.keys)]
-        return sorted(keys), dict(self._taken), done
+    def checkpoint_state(self) -> Covered:
+        """What a checkpoint written now covers."""
+        trained, stale = self.trained | self._finished, self.stale | self._dropped
+        done = [f.path for f in self._files if (trained | stale).issuperset(f.keys)]
+        return Covered(sorted(trained), sorted(stale), dict(self._taken), done)
 
-    def checkpointed(self, keys: list[str], files: list[Path]) -> None:
-        """A checkpoint with these keys is on disk: delete the files it covers."""
-        self.trained.update(keys)
-        self._finished.difference_update(keys)
-        gone = set(files)
+    def checkpointed(self, covered: Covered) -> None:
+        """A checkpoint of `covered` is on disk: delete the files it covers."""
+        self.trained.update(covered.trained)
+        self.stale.update(covered.stale)
+        self._finished.difference_update(covered.trained)
+        self._dropped.difference_update(covered.stale)
+        gone = set(covered.files)
         for path in gone:
             path.unlink(missing_ok=True)
         self._files = [f for f in self._files if f.path not in gone]
@@ -392,6 +408,8 @@ class Intake:
         earlier_return, earlier_length, chunks = self._running.pop(episode.id_, (0.0, 0, 0))
         if episode.chunk_index != chunks:  # not all its earlier chunks were counted: refused, forgotten (below), or
             return  # trained before a restart. Its return would be partial: it is not counted.
+        if episode.session_closed:  # cut off when its client left: it did not finish (nor does RLlib count such)
+            return
         total, length = earlier_return + episode.get_return(), earlier_length + len(episode)
         if episode.is_done:
             self._count(total, length)

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core import codec
+from rlgate.learner.best_checkpoint import BestCheckpoint
 from rlgate.learner.chunk_check import learner_output_shapes
-from rlgate.learner.intake import Intake
+from rlgate.learner.intake import RETURN_WINDOW, Covered, Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
 from rlgate.learner.off_policy_trainer import OffPolicyTrainer
@@ -22,6 +23,7 @@ from rlgate.learner.servers import Servers
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
+from rlgate.policy.published import MAX_VERSION
 from rlgate.spec import checkpoint
 from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
@@ -37,10 +39,6 @@ from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
-
-# The versions a WatchWeights request may name stay below this: far below int64's limit (the wire's), so neither
-# the version a learner skips to, one past a server's (weights_after), nor the updates after it can pass that.
-MAX_VERSION = 2**62
 
 
 class Learner:
@@ -112,6 +110,7 @@ class Learner:
             [self.connectors.observation_space, self.observation_space, *pieces],
             self.action_space,
             trained=set(ckpt.trained_chunks if ckpt else ()),
+            stale=set(ckpt.stale_chunks if ckpt else ()),
             partial=dict(ckpt.partial_chunks if ckpt else {}),
             resume=settings.resume,
             lookback=self.spec.sampling.episode_lookback_horizon,
@@ -178,6 +177,7 @@ class Learner:
             [self.connectors.observation_space],
             self.action_space,
             trained=set(ckpt.trained_chunks if ckpt else ()),
+            stale=set(ckpt.stale_chunks if ckpt else ()),
             resume=settings.resume,
             allow_nonfinite_obs=spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
@@ -211,6 +211,8 @@ class Learner:
         self.stale_steps = 0  # env steps dropped for exceeding max_staleness, by this process
         self.skipped_updates = 0  # updates undone for non-finite results, by this process
         self.failed_updates_in_a_row = 0  # updates that raised since the last one that did not (`rlgate up` stops)
+        self.checkpointed_at: float | None = None  # when this process last wrote a checkpoint (time.monotonic())
+        self.best = BestCheckpoint(self.settings.checkpoint_dir, resume=self.settings.resume)
         self.metrics.model_version.set(self.trainer.version)
 
     # --- data in, weights out ---------------------------------------------------------------------
@@ -309,7 +311,7 @@ class Learner:
     # --- training -----------------------------------------------------------------------------------
 
     async def train_forever(self) -> None:
-        """Update whenever a train batch is pending; publish; checkpoint every N updates."""
+        """Update whenever a train batch is pending; publish; checkpoint when due."""
         while True:
             await self.train_once()
 
@@ -377,7 +379,7 @@ class Learner:
             return
         self._record(stats, seconds)
         await self._publish()
-        if self.trainer.version % self.settings.checkpoint_every == 0:
+        if self._checkpoint_due():
             await self.save_checkpoint()
         by_module = " ".join(f"{m}={r:.3g}" for m, r in self.module_mean_returns().items())
         loss = f"qf_loss={stats['qf_loss']:.4g}" if "qf_loss" in stats else f"kl={stats.get('kl', 0.0):.4f}"
@@ -392,13 +394,25 @@ class Learner:
 
     async def save_checkpoint(self) -> Path:
         """Write a checkpoint (on the trainer thread, so never during an update), then drop intake files."""
-        keys, partial, files = self.intake.checkpoint_state()
-        path = await self._in_trainer_thread(self._write_checkpoint, keys, partial)
-        self.intake.checkpointed(keys, files)
+        covered, version, mean = self.intake.checkpoint_state(), self.trainer.version, self.mean_return()
+        self.checkpointed_at = time.monotonic()
+        path = await self._in_trainer_thread(self._write_checkpoint, covered, mean)
+        self.intake.checkpointed(covered)
         log.info("checkpoint %s", path)
+        self.best.offer(path, version, mean if len(self.intake.returns) >= RETURN_WINDOW else None)
         return path
 
-    def _write_checkpoint(self, trained_chunks: list[str], partial_chunks: dict[str, int]) -> Path:
+    def _checkpoint_due(self) -> bool:
+        """After this process's first update, then every `checkpoint_every` versions or `checkpoint_every_s`
+        seconds, whichever comes first: a learner that dies early, or trains slowly, loses little."""
+        settings = self.settings
+        return (
+            self.checkpointed_at is None
+            or self.trainer.version % settings.checkpoint_every == 0
+            or time.monotonic() - self.checkpointed_at >= settings.checkpoint_every_s
+        )
+
+    def _write_checkpoint(self, covered: Covered, mean_return: float | None) -> Path:
         multi_agent = bool(self.spec.multi_agent)
         return checkpoint.save(
             self.settings.checkpoint_dir,
@@ -409,10 +423,12 @@ class Learner:
             weights=self._module_weights() if multi_agent else weights_to_bytes(self.trainer.module),
             optimizer=self.trainer.optimizer,
             connector_state=self.connectors.get_state(),
-            trained_chunks=trained_chunks,
-            partial_chunks=partial_chunks,
+            trained_chunks=covered.trained,
+            stale_chunks=covered.stale,
+            partial_chunks=covered.partial,
             env_steps=self.trainer.env_steps,
             module_versions=self.trainer.module_versions if multi_agent else None,
+            mean_return=mean_return,
             **self._off_policy_state(),
         )
 
@@ -553,6 +569,7 @@ class Learner:
             "last_update": self.last_update,
             "servers": self.servers.connected(),
             "history": {"updates": self.progress.updates.total, "episodes": self.progress.episodes.total},
+            "best_checkpoint": self.best.status(),
             "uptime_s": time.time() - self.started,
         }
 

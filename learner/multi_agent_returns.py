@@ -7,10 +7,11 @@ per agent. The learner gets only the agents' chunks, in any order, an agent that
 each chunk shipped when its multi-agent episode ended says how many agent chunks that episode shipped in all
 (`multi_agent_episode_chunks`), so the episode is counted once every one of them has arrived, exactly once.
 
-An episode some of whose chunks never come is never counted (a partial sum is never reported): the learner
-restarted between its chunks (those trained before it are not re-read), a chunk was refused, its server
-predates `multi_agent_episode_chunks`, or its client left right after a cut (the truncated rest has no steps,
-so nothing ships to say it ended; RLlib counts no episode its env runner did not finish either). Its sums are
+An episode cut off because its session ended (its chunks `session_closed`: the client left) did not finish, and
+is not counted (RLlib counts no episode its env runner did not finish). Nor is one some of whose chunks never come
+(a partial sum is never reported): the learner restarted between its chunks (those trained before it are not
+re-read), a chunk was refused, its server predates `multi_agent_episode_chunks`, or its client left right after a
+cut (the truncated rest has no steps, so nothing ships to say it ended). Its sums are
 kept at most until `max_open` episodes that received a chunk since are open.
 """
 
@@ -46,6 +47,7 @@ class _Open:
 
     chunks: int = 0
     expected: int = 0  # agent chunks the episode shipped in all; 0 until a chunk of its end says
+    session_closed: bool = False  # cut off when its session ended, not by the env: whole, but not finished
     env_steps: int = 0
     module_returns: dict[str, float] = field(default_factory=dict)
     agent_returns: dict[str, float] = field(default_factory=dict)
@@ -60,16 +62,19 @@ class MultiAgentReturns:
 
     def add(self, chunk: SingleAgentEpisode) -> EpisodeReturns | None:
         """Count an agent's chunk (each only once: the intake drops re-delivered ones); its multi-agent episode's
-        figures if this chunk made it whole, else None."""
+        figures if this chunk made it whole (and its env, not its session's end, ended it), else None."""
         episode_id = chunk.multi_agent_episode_id
         episode = self.open.pop(episode_id, None) or _Open()
         reward = chunk.get_return()
         episode.chunks += 1
         episode.expected = max(episode.expected, chunk.multi_agent_episode_chunks)
+        episode.session_closed |= chunk.session_closed
         episode.env_steps += chunk.multi_agent_env_steps
         episode.module_returns[chunk.module_id] = episode.module_returns.get(chunk.module_id, 0.0) + reward
         episode.agent_returns[chunk.agent_id] = episode.agent_returns.get(chunk.agent_id, 0.0) + reward
         if episode.expected and episode.chunks >= episode.expected:
+            if episode.session_closed:
+                return None
             return EpisodeReturns(
                 sum(episode.agent_returns.values()), episode.env_steps, episode.module_returns, episode.agent_returns
             )

@@ -65,6 +65,8 @@ def _describe(seen: _Seen, now: float) -> dict[str, Any]:
         "page": page,
         "sessions": r.sessions,
         "env_steps": r.env_steps,
+        "local_clients": r.local_clients,
+        "local_env_steps": r.local_env_steps,
         "model_version": r.model_version if r.model_version >= 0 else None,
         "spool_batches": r.spool_batches,
         "spool_bytes": r.spool_bytes,

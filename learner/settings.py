@@ -25,7 +25,19 @@ class LearnerSettings(SpecSettings, ServiceSettings):
         description="Experiment log: TensorBoard event files and progress.csv (one row per update, x axis env "
         "steps) go here; unset: checkpoint_dir/logs. `rlgate up` puts them in its run folder.",
     )
-    checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every this many updates.")
+    checkpoint_every: int = Field(
+        10,
+        ge=1,
+        description="Write a checkpoint every this many updates (and after the first update of each start, and at "
+        "least every checkpoint_every_s).",
+    )
+    checkpoint_every_s: float = Field(
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Write a checkpoint after an update when the last one is this many seconds old, however few "
+        "updates came since (slow updates, or a learner killed early, lose little).",
+    )
     resume: bool = Field(
         True,
         description="Start from the latest checkpoint in checkpoint_dir, if there is one; with --no-resume, a fresh "

@@ -22,6 +22,7 @@ _EXPORTS = {
     "SACModule": "rlgate.models.sac",
     "MultiRLModule": "rlgate.models.multi_rl_module",
     "dist_inputs_misfit": "rlgate.models.outputs",
+    "missing_outputs": "rlgate.models.outputs",
     "output_shapes": "rlgate.models.outputs",
     "RLModule": "rlgate.models.rl_module",
     "load_weights": "rlgate.models.weights",

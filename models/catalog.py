@@ -8,7 +8,7 @@ from rlgate.core.spaces import flat_size, space_struct
 from rlgate.core.tree import flatten
 from rlgate.models.config import ConvFilter, ModelConfig
 from rlgate.models.distributions import Categorical, DiagGaussian, Distribution, MultiCategorical
-from rlgate.models.networks import CNN, MLP
+from rlgate.models.networks import CNN, MLP, ImageTooSmall
 
 # RLlib's default Conv2D stacks by square image size. The 11x11 layers use "valid" padding (as RLlib's
 # old VisionNetwork did), so those stacks end at 1x1x256 features instead of 11x11x256.
@@ -60,20 +60,42 @@ def check_flattenable(observation_space: gym.Space) -> None:
         )
 
 
+def default_conv_filters(shape: tuple[int, ...]) -> tuple[ConvFilter, ...]:
+    """The Conv2D stack for images of `shape` (H, W, C) when conv_filters is unset: RLlib's for its square sizes
+    (84x84: its Atari stack), else one chosen for the shape: 4x4 layers of stride 2 ("same" padding), 16
+    channels doubling per layer up to 256, until the image is at most 10x10 pixels' worth (H * W <= 100), at
+    least one layer. A 64x48 image gets 3 layers (8x6x64 features), 210x160 gets 5 (7x5x256), 40x40 gets 2
+    (10x10x32). UnsupportedSpace for an image with no pixels, which no CNN takes."""
+    height, width, channels = shape
+    if not height or not width or not channels:
+        raise UnsupportedSpace(
+            f"image observations of shape {shape} have no pixels, which no CNN takes: give the env a Box of shape "
+            f"(H, W, C) with each at least 1, or name a module of your own (model.module_class)"
+        )
+    if height == width and height in DEFAULT_CONV_FILTERS:
+        return DEFAULT_CONV_FILTERS[height]
+    filters: list[ConvFilter] = []
+    while not filters or height * width > 100:
+        filters.append((min(16 << len(filters), 256), 4, 2))
+        height, width = -(-height // 2), -(-width // 2)
+    return tuple(filters)
+
+
 def build_encoder(observation_space: gym.Space, config: ModelConfig) -> MLP | CNN:
     """An MLP for a 1-D Box, a CNN for an image Box (H, W, C); any other space raises UnsupportedSpace."""
     if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1:
         return MLP(observation_space.shape[0], config.fcnet_hiddens, config.fcnet_activation)
     if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3:
         shape = observation_space.shape
-        filters = config.conv_filters or DEFAULT_CONV_FILTERS.get(shape[0] if shape[0] == shape[1] else 0)
-        if filters is None:
+        filters = config.conv_filters or default_conv_filters(shape)
+        try:
+            cnn = CNN(shape, filters, config.conv_activation, scale=observation_space.dtype == np.uint8)
+        except ImageTooSmall as exc:
             raise UnsupportedSpace(
-                f"No default conv_filters for image observations of shape {shape}: set "
-                f"ModelConfig.conv_filters, e.g. [[16, 4, 2], [32, 4, 2]] (defaults exist for square "
-                f"images of {sorted(DEFAULT_CONV_FILTERS)} pixels)."
-            )
-        return CNN(shape, filters, config.conv_activation, scale=observation_space.dtype == np.uint8)
+                f'{exc}: set model.config.conv_filters to layers this image fits, e.g. "same" padding (the default) '
+                f"or fewer layers"
+            ) from None
+        return cnn
     raise UnsupportedSpace(
         f"The default model does not support the observation space {observation_space}: it takes a 1-D "
         f"Box (MLP encoder) or an image Box of shape (H, W, C) (CNN encoder). Add the FlattenObservations "

@@ -30,7 +30,8 @@ class ModelConfig(BaseModel):
     #: Sizes of the encoder's hidden layers (1-D observations; also the LSTM's input layers).
     fcnet_hiddens: tuple[PositiveInt, ...] = (64, 64)
     fcnet_activation: Activation = "tanh"
-    #: Conv2D stack for image observations; None picks RLlib's default for 96, 84, 64, 42 or 10 px squares.
+    #: Conv2D stack for image observations; None picks RLlib's default for 96, 84, 64, 42 or 10 px squares and
+    #: one chosen for the shape otherwise (`models.catalog.default_conv_filters`).
     conv_filters: Annotated[tuple[ConvFilter, ...], Field(min_length=1)] | None = None
     conv_activation: Activation = "relu"
     #: Hidden layers of the policy and value heads (each head ends in its own linear output layer).

@@ -2,6 +2,11 @@
 
 Written with plain tensor ops rather than torch.distributions: sampling and logp run per batch on the
 inference server's hot path, where torch.distributions' argument handling costs more than the math.
+
+Categorical, MultiCategorical and DiagGaussian sample in two steps: `noise()` draws the random numbers from
+torch's generator, `sample_from(noise)` turns them into actions with tensor ops alone. An exported ONNX graph
+takes the noise as an input and runs `sample_from`, so an engine that draws the same noise gets the same action
+(docs/onnx.md).
 """
 
 import abc
@@ -79,9 +84,16 @@ class Categorical(Distribution):
         return self._log_probs
 
     def sample(self) -> torch.Tensor:
-        # Gumbel-max: argmax(logits + Gumbel noise), with Gumbel = -log(Exponential(1)). About 5x
-        # cheaper than torch.distributions.Categorical.sample() on a small batch.
-        return (self.logits - torch.empty_like(self.logits).exponential_().log()).argmax(-1)
+        return self.sample_from(self.noise())
+
+    def noise(self) -> torch.Tensor:
+        """One Exponential(1) draw per logit: what `sample_from` takes."""
+        return torch.empty_like(self.logits).exponential_()
+
+    def sample_from(self, noise: torch.Tensor) -> torch.Tensor:
+        """Gumbel-max: argmax(logits + Gumbel noise), with Gumbel = -log(Exponential(1)). About 5x cheaper than
+        torch.distributions.Categorical.sample() on a small batch. Noise of ones gives the greedy action."""
+        return (self.logits - noise.log()).argmax(-1)
 
     def logp(self, actions: torch.Tensor) -> torch.Tensor:
         index = actions if actions.dtype == torch.int64 else actions.long()
@@ -120,10 +132,20 @@ class MultiCategorical(Distribution):
     def __init__(self, logits: torch.Tensor) -> None:
         if not self.nvec:
             raise TypeError("MultiCategorical needs an nvec: use MultiCategorical.bind(nvec).from_logits()")
+        self.logits = logits
         self._cats = [Categorical(part) for part in logits.split(self.nvec, dim=-1)]
 
     def sample(self) -> torch.Tensor:
-        return torch.stack([cat.sample() for cat in self._cats], dim=-1)
+        return self.sample_from(self.noise())
+
+    def noise(self) -> torch.Tensor:
+        """One Exponential(1) draw per logit, all parts' in one tensor: what `sample_from` takes."""
+        return torch.empty_like(self.logits).exponential_()
+
+    def sample_from(self, noise: torch.Tensor) -> torch.Tensor:
+        """Each part's Gumbel-max (Categorical.sample_from) with its slice of the noise."""
+        parts = noise.split(self.nvec, dim=-1)
+        return torch.stack([cat.sample_from(part) for cat, part in zip(self._cats, parts, strict=True)], dim=-1)
 
     def logp(self, actions: torch.Tensor) -> torch.Tensor:
         return sum(cat.logp(a) for cat, a in zip(self._cats, actions.unbind(-1), strict=True))
@@ -149,7 +171,15 @@ class DiagGaussian(Distribution):
         self.std = self.log_std.exp()
 
     def sample(self) -> torch.Tensor:
-        return torch.normal(self.mean, self.std).detach()
+        return self.sample_from(self.noise())
+
+    def noise(self) -> torch.Tensor:
+        """One standard normal draw per action dimension: what `sample_from` takes."""
+        return torch.randn_like(self.mean)
+
+    def sample_from(self, noise: torch.Tensor) -> torch.Tensor:
+        """mean + std * noise (noise of zeros gives the mean, the greedy action)."""
+        return (self.mean + self.std * noise).detach()
 
     def logp(self, actions: torch.Tensor) -> torch.Tensor:
         z = (actions - self.mean) / self.std

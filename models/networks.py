@@ -102,6 +102,10 @@ def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
     return total // 2, total - total // 2, out
 
 
+class ImageTooSmall(ValueError):
+    """Conv filters that leave nothing of the image ("valid" kernels larger than what is left of it)."""
+
+
 class CNN(nn.Module):
     """Conv2D stack over channels-last images [N, H, W, C], flattened to [N, features].
 
@@ -130,7 +134,7 @@ class CNN(nn.Module):
                 height, width = (height - kh) // sh + 1, (width - kw) // sw + 1
                 pads.append((0, 0, 0, 0))
             if height < 1 or width < 1:
-                raise ValueError(f"conv_filters {list(filters)} shrink the image {image_shape} to nothing")
+                raise ImageTooSmall(f"conv_filters {list(filters)} shrink the image {image_shape} to nothing")
             convs.append(_init(nn.Conv2d(channels, out_channels, (kh, kw), (sh, sw)), HIDDEN_GAIN))
             channels = out_channels
         self.convs = nn.ModuleList(convs)

@@ -29,10 +29,11 @@ from rlgate.core.agents_step import ALL, AgentsStep
 from rlgate.core.columns import Columns
 from rlgate.episodes import MultiAgentEpisode
 from rlgate.episodes.multi_agent_episode import MappingFn
+from rlgate.policy.acting import ActingCore
 from rlgate.policy.policy import KEEP_STEPS, RECORDED
 from rlgate.policy.trained import TrainedPolicy
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.multi_agent import AgentSpaces, build_multi_agent_policy
+from rlgate.spec.multi_agent import AgentSpaces, agent_spaces_of, spaces_by_agent
 from rlgate.spec.run import RunSpec
 
 
@@ -94,17 +95,20 @@ class MultiAgentPolicy(TrainedPolicy):
         generator, which samples the actions of explore=True."""
         if spec.multi_agent is None:
             raise SpecError("a single-agent run (no [multi_agent]): use rlgate.Policy")
-        built = build_multi_agent_policy(
-            spec,
-            agent_spaces,
-            imports or ImportPolicy(),
-            module_weights=module_weights,
-            connector_state=connector_state,
-            device=device,
+        self._act_with(
+            ActingCore.build(
+                spec,
+                *spaces_by_agent(agent_spaces),
+                imports,
+                weights=module_weights,
+                connector_state=connector_state,
+                version=version,
+                device=device,
+                seed=seed,
+            )
         )
-        self._act_with(built, spec, version, seed)
-        self.agent_spaces = agent_spaces
-        self.mapping_fn = built.mapping_fn
+        self.agent_spaces = self.core.agent_spaces
+        self.mapping_fn = self.core.mapping_fn
 
     @classmethod
     def from_parts(
@@ -119,8 +123,7 @@ class MultiAgentPolicy(TrainedPolicy):
         agent id, weights one set per module."""
         if not isinstance(weights, dict):
             raise SpecError("a single-agent run's weights: use rlgate.Policy")
-        agent_spaces = {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces}
-        return cls(spec, agent_spaces, module_weights=weights, **kwargs)
+        return cls(spec, agent_spaces_of(observation_space, action_space), module_weights=weights, **kwargs)
 
     def new_episode(self) -> MultiAgentPolicyEpisode:
         """A fresh episode: make one per env, and a new one whenever that env resets."""
@@ -151,9 +154,7 @@ class MultiAgentPolicy(TrainedPolicy):
         episode.observe(step)
         if episode.episode.is_done:
             return {}
-        to_env = self._act({}, [episode.episode], explore)
-        if to_env is None:  # no agent acts
-            return {}
+        to_env = self.core.act([episode.episode], explore)
         episode.last_outputs = {
             agent: {column: values[0][agent] for column, values in to_env.items() if agent in values[0]}
             for agent in to_env[Columns.ACTIONS][0]

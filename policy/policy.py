@@ -14,15 +14,17 @@ LSTM's state, the previous reward) lives in a `PolicyEpisode`, one per env and e
         obs, reward, terminated, truncated, _ = env.step(action)
         done = terminated or truncated
 
-Without an episode each call is a fresh episode's first step (enough for a plain MLP policy).
+Without an episode each call is a fresh episode's first step (enough for a plain MLP policy). `Policy.load` of a
+file `rlgate export` wrote (.onnx) gives an `OnnxPolicy`, which acts the same with onnxruntime alone.
 MeanStdFilter statistics stay as loaded: evaluating does not change the normalisation.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -30,10 +32,13 @@ import numpy as np
 from rlgate.core.columns import Columns
 from rlgate.core.tree import first_leaf, map_structure
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.policy.acting import ActingCore
 from rlgate.policy.trained import TrainedPolicy
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
+
+if TYPE_CHECKING:
+    from rlgate.export.runtime import OnnxPolicy
 
 # An episode keeps at most this many steps (plus the spec's lookback) in memory; older ones are cut off.
 KEEP_STEPS = 1000
@@ -89,18 +94,34 @@ class Policy(TrainedPolicy):
             raise SpecError(
                 "a multi-agent run ([multi_agent]): Policy acts in single-agent runs; use rlgate.MultiAgentPolicy"
             )
-        built = build_policy(
-            spec,
-            observation_space,
-            action_space,
-            imports or ImportPolicy(),
-            weights=weights,
-            connector_state=connector_state,
-            device=device,
+        self._act_with(
+            ActingCore.build(
+                spec,
+                observation_space,
+                action_space,
+                imports,
+                weights=weights,
+                connector_state=connector_state,
+                version=version,
+                device=device,
+                seed=seed,
+            )
         )
-        self._act_with(built, spec, version, seed)
         self.observation_space = observation_space
         self.action_space = action_space
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, allow_import: Iterable[str] = (), device: str = "cpu", seed: int | None = None
+    ) -> Policy | OnnxPolicy:
+        """The policy in a checkpoint directory (see TrainedPolicy.load), or in a file `rlgate export` wrote
+        (.onnx): an OnnxPolicy then, with the same calls, acting in onnxruntime (no torch; `seed` seeds its
+        noise)."""
+        if Path(path).suffix == ".onnx":
+            from rlgate.export.runtime import OnnxPolicy  # onnxruntime loads only for such a file
+
+            return OnnxPolicy.load(path, seed=seed)
+        return super().load(path, allow_import=allow_import, device=device, seed=seed)
 
     @classmethod
     def from_parts(
@@ -147,10 +168,7 @@ class Policy(TrainedPolicy):
             raise ValueError(f"{size} observations need as many episodes and rewards ({len(episodes)}, {len(rewards)})")
         for i, episode in enumerate(episodes):
             episode.observe(map_structure(lambda x, i=i: x[i], observations), rewards[i])
-        outputs = self._act(
-            {Columns.OBS: map_structure(np.asarray, observations)}, [e.episode for e in episodes], explore
-        )
-        assert outputs is not None  # a batch of observations is never empty
+        outputs = self.core.act([e.episode for e in episodes], explore, map_structure(np.asarray, observations))
         for i, episode in enumerate(episodes):
             episode.last_outputs = map_structure(lambda x, i=i: x[i], outputs)
         return outputs[Columns.ACTIONS_FOR_ENV]

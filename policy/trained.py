@@ -14,10 +14,11 @@ from typing import Any, Self
 
 import grpc
 import gymnasium as gym
-import torch
 
 from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core import codec
+from rlgate.policy.acting import ActingCore
+from rlgate.policy.published import connector_state, spec_of
 from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
@@ -25,40 +26,39 @@ from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
 
 class TrainedPolicy:
-    """`load`, `from_checkpoint` and `from_learner` for a policy class with a `from_parts` constructor."""
+    """`load`, `from_checkpoint` and `from_learner` for a policy class with a `from_parts` constructor; it acts
+    through its `core` (the ActingCore a server acts with), whose statistics stay as trained."""
 
-    spec: RunSpec
-    version: int
-    module: Any  # an RLModule, or a MultiRLModule
-    env_to_module: ConnectorPipelineV2
-    module_to_env: ConnectorPipelineV2
+    core: ActingCore
 
-    def _act_with(self, built: Any, spec: RunSpec, version: int, seed: int | None) -> None:
-        """Take a built policy's pipelines and module (spec.policy's BuiltPolicy, spec.multi_agent's
-        BuiltMultiAgentPolicy) with its statistics as trained (MeanStdFilter's): acting does not move them."""
-        for piece in built.env_to_module.connectors:
-            if hasattr(piece, "update_stats"):
-                piece.update_stats = False
-        self.spec, self.version = spec, version
-        self.module, self.env_to_module, self.module_to_env = built.module, built.env_to_module, built.module_to_env
-        self._lookback = max(spec.sampling.episode_lookback_horizon, 1)
-        if seed is not None:
-            torch.manual_seed(seed)
+    def _act_with(self, core: ActingCore) -> None:
+        """Act with `core`, its connector statistics (MeanStdFilter's) as trained: acting does not move them."""
+        core.freeze_statistics()
+        self.core = core
+        self._lookback = max(core.spec.sampling.episode_lookback_horizon, 1)
 
-    def _act(self, batch: dict[str, Any], episodes: list[Any], explore: bool) -> dict[str, Any] | None:
-        """The env-to-module pipeline, the module's forward (sampling or greedy) and the module-to-env pipeline,
-        as a server runs them; None when the env-to-module batch is empty (no agent acts)."""
-        shared: dict[str, Any] = {}
-        batch = self.env_to_module(
-            rl_module=self.module, batch=batch, episodes=episodes, explore=explore, shared_data=shared
-        )
-        if not batch:
-            return None
-        with torch.inference_mode():
-            outputs = self.module.forward_exploration(batch) if explore else self.module.forward_inference(batch)
-        return self.module_to_env(
-            rl_module=self.module, batch=outputs, episodes=episodes, explore=explore, shared_data=shared
-        )
+    @property
+    def spec(self) -> RunSpec:
+        """The run spec the policy was trained with."""
+        return self.core.spec
+
+    @property
+    def version(self) -> int:
+        """The model version acting."""
+        return self.core.version
+
+    @property
+    def module(self) -> Any:
+        """The RLModule (a MultiRLModule in a multi-agent run)."""
+        return self.core.module
+
+    @property
+    def env_to_module(self) -> ConnectorPipelineV2:
+        return self.core.env_to_module
+
+    @property
+    def module_to_env(self) -> ConnectorPipelineV2:
+        return self.core.module_to_env
 
     @classmethod
     def from_parts(
@@ -119,15 +119,12 @@ class TrainedPolicy:
         """The policy a running learner (`host:port`) publishes now, as its servers get it (WatchWeights).
         Raises ConnectionError when the learner cannot be reached within `timeout_s`."""
         weights = published_weights(target, token=token, tls_ca=tls_ca, timeout_s=timeout_s)
-        state = (
-            codec.from_value(weights.connector_state, "connector_state") if weights.HasField("connector_state") else {}
-        )
         return cls.from_parts(
-            RunSpec.from_json(weights.spec_json, f"the run spec of learner {target}"),
+            spec_of(weights, f"the run spec of learner {target}"),
             codec.space_from_proto(weights.observation_space),
             codec.space_from_proto(weights.action_space),
             dict(weights.module_weights) if weights.module_weights else weights.safetensors,
-            connector_state=state,
+            connector_state=connector_state(weights) or {},
             version=weights.version,
             imports=ImportPolicy(allow_import),
             device=device,

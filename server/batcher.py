@@ -29,8 +29,8 @@ import numpy as np
 
 from rlgate.core.tree import map_structure
 from rlgate.episodes.rows import EpisodeRows
+from rlgate.policy.acting import ActingCore
 from rlgate.server.metrics import ServerMetrics
-from rlgate.server.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Request(Rows):
 
 
 class Batcher:
-    """Collects requests from all sessions and runs them through the policy, one batch at a time.
+    """Collects requests from all sessions and runs them through the acting core, one batch at a time.
 
     With `thread`, batches run on a thread of their own, so the event loop keeps reading and writing
     streams during a forward pass (worth it when a forward is long: a GPU, a large model). Without, they
@@ -62,7 +62,7 @@ class Batcher:
 
     def __init__(
         self,
-        policy: Policy,
+        core: ActingCore,
         *,
         max_batch_size: int,
         metrics: ServerMetrics,
@@ -71,7 +71,7 @@ class Batcher:
         backlogged: Callable[[], bool] = lambda: False,
         thread: bool = False,
     ) -> None:
-        self.policy = policy
+        self.core = core
         self._waiting_for_acks = waiting_for_acks
         self._flush = flush
         self._backlogged = backlogged
@@ -190,12 +190,12 @@ class Batcher:
             return self._compute(requests)
         except Exception:
             if state is not None:
-                self.policy.env_to_module.set_state(state)
+                self.core.env_to_module.set_state(state)
             raise
 
     def _piece_state(self) -> dict[str, Any] | None:
         """The env-to-module pieces' state to restore if a batch fails (see `_compute_or_undo`)."""
-        return self.policy.env_to_module.get_state()
+        return self.core.env_to_module.get_state()
 
     def _take(self) -> list[Request]:
         """Requests for one batch: whole requests, up to max_batch_size rows (at least one request)."""
@@ -229,8 +229,8 @@ class Batcher:
         return results  # type: ignore[return-value]
 
     def _forward(self, requests: Sequence[Rows], explore: bool) -> tuple[dict[str, Any], int]:
-        """The policy's outputs for these requests' rows, concatenated in order, and the number of rows."""
+        """The core's outputs for these requests' rows, concatenated in order, and the number of rows."""
         parts = [request.obs for request in requests]
         obs = parts[0] if len(parts) == 1 else map_structure(lambda *rows: np.concatenate(rows), *parts)
         episodes = requests[0].episodes if len(requests) == 1 else EpisodeRows.concat([r.episodes for r in requests])
-        return self.policy.compute(obs, episodes, explore), len(episodes)
+        return self.core.act(episodes, explore, obs), len(episodes)

@@ -1,12 +1,13 @@
 """The server's link to the learner: episode chunks out (spooled until acknowledged), weights in.
 
-Shipping is at least once: `ship()` only queues; a writer task gathers the chunks into an `EpisodeBatch`
-file in the spool (`server/spool.py`), their columns joined into one `EpisodeChunks` table per module; a
-sender task streams spool files to `SubmitEpisodes` and deletes each only when its ack arrives. A broken
-stream is re-opened with backoff and every unacked file is sent again (the learner drops duplicates by
-episode id and chunk index). A server that is killed keeps its spool on disk and sends it after restart;
-only chunks still in memory are lost (running episodes, and the chunks of the last `MIN_WRITE_INTERVAL_S`
-waiting for the next batch), and `stop()` says how many.
+Shipping is at least once, through a `BatchShipper` (`delivery/shipper.py`): `ship()` only queues; a writer task
+gathers the chunks into an `EpisodeBatch` file in the spool (`delivery/spool.py`), their columns joined into one
+`EpisodeChunks` table per module; the sender streams spool files to `SubmitEpisodes` and deletes each only when its
+ack arrives. Batches of the server's local-inference clients (`spool_batch`) join the same spool. A broken stream
+is re-opened with backoff and every unacked file is sent again (the learner drops duplicates by episode id and
+chunk index). A server that is killed keeps its spool on disk and sends it after restart; only chunks still in
+memory are lost (running episodes, and the chunks of the last `MIN_WRITE_INTERVAL_S` waiting for the next batch),
+and `stop()` says how many.
 
 Pacing comes from the learner: its weights say how many shipped env steps a server may hold
 unacknowledged (`window`, from `Weights.max_unacked_steps`), and the learner acknowledges only while it
@@ -40,11 +41,10 @@ from typing import Any
 
 import grpc
 
-from rlgate.core import codec
-from rlgate.episodes.codec import chunk_tables
+from rlgate.delivery.shipper import BatchShipper
+from rlgate.delivery.spool import Spool
+from rlgate.episodes.chunk import Chunk
 from rlgate.server.metrics import ServerMetrics
-from rlgate.server.shipping import Chunk
-from rlgate.server.spool import Spool
 from rlgate.service.auth import bearer_metadata
 from rlgate.service.channel import CHANNEL_OPTIONS
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
@@ -52,13 +52,8 @@ from rlgate.v1 import learner_pb2, learner_pb2_grpc
 log = logging.getLogger(__name__)
 
 SUBMIT = "/rlgate.v1.LearnerService/SubmitEpisodes"
-# Batches sent but not yet acknowledged, at most.
-MAX_IN_FLIGHT = 32
 MAX_BACKOFF_S = 1.0
 REPORT_EVERY_S = 1.0
-# Each batch costs a spool file's writes, a send and an ack whatever it holds: at most one batch per this many
-# seconds, holding every chunk shipped meanwhile (at 16 clients x 32 CartPole envs, ~50 chunks, not ~15).
-MIN_WRITE_INTERVAL_S = 0.02
 
 
 class LearnerLink:
@@ -74,7 +69,7 @@ class LearnerLink:
         spool_dir: Path,
         *,
         server_id: str,
-        on_weights: Callable[[learner_pb2.Weights], Awaitable[None]],
+        on_weights: Callable[[learner_pb2.Weights], Awaitable[bool]],
         current_version: Callable[[], int],
         connector_delta: Callable[[], Awaitable[dict]],
         metrics: ServerMetrics,
@@ -86,17 +81,20 @@ class LearnerLink:
         token: str | None = None,
         tls_ca: bytes | None = None,
     ) -> None:
-        """`describe()`: this server's report to the learner, less the spool (which the link fills in);
-        `unshipped()`: the env steps sampled into running episodes and not shipped yet. With `hold_episodes`,
-        nothing is sent until `release_episodes()` (a server sampling with a version 0 of its own, until the
-        learner's run spec proves to be the one it was built from)."""
+        """`on_weights(weights)`: serve a new version; False when the server refuses it (another run spec), and
+        then its episodes stay held. `describe()`: this server's report to the learner, less the spool (which the
+        link fills in); `unshipped()`: the env steps sampled into running episodes and not shipped yet. With
+        `hold_episodes`, nothing is sent until `release_episodes()` (a server sampling with a version 0 of its own,
+        until the learner's run spec proves to be the one it was built from)."""
         self.target = target
         self.learner_http_port = 0  # the learner's HTTP port, once a report was answered
         self.spool = Spool(spool_dir, max_bytes=max_spool_bytes, metrics=metrics)
+        self.shipper = BatchShipper(
+            self.spool, sender_id=server_id, connector_delta=connector_delta, on_ack=self._acked
+        )
         self.server_id = server_id
         self._on_weights = on_weights
         self._current_version = current_version
-        self._connector_delta = connector_delta
         self._metadata = bearer_metadata(token)
         self._on_room = on_room
         self.window = 0  # max unacked env steps, from the learner's weights; 0: no limit
@@ -105,12 +103,7 @@ class LearnerLink:
         self._may_send = asyncio.Event()
         if not hold_episodes:
             self._may_send.set()
-        self._queued_steps = 0  # env steps shipped and not yet in the spool
         self._describe = describe
-        self._queue: list[Chunk] = []
-        self._queued = asyncio.Event()
-        self._spooled = asyncio.Event()
-        self._write_lock = asyncio.Lock()  # one spool writer at a time (seq numbers, stop() vs the writer)
         self._tasks: list[asyncio.Task] = []
         self._metrics = metrics
         self.state = grpc.ChannelConnectivity.IDLE
@@ -134,20 +127,20 @@ class LearnerLink:
         loop = asyncio.get_running_loop()
         if self.spool.files():
             log.info("spool holds %d batches from before: sending them first", len(self.spool.files()))
-            self._spooled.set()
+        self.shipper.start()
         self._tasks = [
             loop.create_task(self._follow_connectivity(), name="learner-connectivity"),
-            loop.create_task(self._write_forever(), name="spool-writer"),
             loop.create_task(self._retry(self._send), name="episode-sender"),
             loop.create_task(self._retry(self._watch), name="weights-watcher"),
             loop.create_task(self._report_forever(), name="server-report"),
         ]
 
     def ship(self, chunks: list[Chunk]) -> None:
-        if chunks:
-            self._queue.extend(chunks)
-            self._queued_steps += sum(chunk.steps for chunk in chunks)
-            self._queued.set()
+        self.shipper.ship(chunks)
+
+    async def spool_batch(self, batch: learner_pb2.EpisodeBatch, steps: int) -> None:
+        """A local-inference client's batch of `steps` env steps, into the spool (returns once it is on disk)."""
+        await self.shipper.spool_batch(batch, steps)
 
     def release_episodes(self) -> None:
         """Send the spooled episodes (held until now: see `hold_episodes`)."""
@@ -166,7 +159,7 @@ class LearnerLink:
 
     def unacked_steps(self) -> int:
         """Env steps shipped that the learner has not acknowledged yet (queued or spooled)."""
-        return self._queued_steps + self.spool.steps
+        return self.shipper.unacked_steps()
 
     def over_window(self) -> bool:
         """The learner's pace, sampling should wait: it has not acknowledged `window` env steps yet, or this
@@ -202,72 +195,12 @@ class LearnerLink:
 
     async def stop(self, flush_timeout_s: float) -> None:
         """Spool what is queued, give the learner up to flush_timeout_s to ack it, then stop."""
-        await self._write_queued()  # after a write in flight; with the statistics gathered since it
-        self._spooled.set()  # the sender sends the final batch too
-        try:
-            async with asyncio.timeout(flush_timeout_s):
-                while self.spool.files():
-                    await asyncio.sleep(0.05)
-        except TimeoutError:
-            log.warning(
-                "learner did not ack %d batches in time: they stay in %s for the next start",
-                len(self.spool.files()),
-                self.spool.directory,
-            )
+        await self.shipper.drain(flush_timeout_s, "learner")
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.shipper.stop()
         await self._channel.close()
-
-    async def _write_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        written = -MIN_WRITE_INTERVAL_S
-        while True:
-            await self._queued.wait()
-            await asyncio.sleep(written + MIN_WRITE_INTERVAL_S - loop.time())  # returns at once when negative
-            written = loop.time()
-            self._queued.clear()
-            await self._write_queued()
-            self._spooled.set()
-
-    async def _write_queued(self) -> None:
-        """Everything queued, with the connector statistics gathered since the last batch, as one spool batch.
-
-        The statistics are taken only with chunks to carry them: taken and not sent, they would be lost to the
-        learner while this server's own view keeps them."""
-        async with self._write_lock:
-            if self._queue:
-                delta = await self._connector_delta()
-                chunks, self._queue = self._queue, []  # after the await: what was shipped meanwhile goes too
-                # Built here, written on a worker thread: a thread running Python (the tables' columns are joined
-                # chunk by chunk) would hold the GIL for up to the 5 ms switch interval whenever the loop wants
-                # it, while serializing and writing hand it back within each call.
-                batch = self._batch(chunks, delta)
-                steps = sum(chunk.steps for chunk in chunks)
-                self._add_to_spool(await asyncio.to_thread(self._write_batch, batch, steps))
-
-    def _batch(self, chunks: list[Chunk], connector_delta: dict) -> learner_pb2.EpisodeBatch:
-        """The chunks as one batch, with the connector statistics gathered since the previous one (MeanStdFilter),
-        which the learner merges across servers."""
-        space = chunks[0].observation_space  # what the pipeline's write-backs left (the same for all)
-        return learner_pb2.EpisodeBatch(
-            seq=self.spool.next_seq(),
-            server_id=self.server_id,
-            chunks=chunk_tables([chunk.columns for chunk in chunks]),  # one per module
-            connector_state=codec.to_value(connector_delta) if connector_delta else None,
-            observation_space=codec.space_to_proto(space) if space is not None else None,
-        )
-
-    def _write_batch(self, batch: learner_pb2.EpisodeBatch, steps: int) -> tuple[int, Path, int, int]:
-        """The batch written to a temporary file: its (seq, file, size, steps). Runs on a worker thread;
-        `_add_to_spool` then puts it in the spool."""
-        data = batch.SerializeToString()
-        return batch.seq, self.spool.write_tmp(batch.seq, data), len(data), steps
-
-    def _add_to_spool(self, written: tuple[int, Path, int, int]) -> None:
-        """On the event loop, like the acks: the sender cannot see the file before it is counted."""
-        self.spool.add(*written)
-        self._queued_steps -= written[3]
 
     async def _follow_connectivity(self) -> None:
         """Keep `state` and `connected` current (and the metric), with one log line per change."""
@@ -320,53 +253,22 @@ class LearnerLink:
         call = self._channel.stream_stream(
             SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
         )(metadata=self._metadata, wait_for_ready=True)
-        in_flight: dict[int, Path] = {}
-        room = asyncio.Event()
-        room.set()
-
-        async def read_acks() -> None:
-            async for ack in call:
-                self._answered()
-                path = in_flight.pop(ack.seq, None)
-                if path is not None:
-                    held = self.full() or self.over_window()
-                    self.spool.ack(ack.seq, path)
-                    if ack.HasField("room"):
-                        self.room = ack.room
-                    if held and not (self.full() or self.over_window()):
-                        self._on_room()
-                room.set()
-
-        reader = asyncio.get_running_loop().create_task(read_acks())
         try:
-            while True:
-                self._spooled.clear()  # before listing: a file written from here on sets it again
-                for path in self.spool.files():
-                    seq = int(path.stem)
-                    if seq in in_flight:
-                        continue
-                    while len(in_flight) >= MAX_IN_FLIGHT:
-                        room.clear()
-                        await self._first(room.wait(), reader)
-                    in_flight[seq] = path
-                    await call.write(await asyncio.to_thread(path.read_bytes))
-                await self._first(self._spooled.wait(), reader)
+            await self.shipper.stream(call)
         finally:
             self.room = None  # unknown until the next stream's first ack: meanwhile only the window holds sampling
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            call.cancel()
 
-    @staticmethod
-    async def _first(waiting: Awaitable[object], reader: asyncio.Task) -> None:
-        """Wait for `waiting`, but raise at once if the ack reader failed (the stream broke)."""
-        waiter = asyncio.ensure_future(waiting)
-        done, _ = await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
-        if reader in done:
-            waiter.cancel()
-            reader.result()  # raises the stream's error
-            empty = grpc.aio.Metadata()
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, empty, empty, "learner ended the stream")
+    def _acked(self, ack: learner_pb2.EpisodeAck, path: Path | None) -> None:
+        """An ack of the learner's: delete the batch file, take its room, and wake sampling if that made room."""
+        self._answered()
+        if path is None:
+            return
+        held = self.full() or self.over_window()
+        self.spool.ack(ack.seq, path)
+        if ack.HasField("room"):
+            self.room = ack.room
+        if held and not (self.full() or self.over_window()):
+            self._on_room()
 
     async def _watch(self) -> None:
         """One WatchWeights stream: hand every newer version to the server."""
@@ -374,7 +276,10 @@ class LearnerLink:
         request = learner_pb2.WatchWeightsRequest(server_id=self.server_id, after_version=self._current_version())
         async for weights in stub.WatchWeights(request, metadata=self._metadata, wait_for_ready=True):
             self.last_error = None
-            await self._on_weights(weights)
+            self.window = weights.max_unacked_steps  # every version says how far sampling may run ahead
+            self._on_room()
+            if await self._on_weights(weights):
+                self.release_episodes()
 
     def _answered(self) -> None:
         """An ack came: the learner takes our episodes."""

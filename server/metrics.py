@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from rlgate.server.shipping import EPISODE_ENDS
+from rlgate.episodes.chunk import EPISODE_ENDS
 
 # Latency buckets from 50 us to 1 s: a forward pass on CPU is ~0.1-10 ms, a round trip ~0.2-50 ms.
 _LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
@@ -75,6 +75,18 @@ class ServerMetrics:
             "rlgate_non_finite_rejected",
             "Step messages rejected for a NaN or infinite value, by field (obs, reward).",
             ["field"],
+            registry=r,
+        )
+        # Local-inference clients (server/local_clients.py: the gauges read it when scraped).
+        self.local_clients = Gauge(
+            "rlgate_local_clients", "Local-inference clients sending episodes (SubmitEpisodes streams).", registry=r
+        )
+        self.local_env_steps = Counter(
+            "rlgate_local_env_steps", "Env steps taken in from local-inference clients' episode batches.", registry=r
+        )
+        self.local_staleness = Gauge(
+            "rlgate_local_staleness",
+            "Versions the newest step a local-inference client sent is behind the served model, the most of any.",
             registry=r,
         )
         ProcessCollector(registry=r)

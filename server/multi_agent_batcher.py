@@ -1,7 +1,7 @@
 """MultiAgentBatcher: the Batcher for multi-agent sessions (same greedy batching, pausing and flushing).
 
 A request's rows are its sub-envs' MultiAgentEpisodes; `max_batch_size` counts sub-envs,
-i.e. env steps; one batch concatenates every request's episodes and the MultiAgentPolicy runs one
+i.e. env steps; one batch concatenates every request's episodes and the acting core runs one
 forward per module over all their acting agents. Each request gets its slice of the per-episode outputs.
 """
 
@@ -14,12 +14,12 @@ from rlgate.server.batcher import Batcher, Rows
 
 
 class MultiAgentBatcher(Batcher):
-    """Batches multi-agent requests: per explore flag, one MultiAgentPolicy.compute over all their episodes."""
+    """Batches multi-agent requests: per explore flag, one ActingCore.act over all their episodes."""
 
     def _forward(self, requests: Sequence[Rows], explore: bool) -> tuple[dict[str, Any], int]:
-        """One MultiAgentPolicy.compute over all the requests' episodes: per column, one dict per episode."""
+        """One ActingCore.act over all the requests' episodes: per column, one dict per episode."""
         episodes = [episode for request in requests for episode in request.episodes]
-        return self.policy.compute(episodes, explore), len(episodes)
+        return self.core.act(episodes, explore), len(episodes)
 
     def _piece_state(self) -> None:
         """None: nothing to restore. Multi-agent pieces normalise, augment and flatten in the episodes and leave

@@ -6,7 +6,7 @@ with the actions (and extra model outputs) the server answered last time, exactl
 MultiAgentEnvRunner calls `add_env_step`; the batcher then computes actions for the agents that are to act,
 and `record` keeps them until the next message. Episodes that ended, and long ones cut every
 `rollout_fragment_length` env or agent steps (`count_steps_by`), ship as their agents' SingleAgentEpisode
-chunks (agents with at least one step in the chunk; encoded, as `server.shipping.Chunk`s), the first
+chunks (agents with at least one step in the chunk; encoded, as `episodes.chunk.Chunk`s), the first
 carrying the chunk's env steps. The chunks shipped when an episode ends carry how many agent chunks it shipped
 in all (`multi_agent_episode_chunks`): the learner counts the episode's return once it has all of them.
 """
@@ -25,8 +25,8 @@ from rlgate.core.codec import CodecError
 from rlgate.core.columns import RECORDED_OUTPUTS, Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.episodes import MultiAgentEpisode
+from rlgate.episodes.chunk import Chunk, encoded
 from rlgate.episodes.multi_agent_episode import CheckedEnvStep, MappingFn, MultiAgentEnvError, RewardSumNotFinite
-from rlgate.server.shipping import Chunk, encoded
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,8 @@ class MultiAgentSession:
         return running + sum(self._steps(e) for e in self._done)
 
     def close(self) -> list[Chunk]:
-        """End the session: episodes that ended and were not shipped yet, and every running one truncated."""
+        """End the session: episodes that ended and were not shipped yet, and every running one truncated (its
+        agents' chunks `session_closed`: the env did not end it)."""
         shipped = [chunk for episode in self._done for chunk in self._agent_chunks(episode)]
         for episode in self._episodes:
             if episode is None or episode.is_done:
@@ -164,6 +165,7 @@ class MultiAgentSession:
             for agent_episode in episode.agent_episodes.values():
                 if not agent_episode.is_done and len(agent_episode):
                     agent_episode.is_truncated = True
+                agent_episode.session_closed = True
             shipped += self._agent_chunks(episode)
         self._episodes = [None] * self.spec.num_envs
         return shipped

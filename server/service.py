@@ -1,13 +1,15 @@
-"""`rlgate.v1.PolicyService`: one bidirectional stream per env client.
+"""`rlgate.v1.PolicyService`: one bidirectional stream per env client, and the local-inference clients' two streams.
 
-The handler only decodes, validates and appends to episodes, then hands the rows to the batcher.
-Every failure a client can cause ends that client's stream with a precise status and a message a
-person can act on; nothing it sends can harm another session or the server.
+Connect's handler only decodes, validates and appends to episodes, then hands the rows to the batcher. WatchWeights
+and SubmitEpisodes (clients that act themselves) are thin handlers over `LocalClients`. Every failure a client can
+cause ends that client's stream with a precise status and a message a person can act on; nothing it sends can harm
+another session or the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,36 +23,70 @@ from rlgate.core.codec import CodecError
 from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.core.space_diff import space_differences
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.batcher import Batcher
+from rlgate.server.errors import BadRequest, IdleTimeout, NotServing, OverLimit, UnknownModule, WrongState
+from rlgate.server.host import PolicyHost
 from rlgate.server.idle import IdleWatch
+from rlgate.server.local_clients import MAX_CLIENT_ID, LocalClient, LocalClients
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-from rlgate.server.policy import Policy
-from rlgate.server.session import Session, SessionSpec
+from rlgate.server.router import ShippingRouter
 from rlgate.server.settings import ServerSettings
-from rlgate.server.shipping import Chunk
 from rlgate.server.step_decoder import StepDecoder
-from rlgate.service.requests import NotAMessage, from_bytes
+from rlgate.service.requests import M, NotAMessage, from_bytes
+from rlgate.v1 import learner_pb2
 from rlgate.v1 import policy_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rlgate.v1.PolicyService"
-# Longest Hello.client_id, in characters: an id is logged on every session's open and close and listed in /sessions.
-MAX_CLIENT_ID = 256
 # Longest status message, in UTF-8 bytes: messages quote what the client sent (a map key, a module id, a Dict's
 # keys), which may be megabytes; gRPC sends the message percent-encoded (at most 3 bytes per byte) in a trailer,
 # and a client refuses trailers over 8 KiB with a bare RESOURCE_EXHAUSTED in place of the status. Logged as sent.
 MAX_DETAILS = 1024
 
 
-class RequestError(Exception):
-    """A client error: ends the stream with this status code and message."""
+#: The status each error a stream can end with gets (server/errors.py); anything else is the server's own fault:
+#: INTERNAL, logged with its traceback, and every other session goes on.
+STATUS: dict[type[Exception], grpc.StatusCode] = {
+    BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    CodecError: grpc.StatusCode.INVALID_ARGUMENT,
+    WrongState: grpc.StatusCode.FAILED_PRECONDITION,
+    UnknownModule: grpc.StatusCode.NOT_FOUND,
+    OverLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    NotServing: grpc.StatusCode.UNAVAILABLE,
+    IdleTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status and message a stream that raised `exc` ends with (STATUS)."""
+    for kind in type(exc).__mro__:
+        if kind in STATUS:
+            return STATUS[kind], str(exc)
+    log.error("session failed", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"server error: {type(exc).__name__}: {exc}"
+
+
+Handler = Callable[["PolicyService", Any, grpc.aio.ServicerContext], Awaitable[None]]
+
+
+def ends_with_status(handler: Handler) -> Handler:
+    """A stream handler whose errors end the stream with their status (`status_of`), after the handler's own
+    clean-up has run; a non-finite value is counted by field besides."""
+
+    @functools.wraps(handler)
+    async def serve(service: PolicyService, requests: Any, context: grpc.aio.ServicerContext) -> None:
+        try:
+            await handler(service, requests, context)
+        except Exception as exc:
+            if isinstance(exc, NonFiniteError):
+                service.count_non_finite(exc.field)
+            await service.abort(context, *status_of(exc))
+
+    return serve
 
 
 @dataclass
@@ -71,22 +107,21 @@ class PolicyService:
         self,
         settings: ServerSettings,
         metrics: ServerMetrics,
-        get_policy: Callable[[SessionSpec | MultiAgentSessionSpec], Awaitable[tuple[Policy, Batcher]]],
-        ship: Callable[[list[Chunk], bool], None],
-        *,
-        ships: Callable[[bool], bool] = lambda explore: True,
+        host: PolicyHost,
+        router: ShippingRouter,
+        local: LocalClients,
     ) -> None:
-        """`ship(chunks, explored)` takes the episode chunks a session produces, and whether it samples exploring
-        (greedy sessions' chunks are no training data); `ships(explore)` says whether anything takes the chunks
-        of a session that explores or not: where nothing does, single-agent sessions build none."""
+        """`host` gives each new session the served core and batcher; `router` takes the chunks sessions make (and
+        says whether anything takes those of an exploring or a greedy session: where nothing does, single-agent
+        sessions build none). The open sessions are the router's. `local`: the clients that act themselves."""
         self.settings = settings
         self.metrics = metrics
-        self.sessions: dict[str, Session | MultiAgentSession] = {}
+        self.host = host
+        self.router = router
+        self.local = local
+        self.sessions = router.sessions
         self.non_finite_rejected = {"obs": 0, "reward": 0}  # as rlgate_non_finite_rejected_total counts them
         self.draining = False
-        self._get_policy = get_policy
-        self._ship = ship
-        self._ships = ships
         self._stage_seconds = metrics.stage_seconds
 
     @property
@@ -103,40 +138,68 @@ class PolicyService:
         connect = grpc.stream_stream_rpc_method_handler(
             self.connect, request_deserializer=None, response_serializer=pb.ServerMessage.SerializeToString
         )
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Connect": connect})
+        watch = grpc.unary_stream_rpc_method_handler(
+            self.watch_weights, request_deserializer=None, response_serializer=learner_pb2.Weights.SerializeToString
+        )
+        submit = grpc.stream_stream_rpc_method_handler(
+            self.submit_episodes,
+            request_deserializer=None,
+            response_serializer=learner_pb2.EpisodeAck.SerializeToString,
+        )
+        methods = {"Connect": connect, "WatchWeights": watch, "SubmitEpisodes": submit}
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
+    @ends_with_status
     async def connect(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Serve one client stream until it closes, fails or idles out; what went wrong becomes its status."""
         stream = _Stream()
         try:
-            failure = await self._failure(context, stream)
+            await self._serve(context, stream)
+        except TimeoutError:
+            waited = "an answer not taken (the client reads none)" if stream.writing else "no message"
+            raise IdleTimeout(
+                f"{waited} for {self.settings.idle_timeout_s:g} s: session closed, episodes shipped"
+            ) from None
         finally:  # before the status is sent: a client that takes no answers takes no status either
             if stream.session is not None:
                 self._end(stream.session)
-        if failure is not None:
-            await self._abort(context, *failure)
 
-    async def _failure(self, context: grpc.aio.ServicerContext, stream: _Stream) -> tuple[grpc.StatusCode, str] | None:
-        """Serve the stream; the status it is to end with, unless OK."""
+    @ends_with_status
+    async def watch_weights(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
+        """A local-inference client's weights: every version this server relays, newest first."""
+        if self.draining:
+            raise NotServing("server is shutting down: connect to another one")
+        async for weights in self.local.weights_after(_parse(learner_pb2.WatchWeightsRequest, raw)):
+            await context.write(weights)
+
+    @ends_with_status
+    async def submit_episodes(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+        """A local-inference client's episodes: a hello, then batches, each acknowledged once in the spool."""
+        client: LocalClient | None = None
         try:
-            await self._serve(context, stream)
-        except RequestError as exc:
-            return exc.code, str(exc)
-        except CodecError as exc:
-            if isinstance(exc, NonFiniteError):
-                self.non_finite_rejected[exc.field] += 1
-                self.metrics.non_finite_rejected.labels(exc.field).inc()
-            return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-        except TimeoutError:
-            waited = "an answer not taken (the client reads none)" if stream.writing else "no message"
-            return (
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"{waited} for {self.settings.idle_timeout_s:g} s: session closed, episodes shipped",
-            )
-        except Exception as exc:  # our bug, not the client's: say so, keep serving everyone else
-            log.exception("session failed")
-            return grpc.StatusCode.INTERNAL, f"server error: {type(exc).__name__}: {exc}"
-        return None
+            while (raw := await context.read()) is not grpc.aio.EOF:
+                message = _parse(pb.EpisodeSubmission, raw)
+                kind = message.WhichOneof("kind")
+                if self.draining:
+                    raise NotServing("server is shutting down: send the episodes to another one")
+                if kind == "hello":
+                    if client is not None:
+                        raise WrongState("hello sent twice on one stream")
+                    client = self.local.open(message.hello)
+                elif kind == "batch":
+                    if client is None:
+                        raise WrongState("batch before hello: send a hello naming the run spec first")
+                    await context.write(await self.local.take(client, message.batch))
+                else:
+                    raise BadRequest("empty message: set hello or batch")
+        finally:
+            if client is not None:
+                self.local.close(client)
+
+    def count_non_finite(self, field: str) -> None:
+        """A step refused for a NaN or infinite value in `field` (obs, reward)."""
+        self.non_finite_rejected[field] += 1
+        self.metrics.non_finite_rejected.labels(field).inc()
 
     async def _serve(self, context: grpc.aio.ServicerContext, stream: _Stream) -> None:
         """Read and answer messages until the client ends the stream; a read, or a write of an answer, waiting
@@ -153,20 +216,20 @@ class PolicyService:
     async def _answer(self, context: grpc.aio.ServicerContext, stream: _Stream, raw: bytes) -> bool:
         """Answer one message; False when it was the client's close."""
         arrived, arrived_cpu = time.perf_counter(), time.thread_time()
-        message = _parse(raw)
+        message = _parse(pb.ClientMessage, raw)
         kind = message.WhichOneof("kind")
         if self.draining:
-            raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: reconnect to another one")
+            raise NotServing("server is shutting down: reconnect to another one")
         if kind == "hello":
             if stream.session is not None:
-                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one stream")
+                raise WrongState("hello sent twice on one stream")
             stream.session, stream.batcher, stream.decoder = await self._open(message.hello)
-            welcome = pb.Welcome(session_id=stream.session.id, model_version=stream.batcher.policy.version)
+            welcome = pb.Welcome(session_id=stream.session.id, model_version=stream.batcher.core.version)
             await _write(context, stream, pb.ServerMessage(welcome=welcome))
         elif kind == "step":
             session, batcher, decoder = stream.session, stream.batcher, stream.decoder
             if session is None or batcher is None or decoder is None:
-                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "step before hello: send a hello first")
+                raise WrongState("step before hello: send a hello first")
             if isinstance(decoder, AgentsStepDecoder):
                 reply = await self._multi_agent_step(session, batcher, decoder, message.step)
             else:
@@ -175,42 +238,36 @@ class PolicyService:
             self.metrics.step_latency.observe(time.perf_counter() - arrived)
         elif kind == "close":  # the stream ends here, with OK; anything the client sent after it is unread
             if stream.session is None:
-                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "close before hello")
+                raise WrongState("close before hello")
             return False
         else:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty message: set hello, step or close")
+            raise BadRequest("empty message: set hello, step or close")
         return True
 
     async def _open(
         self, hello: pb.Hello
     ) -> tuple[Session | MultiAgentSession, Batcher, StepDecoder | AgentsStepDecoder]:
         if self.draining:
-            raise RequestError(grpc.StatusCode.UNAVAILABLE, "server is shutting down: connect to another one")
+            raise NotServing("server is shutting down: connect to another one")
         if len(self.sessions) >= self.settings.max_sessions:
-            raise RequestError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise OverLimit(
                 f"server is full: {self.settings.max_sessions} sessions open",
             )
         if hello.num_envs < 1:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.num_envs must be at least 1")
+            raise BadRequest("hello.num_envs must be at least 1")
         if len(hello.client_id) > MAX_CLIENT_ID:
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise BadRequest(
                 f"hello.client_id: {len(hello.client_id)} characters > {MAX_CLIENT_ID}",
             )
         limit = self.settings.max_envs_per_session
         if hello.num_envs > limit:
-            raise RequestError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"hello.num_envs {hello.num_envs} > max_envs_per_session {limit}"
-            )
+            raise OverLimit(f"hello.num_envs {hello.num_envs} > max_envs_per_session {limit}")
         if hello.module_id not in ("", "default"):
-            raise RequestError(
-                grpc.StatusCode.NOT_FOUND, f"unknown module_id {hello.module_id!r}: this server has 'default'"
-            )
+            raise UnknownModule(f"unknown module_id {hello.module_id!r}: this server has 'default'")
         if hello.agents:
             return await self._open_multi_agent(hello)
         if not hello.HasField("observation_space") or not hello.HasField("action_space"):
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello needs observation_space and action_space")
+            raise BadRequest("hello needs observation_space and action_space")
         budget = codec.SpaceBudget()  # for the hello's spaces together
         spec = SessionSpec(
             client_id=hello.client_id,
@@ -220,21 +277,14 @@ class PolicyService:
             explore=hello.explore,
         )
         try:
-            policy, batcher = await self._get_policy(spec)
+            policy, batcher = await self.host.for_session(spec)
         except ValueError as exc:  # a fresh model that cannot be built for these spaces (e.g. an action space it lacks)
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"no model for the hello's spaces: {exc}") from exc
-        if getattr(policy, "multi_agent", False):
-            raise RequestError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "this server serves a multi-agent run: declare the env's agents in hello.agents (rlgate env: a "
-                "PettingZoo env and a run spec with [multi_agent])",
-            )
+            raise BadRequest(f"no model for the hello's spaces: {exc}") from exc
         differences = space_differences(
             policy.observation_space, spec.observation_space, "observation_space"
         ) + space_differences(policy.action_space, spec.action_space, "action_space")
         if differences:
-            raise RequestError(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise WrongState(
                 "the hello's spaces must equal the served model's; they differ in (server != client): "
                 + "; ".join(differences),
             )
@@ -245,7 +295,8 @@ class PolicyService:
             if sampling.batch_mode == "truncate_episodes"
             else None,
             lookback=sampling.episode_lookback_horizon,
-            ships=self._ships(spec.explore),
+            ships=self.router.ships(spec.explore),
+            observation_spaces=[piece.observation_space for piece in policy.env_to_module.connectors],
         )
         self.sessions[session.id] = session
         self.metrics.sessions.set(len(self.sessions))
@@ -266,7 +317,7 @@ class PolicyService:
         appended = time.thread_time()
         outputs = await batcher.compute(obs, episodes, session.spec.explore, alone=self._lone_session())
         computed = time.thread_time()
-        self._ship(session.record(outputs), session.spec.explore)
+        self.router.ship(session.record(outputs), session.spec.explore)
         reply = pb.ServerMessage()
         actions = reply.actions  # filled in place: building the messages and copying them in costs twice as much
         codec.fill_value(actions.actions, outputs[Columns.ACTIONS_FOR_ENV])
@@ -281,8 +332,7 @@ class PolicyService:
     async def _open_multi_agent(self, hello: pb.Hello) -> tuple[MultiAgentSession, Batcher, AgentsStepDecoder]:
         """A multi-agent session: every declared agent must be one of the served model's, with its spaces."""
         if hello.HasField("observation_space") or hello.HasField("action_space"):
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise BadRequest(
                 "a multi-agent hello declares spaces per agent (hello.agents): leave observation_space and "
                 "action_space unset",
             )
@@ -290,12 +340,9 @@ class PolicyService:
         budget = codec.SpaceBudget()  # for all the agents' spaces together
         for i, agent in enumerate(hello.agents):
             if not agent.agent_id or agent.agent_id in agent_spaces or agent.agent_id == "__all__":
-                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"hello.agents[{i}]: agent_id {agent.agent_id!r} "
-                                   "is empty, reserved or declared twice")  # fmt: skip
+                raise BadRequest(f"hello.agents[{i}]: agent_id {agent.agent_id!r} is empty, reserved or declared twice")
             if not agent.HasField("observation_space") or not agent.HasField("action_space"):
-                raise RequestError(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"hello.agents[{i}] ({agent.agent_id!r}) needs both spaces"
-                )
+                raise BadRequest(f"hello.agents[{i}] ({agent.agent_id!r}) needs both spaces")
             agent_spaces[agent.agent_id] = (
                 codec.space_from_proto(agent.observation_space, f"hello.agents[{i}].observation_space", budget),
                 codec.space_from_proto(agent.action_space, f"hello.agents[{i}].action_space", budget),
@@ -304,20 +351,14 @@ class PolicyService:
             client_id=hello.client_id, agent_spaces=agent_spaces, num_envs=hello.num_envs, explore=hello.explore
         )
         try:
-            policy, batcher = await self._get_policy(spec)
+            policy, batcher = await self.host.for_session(spec)
         except ValueError as exc:  # as for a single-agent hello: no model can be built for these spaces
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"no model for the hello's spaces: {exc}") from exc
-        if not getattr(policy, "multi_agent", False):
-            raise RequestError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "this server serves a single-agent run: a multi-agent client needs a run spec with [multi_agent]",
-            )
+            raise BadRequest(f"no model for the hello's spaces: {exc}") from exc
         for agent_id, spaces in agent_spaces.items():
             served = policy.agent_spaces.get(agent_id)
             if served != spaces:
                 known = ", ".join(policy.agent_spaces)
-                raise RequestError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise WrongState(
                     f"agent {agent_id!r}: the served model has "
                     + (f"spaces {served}, the client {spaces}" if served else f"no such agent (agents: {known})"),
                 )
@@ -349,22 +390,23 @@ class PolicyService:
         steps = decoder.decode(step)
         episodes, completed = session.observe(steps)
         outputs = await batcher.compute(None, episodes, session.spec.explore, alone=self._lone_session())
-        self._ship(session.record(outputs), session.spec.explore)
+        self.router.ship(session.record(outputs), session.spec.explore)
         reply = pb.ServerMessage(
             actions=pb.Actions(
-                agents=encode_agent_actions(outputs[Columns.ACTIONS_FOR_ENV]), model_version=batcher.policy.version
+                agents=encode_agent_actions(outputs[Columns.ACTIONS_FOR_ENV]), model_version=batcher.core.version
             )
         )
         self.metrics.env_steps.inc(completed)
         return reply
 
     def _end(self, session: Session | MultiAgentSession) -> None:
-        self._ship(session.close(), session.spec.explore)
+        self.router.ship(session.close(), session.spec.explore)
         self.sessions.pop(session.id, None)
         self.metrics.sessions.set(len(self.sessions))
         log.info("session closed session=%s client=%r", session.id, session.spec.client_id)
 
-    async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    async def abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        """End the stream with this status (its message bounded, counted by code, logged)."""
         message = bounded(message)
         self.metrics.rejected.labels(code.name).inc()
         log.info("rejected code=%s peer=%s message=%r", code.name, context.peer(), message)  # it may quote the client
@@ -393,8 +435,8 @@ def bounded(message: str) -> str:
     return f"{kept}... ({len(message) - len(kept)} more characters)"
 
 
-def _parse(raw: bytes) -> pb.ClientMessage:
+def _parse(message_type: type[M], raw: bytes) -> M:
     try:
-        return from_bytes(pb.ClientMessage, raw)
+        return from_bytes(message_type, raw)
     except NotAMessage as exc:
-        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        raise BadRequest(str(exc)) from exc

@@ -66,6 +66,12 @@ class ServerSettings(ServiceSettings):
         1, ge=1, description="Torch intra-op threads for the forward pass (1 avoids thread stalls on tiny batches)."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Torch device of the forward pass.")
+    backend: Literal["auto", "torch", "onnxruntime"] = Field(
+        "auto",
+        description="What runs the forward pass: torch, or onnxruntime with the module exported to ONNX (single-agent "
+        "runs on the CPU; rebound to each weights version; the connector pieces run as they are; docs/onnx.md). "
+        "auto: onnxruntime for the default model on the CPU (less CPU per env step), torch otherwise.",
+    )
     inference_thread: bool | None = Field(
         None,
         description="Run batches on a thread of their own, so the event loop keeps serving streams during a "

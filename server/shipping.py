@@ -15,45 +15,15 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import gymnasium as gym
 
-from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import ChunkColumns, chunk_message, episode_columns
+from rlgate.episodes.chunk import Chunk
+from rlgate.episodes.codec import chunk_message
 from rlgate.spec.episode_files import Recording, read_metadata, write_metadata
 from rlgate.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
-
-
-#: How a shipped chunk can end (`episode_end`): the `end` label of the rlgate_episodes counter.
-EPISODE_ENDS = ("terminated", "truncated", "cut")
-
-
-class Chunk(NamedTuple):
-    """An episode chunk to ship: its columns and the spaces of its data."""
-
-    columns: ChunkColumns
-    observation_space: gym.Space | None
-    action_space: gym.Space | None
-
-    @property
-    def steps(self) -> int:
-        """Its env steps (agent steps, for an agent's chunk), lookback excluded."""
-        return self.columns.steps
-
-
-def encoded(episodes: list[SingleAgentEpisode]) -> list[Chunk]:
-    """Episodes built as objects (a multi-agent session's agents' chunks) as chunks to ship."""
-    return [Chunk(episode_columns(episode), episode.observation_space, episode.action_space) for episode in episodes]
-
-
-def episode_end(chunk: Chunk) -> str:
-    """How a chunk ended, for metrics and logs: terminated, truncated or cut (the episode goes on)."""
-    if chunk.columns.terminated:
-        return "terminated"
-    return "truncated" if chunk.columns.truncated else "cut"
 
 
 class DirectorySink:

@@ -95,18 +95,23 @@ class RlgateSettings(BaseSettings):
         return self.token.get_secret_value() if self.token is not None else None
 
 
-class ServiceSettings(RlgateSettings):
+class ImportSettings(RlgateSettings):
+    """For a process that may build a policy from a run spec it was sent (a server, a local-inference client)."""
+
+    allow_import: list[str] = Field(
+        [],
+        description="Modules (each with its submodules) that a run spec from elsewhere (the learner, a "
+        "checkpoint, the server) may name code in: connector pieces, a model class. rlgate's own are always "
+        "allowed; a spec given with --config allows what it names.",
+    )
+
+
+class ServiceSettings(ImportSettings):
     """What a gRPC + HTTP service binds to and how it secures its gRPC port."""
 
     host: str = Field("127.0.0.1", description="Address the gRPC and HTTP servers bind to (0.0.0.0 in containers).")
     tls_cert: FilePath | None = Field(None, description="PEM certificate chain; with tls_key, gRPC is served over TLS.")
     tls_key: FilePath | None = Field(None, description="PEM private key for tls_cert.")
-    allow_import: list[str] = Field(
-        [],
-        description="Modules (each with its submodules) that a run spec from elsewhere (the learner, a "
-        "checkpoint) may name code in: connector pieces, a model class. rlgate's own are always allowed; "
-        "a spec given with --config allows what it names.",
-    )
 
     @model_validator(mode="after")
     def _tls_pair(self) -> Self:

@@ -6,12 +6,13 @@ optimizers, target networks and alpha are in `learner_state.safetensors`, and wi
 their replay buffer in `replay_buffer.safetensors`), `connector_state.pb`
 (e.g. MeanStdFilter statistics, as an `rlgate.v1.Value`: the wire codec's nested arrays) and
 `metadata.json` (plain JSON a person can read: version, env id, seed, the env's spaces, the rlgate version
-that wrote it, optimizer hyper-parameters, the ids of trained episode chunks, the env steps trained on by all
-updates up to this version). A multi-agent run keeps each module in `modules/<module id>/` (its
-`weights.safetensors` and `optimizer.safetensors`), with each module's version in `metadata.json`, and its
-spaces are Dicts by agent id. `DIR/latest` names the newest one. No pickle anywhere, and loading imports
-nothing: a checkpoint from an untrusted source can at worst fail to load (the code its spec names is
-imported later, only where the operator allowed it).
+that wrote it, optimizer hyper-parameters, the ids of trained episode chunks and of those dropped as too stale
+to train, the env steps trained on by all updates up to this version, the learner's mean return then). A
+multi-agent run keeps each module in `modules/<module id>/` (its `weights.safetensors` and
+`optimizer.safetensors`), with each module's version in `metadata.json`, and its spaces are Dicts by agent id.
+`DIR/latest` names the newest one. No pickle anywhere, and loading imports nothing: a checkpoint from an
+untrusted source can at worst fail to load (the code its spec names is imported later, only where the
+operator allowed it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,10 +84,12 @@ class Checkpoint:
     optimizer_state: dict[str, Any] | None
     trained_chunks: list[str]
     partial_chunks: dict[str, int]  # chunk key -> its first steps trained (a chunk split between two updates)
-    env_steps: int  # env steps trained on by the updates that led to these weights
+    env_steps: int  # trained on by the updates that led to these weights: the trained chunks' and partial ones' steps
     module_weights: dict[str, bytes] | None = None  # multi-agent: per module (weights is then empty)
     module_versions: dict[str, int] | None = None
     module_optimizer_states: dict[str, dict[str, Any]] | None = None
+    stale_chunks: list[str] = field(default_factory=list)  # dropped as too stale to train (bar a split one's head)
+    mean_return: float | None = None  # the learner's mean return of its last episodes when it wrote this one
     learner_state: State | None = None  # DQN, SAC: the trainer's optimizers, target networks, alpha, counters
     replay_buffer: State | None = None  # DQN, SAC with store_buffer_in_checkpoints: the replay buffer's steps
 
@@ -115,9 +118,11 @@ def save(
     optimizer: Optimizer | dict[str, Optimizer] | None = None,
     connector_state: dict[str, Any] | None = None,
     trained_chunks: list[str] | None = None,
+    stale_chunks: list[str] | None = None,
     partial_chunks: dict[str, int] | None = None,
     env_steps: int = 0,
     module_versions: dict[str, int] | None = None,
+    mean_return: float | None = None,
     learner_state: State | None = None,
     replay_buffer: State | None = None,
 ) -> Path:
@@ -142,8 +147,10 @@ def save(
         "observation_space": codec.space_to_json(observation_space),
         "action_space": codec.space_to_json(action_space),
         "trained_chunks": trained_chunks or [],
+        "stale_chunks": stale_chunks or [],
         "partial_chunks": partial_chunks or {},
         "env_steps": env_steps,
+        "mean_return": mean_return,
     }
     if isinstance(weights, dict):
         metadata["modules"] = {}
@@ -240,8 +247,10 @@ def load(path: Path) -> Checkpoint:
             "action_space": codec.space_from_json(metadata["action_space"]),
             "module_versions": None if modules is None else {m: int(e["version"]) for m, e in modules.items()},
             "trained_chunks": list(metadata.get("trained_chunks", [])),
+            "stale_chunks": list(metadata.get("stale_chunks", [])),
             "partial_chunks": {str(k): int(v) for k, v in metadata.get("partial_chunks", {}).items()},
             "env_steps": int(metadata.get("env_steps", 0)),
+            "mean_return": None if metadata.get("mean_return") is None else float(metadata["mean_return"]),
         }
     connector_file = found / "connector_state.pb"
     with _reading(connector_file):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
@@ -11,13 +12,29 @@ import gymnasium as gym
 import numpy as np
 
 from rlgate.core.agents_step import is_aec
+from rlgate.core.codec import UnencodableSpace, space_to_proto
 from rlgate.core.errors import UserError
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
-from rlgate.spec.run import EnvSpec
+from rlgate.spec.run import EnvSpec, WrapperSpec
 
 
 def env_factory(spec: EnvSpec, imports: ImportPolicy) -> Callable[[], gym.Env]:
-    """A no-argument callable that makes one env of `spec` (with its kwargs)."""
+    """A no-argument callable that makes one env of `spec` (with its kwargs), wrapped in its wrappers in order.
+
+    The wrappers are imported here, so one that does not import fails at once, naming it. Each one the env
+    is wrapped in is checked as the env is (`checked_env`): an error in it, spaces that are none, or
+    observations outside its own observation space name that wrapper."""
+    make = _unwrapped_factory(spec, imports)
+    if not spec.wrappers:
+        return make
+    wrappers = [
+        (f"{spec.id}, wrapped by env.wrappers[{i}] ({wrapper.type})", _wrapper(wrapper, imports, i), wrapper.kwargs)
+        for i, wrapper in enumerate(spec.wrappers)
+    ]
+    return functools.partial(_wrapped, make, spec.id, wrappers)
+
+
+def _unwrapped_factory(spec: EnvSpec, imports: ImportPolicy) -> Callable[[], gym.Env]:
     if ":" not in spec.id:
         return functools.partial(_make_registered, spec.id, spec.kwargs)
     module, attribute = split_path(spec.id)
@@ -28,6 +45,36 @@ def env_factory(spec: EnvSpec, imports: ImportPolicy) -> Callable[[], gym.Env]:
         return functools.partial(target, **spec.kwargs)
     imports.import_module(module, "env.id")  # importing the module registers its ids ("pkg.mod:Env-v0")
     return functools.partial(_make_registered, attribute, spec.kwargs)
+
+
+def _wrapper(wrapper: WrapperSpec, imports: ImportPolicy, index: int) -> Callable[..., gym.Env]:
+    """The wrapper a spec names: gymnasium's by name, else by import path (under the import policy)."""
+    what = f"env.wrappers[{index}]"
+    if ":" in wrapper.type:
+        target = imports.load(wrapper.type, what)
+    else:
+        target = getattr(gym.wrappers, wrapper.type, None)
+        if not (isinstance(target, type) and issubclass(target, gym.Wrapper)):
+            raise SpecError(
+                f"{what}: gymnasium.wrappers has no wrapper {wrapper.type!r}; name one of yours as 'pkg.mod:Wrapper'"
+            )
+    if not callable(target):
+        raise SpecError(f"{what}: {wrapper.type!r} is not a wrapper (a class or function taking the env)")
+    return target
+
+
+def _wrapped(
+    make: Callable[[], gym.Env], env_id: str, wrappers: list[tuple[str, Callable[..., gym.Env], dict[str, Any]]]
+) -> CheckedEnv:
+    """The env, then each wrapper around the one before, each checked under its own name."""
+    env = checked_env(make, env_id)
+    for label, wrapper, kwargs in wrappers:
+        env = checked_env(functools.partial(wrapper, env, **kwargs), label)
+    try:
+        space_to_proto(env.observation_space), space_to_proto(env.action_space)
+    except UnencodableSpace as exc:
+        raise EnvError(f"env {label}: {exc}") from None
+    return env
 
 
 def make_env(spec: EnvSpec, imports: ImportPolicy, num_envs: int | None = None) -> gym.Env | gym.vector.VectorEnv:
@@ -48,6 +95,8 @@ class EnvError(UserError):
 def checked_env(factory: Callable[[], Any], env_id: str) -> CheckedEnv:
     """`factory()`, which must make a gymnasium env with spaces; EnvError, naming `env_id`, if it raises or does not."""
     env = _made(factory, env_id)
+    if isinstance(env, CheckedEnv):  # checked already (a wrapped env: under its last wrapper's name)
+        return env
     if is_multi_agent_env(env):
         raise EnvError(
             f"env {env_id}: made a PettingZoo env ({type(env).__name__}), which runs with a [multi_agent] section in "
@@ -80,6 +129,8 @@ class CheckedEnv(gym.Wrapper):
     def _checked(self, method: str, length: int, *args: Any, **kwargs: Any) -> Any:
         try:
             result = getattr(self.env, method)(*args, **kwargs)
+        except EnvError:  # a wrapped env's own, naming it
+            raise
         except Exception as exc:
             raise EnvError(f"env {self.env_id}: {_raised(method, exc)}") from exc
         if not isinstance(result, tuple) or len(result) != length:
@@ -307,7 +358,25 @@ def agent_spaces(spec: EnvSpec, imports: ImportPolicy) -> dict[str, tuple[gym.Sp
         env.close()
 
 
+# Env ids whose package registers them when imported, by prefix: the module, and the rlgate extra that installs it.
+# gymnasium 1.x loads no plugins, so `gym.make("ALE/Pong-v5")` alone finds no ALE; rlgate imports the module for
+# such an id itself, as it does its own code (the id names no code: the spec needs no --allow-import for it).
+REGISTERING_MODULES = {"ALE/": ("ale_py", "atari"), "MiniGrid-": ("minigrid", "minigrid")}
+
+
+def register_env_id(env_id: str) -> None:
+    """Import the package that registers `env_id` (ALE/..., MiniGrid-...), if it is one of those; a package not
+    installed is a SpecError saying which extra installs it."""
+    for prefix, (module, extra) in REGISTERING_MODULES.items():
+        if env_id.startswith(prefix) and env_id not in gym.registry:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise SpecError(f"env.id: {env_id} needs {module}: pip install 'rlgate[{extra}]' ({exc})") from None
+
+
 def _make_registered(env_id: str, kwargs: dict) -> gym.Env:
+    register_env_id(env_id)
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.Error as exc:

@@ -109,7 +109,7 @@ def read_episodes(directory: str | Path) -> Iterator[SingleAgentEpisode]:
 
 def summarize(directory: str | Path) -> dict[str, Any]:
     """What a directory of episode files holds: counts, env steps, the returns and lengths of the episodes
-    recorded to their end, the model versions that acted, the env and its spaces."""
+    recorded to their end in the env, the model versions that acted, the env and its spaces."""
     directory = Path(directory)
     recording = _recording(directory)
     chunks = steps = 0
@@ -122,7 +122,7 @@ def summarize(directory: str | Path) -> dict[str, Any]:
         steps += len(episode)
         total, length = totals.get(episode.id_, (0.0, 0))
         totals[episode.id_] = (total + episode.get_return(), length + len(episode))
-        if episode.is_done:
+        if episode.is_done and not episode.session_closed:  # cut off as its client left: not finished
             finished.append(totals[episode.id_])
             terminated += episode.is_terminated
         if Columns.MODEL_VERSION in episode.extra_model_outputs and len(episode):
@@ -136,7 +136,7 @@ def summarize(directory: str | Path) -> dict[str, Any]:
         "action_space": str(recording.action_space),
         "chunks": chunks,
         "episodes": len(totals),
-        "finished_episodes": len(finished),  # terminated, or truncated (by the env or when its client left)
+        "finished_episodes": len(finished),  # terminated, or truncated by the env (not cut off as its client left)
         "terminated_episodes": terminated,
         "env_steps": steps,
         "return_mean": float(np.mean(returns)) if returns else None,

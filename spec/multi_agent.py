@@ -103,11 +103,18 @@ def modules_to_train(spec: RunSpec, module_ids: list[str]) -> list[str]:
     return [m for m in module_ids if wanted is None or m in wanted]
 
 
-def _dicts(agent_spaces: AgentSpaces) -> tuple[gym.spaces.Dict, gym.spaces.Dict]:
+def spaces_by_agent(agent_spaces: AgentSpaces) -> tuple[gym.spaces.Dict, gym.spaces.Dict]:
+    """agent id -> (observation space, action space) as two Dict spaces by agent id (how weights and checkpoints
+    carry a multi-agent env's spaces)."""
     return (
         gym.spaces.Dict({a: spaces[0] for a, spaces in agent_spaces.items()}),
         gym.spaces.Dict({a: spaces[1] for a, spaces in agent_spaces.items()}),
     )
+
+
+def agent_spaces_of(observation_space: gym.spaces.Dict, action_space: gym.spaces.Dict) -> AgentSpaces:
+    """Two Dict spaces by agent id as agent id -> (observation space, action space): `spaces_by_agent`'s inverse."""
+    return {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces}
 
 
 def build_multi_agent_env_to_module(
@@ -121,7 +128,7 @@ def build_multi_agent_env_to_module(
     FrameStackingEnvToModule, which stacks into the batch only, no piece may change observations (SpecError),
     that one included: 2-D frames are flattened before it by the user's.
     """
-    observation_space, action_space = _dicts(agent_spaces)
+    observation_space, action_space = spaces_by_agent(agent_spaces)
     user = build_pieces(spec.connectors.env_to_module, imports, "env_to_module", multi_agent=True)
     output = output_space(user, observation_space, action_space)
     _check_after_frame_stacking(user)
@@ -183,7 +190,7 @@ def build_multi_agent_module_to_env(
 ) -> ConnectorPipelineV2:
     """The spec's module-to-env pipeline: one `{agent id: action}` dict per episode, actions in each agent's space."""
     return build_module_to_env_pipeline(
-        *_dicts(agent_spaces),
+        *spaces_by_agent(agent_spaces),
         module_to_env_connector=lambda _o, _a: build_pieces(
             spec.connectors.module_to_env, imports, "module_to_env", multi_agent=True
         ),

@@ -22,7 +22,7 @@ from rlgate.connectors.builders import (
     build_module_to_env_pipeline,
 )
 from rlgate.connectors.env_to_module import FlattenObservations
-from rlgate.models import ModelConfig, RLModule, build_module, dist_inputs_misfit, load_weights
+from rlgate.models import ModelConfig, RLModule, build_module, dist_inputs_misfit, load_weights, missing_outputs
 from rlgate.models.catalog import check_flattenable, encodes
 from rlgate.models.dqn import DQNModule
 from rlgate.models.sac import SACModule
@@ -206,8 +206,8 @@ def build_rl_module(
                 f"{spec.model.module_class!r} is not one"
             )
         module = cls(observation_space, action_space, dict(spec.model.config))
-        misfit = dist_inputs_misfit(module)
-        if misfit is not None:  # it would sample actions outside the space, which the env then refuses
+        misfit = missing_outputs(module) or dist_inputs_misfit(module)
+        if misfit is not None:  # it would give no actions, or actions outside the space, which the env then refuses
             raise SpecError(f"model.module_class: {spec.model.module_class!r}: {misfit}")
         return module
 

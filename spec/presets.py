@@ -1,6 +1,7 @@
-"""Presets: run specs tuned for the classic-control and Box2D envs (rl-zoo's settings, each file says which),
-per algorithm: PPO's in `spec/presets/<env id>.toml`, DQN's and SAC's in `spec/presets/<algorithm>/<env id>.toml`.
-A spec given for such an env and algorithm starts from its preset."""
+"""Presets: run specs tuned for the classic-control, Box2D, Atari and MiniGrid envs (rl-zoo's settings, each file
+says which), per algorithm: PPO's in `spec/presets/<env id>.toml`, or `<namespace>.toml` for every id of a namespace
+(`ALE.toml` for ALE/Pong-v5, ALE/Breakout-v5, ...); DQN's and SAC's in `spec/presets/<algorithm>/<env id>.toml`. A
+spec given for such an env and algorithm starts from its preset."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ def preset_names(algorithm: str = ALGORITHM) -> list[str]:
         return []
     folder = _folder(algorithm)
     return sorted(entry.name.removesuffix(".toml") for entry in folder.iterdir() if entry.name.endswith(".toml"))
+
+
+def preset_for(env_id: str, algorithm: str = ALGORITHM) -> str | None:
+    """The algorithm's preset of an env id: its own, else its namespace's (`ALE/Pong-v5` -> `ALE`), else None."""
+    names = preset_names(algorithm)
+    namespace = env_id.split("/")[0] if "/" in env_id else None
+    return env_id if env_id in names else namespace if namespace in names else None
 
 
 def preset(name: str, algorithm: str = ALGORITHM) -> dict[str, Any]:

@@ -32,10 +32,19 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rlgate.models.config import ModelConfig
 from rlgate.spec.algorithm import ALGORITHMS, AlgorithmConfig, PPOConfig
@@ -46,10 +55,57 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _path_if_qualified(value: str) -> str:
+    """A name with a ':' is an import path: 'pkg.mod:Name' (SpecError otherwise)."""
+    if ":" in value:
+        split_path(value)
+    return value
+
+
+#: A built-in's name, or an import path 'pkg.mod:Name'.
+NameOrPath = Annotated[str, AfterValidator(_path_if_qualified)]
+
+
+class _Named(BaseModel):
+    """Code a spec names with its keyword arguments: `type` is a built-in's name or 'pkg.mod:Name'; the other
+    keys are its keyword arguments."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: NameOrPath
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def module(self) -> str | None:
+        return split_path(self.type)[0] if ":" in self.type else None
+
+
+class PieceSpec(_Named):
+    """One connector piece: `type` is a built-in piece's name or 'pkg.mod:PieceClass'; other keys are its
+    keyword arguments (`{ type = "FrameStackingEnvToModule", num_frames = 4 }`)."""
+
+
+class WrapperSpec(_Named):
+    """One env wrapper: `type` is a wrapper of gymnasium.wrappers by name ("AtariPreprocessing") or
+    'pkg.mod:Wrapper' (a class or function taking the env first); other keys are its keyword arguments
+    (`{ type = "AtariPreprocessing", grayscale_newaxis = true }`)."""
+
+
+def _names_alone(value: Any) -> Any:
+    """A list's bare names as tables: `["MeanStdFilter"]` is `[{ type = "MeanStdFilter" }]`."""
+    return [{"type": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+
+
+#: A list of named code, where a bare name stands for a table with only its `type`.
+Pieces = Annotated[list[PieceSpec], BeforeValidator(_names_alone)]
+
+
 class EnvSpec(_Section):
     """Which env the clients run (and whose spaces the learner builds the model for)."""
 
-    id: str = Field(
+    id: NameOrPath = Field(
         "CartPole-v1",
         description="A registered gymnasium id, 'pkg.mod:EnvClass', 'pkg.mod:make_env' "
         "(a callable returning an env) or 'pkg.mod:EnvId' (importing pkg.mod registers EnvId).",
@@ -58,6 +114,12 @@ class EnvSpec(_Section):
     num_envs: int = Field(1, ge=1, description="Sub-envs per env client; more than one makes a vector env.")
     vectorize: Literal["sync", "async"] = Field(
         "sync", description="How a client's sub-envs run: in its process (sync) or one subprocess each (async)."
+    )
+    wrappers: Annotated[list[WrapperSpec], BeforeValidator(_names_alone)] = Field(
+        default_factory=list,
+        description="gymnasium wrappers applied to each env, in order, in the env clients (and wherever the env "
+        "is made: its spaces are the wrapped env's). A wrapper of gymnasium.wrappers by name or 'pkg.mod:Wrapper', "
+        "its kwargs beside `type`.",
     )
     allow_nonfinite_obs: bool = Field(
         False,
@@ -70,39 +132,9 @@ class EnvSpec(_Section):
         """The module this env's id names code from, if any."""
         return split_path(self.id)[0] if ":" in self.id else None
 
-    @field_validator("id")
-    @classmethod
-    def _path_if_qualified(cls, value: str) -> str:
-        if ":" in value:
-            split_path(value)
-        return value
-
-
-class PieceSpec(BaseModel):
-    """One connector piece: `type` is a built-in piece's name or 'pkg.mod:PieceClass'; other keys are its
-    keyword arguments (`{ type = "FrameStackingEnvToModule", num_frames = 4 }`)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _path_if_qualified(cls, value: str) -> str:
-        if ":" in value:
-            split_path(value)
-        return value
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-    def module(self) -> str | None:
-        return split_path(self.type)[0] if ":" in self.type else None
-
-
-def _piece(value: Any) -> Any:
-    return {"type": value} if isinstance(value, str) else value
+    def modules(self) -> list[str | None]:
+        """The modules the env and its wrappers name code from (None where one names none)."""
+        return [self.module(), *(wrapper.module() for wrapper in self.wrappers)]
 
 
 class ConnectorsSpec(_Section):
@@ -115,14 +147,9 @@ class ConnectorsSpec(_Section):
     default pieces and GAE.
     """
 
-    env_to_module: list[PieceSpec] = Field(default_factory=list)
-    module_to_env: list[PieceSpec] = Field(default_factory=list)
-    learner: list[PieceSpec] = Field(default_factory=list)
-
-    @field_validator("env_to_module", "module_to_env", "learner", mode="before")
-    @classmethod
-    def _names_alone(cls, value: Any) -> Any:
-        return [_piece(v) for v in value] if isinstance(value, list) else value
+    env_to_module: Pieces = Field(default_factory=list)
+    module_to_env: Pieces = Field(default_factory=list)
+    learner: Pieces = Field(default_factory=list)
 
 
 class ModelSpec(_Section):
@@ -251,6 +278,15 @@ class RunSpec(_Section):
             return {**value, "name": "PPO"}
         return value
 
+    @model_validator(mode="after")
+    def _wrappers_single_agent(self) -> RunSpec:
+        if self.multi_agent is not None and self.env.wrappers:
+            raise ValueError(
+                "env.wrappers: gymnasium wrappers take a gymnasium env, and a multi-agent run's env is a PettingZoo "
+                "env: wrap it in the factory env.id names"
+            )
+        return self
+
     @classmethod
     def load(cls, path: Path) -> RunSpec:
         """Read a .toml, .yaml/.yml or .json file; a bad file raises SpecError naming it and the field."""
@@ -279,7 +315,7 @@ class RunSpec(_Section):
     def modules(self) -> list[str]:
         """Every module this spec names code from (what a process must be allowed to import)."""
         pieces = [*self.connectors.env_to_module, *self.connectors.module_to_env, *self.connectors.learner]
-        named = [self.env.module(), self.model.module(), *(p.module() for p in pieces), self._mapping_module()]
+        named = [*self.env.modules(), self.model.module(), *(p.module() for p in pieces), self._mapping_module()]
         return sorted({name for name in named if name})
 
     def policy_modules(self) -> list[str]:

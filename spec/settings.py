@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
-from rlgate.spec.presets import ALGORITHM, preset, preset_names
+from rlgate.spec.presets import ALGORITHM, preset, preset_for
 from rlgate.spec.run import RunSpec, read_spec_file
 
 
@@ -46,8 +46,9 @@ class SpecSettings(BaseSettings):
         "auto",
         description="Run spec the file and flags start from: 'auto' (the preset of the env and algorithm if there is "
         "one: tuned PPO settings for CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MountainCar-v0, "
-        "MountainCarContinuous-v0; DQN for CartPole-v1, Acrobot-v1, LunarLander-v3; SAC for Pendulum-v1, "
-        "LunarLanderContinuous-v3, MountainCarContinuous-v0), an env id among those, or 'none'.",
+        "MountainCarContinuous-v0, MiniGrid-Empty-5x5-v0 and, as 'ALE', every ALE/ game; DQN for CartPole-v1, "
+        "Acrobot-v1, LunarLander-v3; SAC for Pendulum-v1, LunarLanderContinuous-v3, MountainCarContinuous-v0), one "
+        "of those names, or 'none'.",
     )
     seed: int | None = Field(None, description="Shorthand for --spec.seed.")
     spec: RunSpec = Field(
@@ -75,7 +76,7 @@ class SpecSettings(BaseSettings):
         algorithm = given.get("name", ALGORITHM) if isinstance(given, dict) else ALGORITHM
         if name == "auto":
             env_id = (named.get("env") or {}).get("id")
-            name = env_id if env_id in preset_names(algorithm) else "none"
+            name = (preset_for(env_id, algorithm) if isinstance(env_id, str) else None) or "none"
         merged: dict[str, Any] = {}
         for layer in (cls.DEFAULT_SPEC, preset(name, algorithm) if name != "none" else {}, file, overrides):
             merged = _deep_merge(merged, layer)

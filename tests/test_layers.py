@@ -1,6 +1,7 @@
 """The layers never run backwards: every import in rlgate goes down a layer (or stays in its own room).
 
-v1 <- core <- episodes <- connectors, models <- spec, service <- server, learner, client, policy <- bench <- cli.
+v1 <- core <- episodes <- connectors, models <- spec, service, delivery <- export <- policy <- server, learner,
+client <- bench <- cli.
 Rooms in one layer do not import each other (the server never imports the learner, nor the learner the
 server), except for names used only in type annotations (`if TYPE_CHECKING:` blocks), which never run.
 """
@@ -21,8 +22,10 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"episodes"},
     {"connectors", "models"},
-    {"spec", "service"},
-    {"server", "learner", "client", "policy"},
+    {"spec", "service", "delivery"},
+    {"export"},
+    {"policy"},
+    {"server", "learner", "client"},
     {"bench"},
     {"cli", ""},
 ]

@@ -8,6 +8,11 @@
 // JSON summary on stdout. "wrong-spaces" mode sends a hello whose observation space is float64 (a common
 // JavaScript slip: numbers are doubles) and prints the final status the server ends the stream with.
 //
+//   node client.mjs --mode in-process --model cartpole.onnx --episodes 100
+//
+// "in-process" mode needs no server: it plays its CartPole with a file `rlgate export` wrote, loaded with
+// onnxruntime-node (policy.mjs), and prints each episode's return.
+//
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game cartpole --envs 2 --episodes 6
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game tictactoe --envs 3 --episodes 6
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent-script --case no-all
@@ -27,12 +32,15 @@ import { parseArgs } from "node:util";
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
 
+import { loadPolicy } from "./policy.mjs";
+
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 
 const { values: args } = parseArgs({
   options: {
     server: { type: "string", default: "127.0.0.1:50051" },
-    mode: { type: "string", default: "run" }, // run | wrong-spaces | multi-agent | multi-agent-script
+    mode: { type: "string", default: "run" }, // run | wrong-spaces | multi-agent | multi-agent-script | in-process
+    model: { type: "string" }, // in-process: the file `rlgate export` wrote
     episodes: { type: "string", default: "3" },
     game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
     envs: { type: "string", default: "2" }, // multi-agent modes: sub-envs in the stream
@@ -772,8 +780,38 @@ async function multiAgentScript() {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------
+// In-process (--mode in-process --model FILE.onnx): the policy in your engine. The exported file acts on
+// this process's own CartPole with onnxruntime-node (policy.mjs): no server, no network. Greedy actions;
+// prints each episode's return.
+// ---------------------------------------------------------------------------------------------------
+
+async function inProcess() {
+  if (!args.model) fail("--mode in-process needs --model FILE.onnx (rlgate export)");
+  const policy = await loadPolicy(args.model);
+  const env = new CartPole(Number(args.seed));
+  const returns = [];
+  for (let i = 0; i < EPISODES; i++) {
+    let obs = env.reset();
+    const episode = policy.newEpisode();
+    let reward = 0;
+    let total = 0;
+    for (let t = 0; t < CartPole.MAX_STEPS; t++) {
+      const action = await policy.act(obs, episode, reward);
+      const result = env.step(action);
+      ({ obs, reward } = result);
+      total += reward;
+      if (result.terminated || result.truncated) break;
+    }
+    returns.push(total);
+  }
+  const mean = returns.reduce((a, b) => a + b, 0) / returns.length;
+  return { episodes: returns.length, returns, mean_return: mean, model_version: policy.contract.model_version };
+}
+
 const modes = {
   run,
+  "in-process": inProcess,
   "wrong-spaces": wrongSpaces,
   "multi-agent": multiAgent,
   "multi-agent-script": multiAgentScript,

@@ -28,6 +28,8 @@ class AddObservationsFromEpisodesToBatch(ConnectorV2):
     (`make_episode_keys_unique`).
     """
 
+    accepts_batched_obs = True
+
     def __call__(
         self,
         *,

@@ -29,6 +29,8 @@ class AddStatesFromEpisodesToBatch(ConnectorV2):
     Multi-agent: each agent's episode with its own module's state (agents of stateless modules add none).
     """
 
+    accepts_batched_obs = True
+
     def __call__(
         self,
         *,

@@ -29,6 +29,8 @@ class AddTimeDimToBatchAndZeroPad(ConnectorV2):
     its module's `max_seq_len`.
     """
 
+    accepts_batched_obs = True
+
     def __call__(
         self,
         *,

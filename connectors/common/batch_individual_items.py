@@ -28,6 +28,8 @@ class BatchIndividualItems(ConnectorV2):
     is not written, and module-to-env keeps its columns batched.
     """
 
+    accepts_batched_obs = True
+
     def __init__(
         self,
         input_observation_space: gym.Space | None = None,

@@ -40,6 +40,8 @@ class FrameStacking(ConnectorV2):
     that change observations must come before it (they write into the episodes, which it reads).
     """
 
+    accepts_batched_obs = True
+
     def __init__(
         self,
         input_observation_space: gym.Space | None = None,

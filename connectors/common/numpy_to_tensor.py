@@ -35,6 +35,8 @@ class NumpyToTensor(ConnectorV2):
     batch `{module id: {column: array}}` is converted module by module.
     """
 
+    accepts_batched_obs = True
+
     def __init__(
         self,
         input_observation_space: gym.Space | None = None,

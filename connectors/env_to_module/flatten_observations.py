@@ -44,6 +44,8 @@ class FlattenObservations(ConnectorV2):
     then adds them). `agent_ids` limits flattening to those agents (default: all).
     """
 
+    accepts_batched_obs = True
+
     def __init__(
         self,
         input_observation_space: gym.Space | None = None,

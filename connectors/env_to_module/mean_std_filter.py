@@ -174,6 +174,8 @@ class MeanStdFilter(ConnectorV2):
     filtered between a server's get_state and its set_state do not enter the statistics (as in RLlib).
     """
 
+    accepts_batched_obs = True
+
     def __init__(
         self,
         input_observation_space: gym.Space | None = None,

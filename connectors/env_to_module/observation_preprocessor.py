@@ -31,6 +31,8 @@ class ObservationPreprocessor(ConnectorV2, abc.ABC):
                 return np.eye(self.input_observation_space.n, dtype=np.float32)[observation]
     """
 
+    accepts_batched_obs = True
+
     @abc.abstractmethod
     def preprocess(self, observation: Any, episode: SingleAgentEpisode) -> Any:
         """The new observation for `observation`, the latest one of `episode`."""

@@ -40,6 +40,8 @@ class PrevActionsPrevRewards(ConnectorV2):
     on them, reading the space's `n`).
     """
 
+    accepts_batched_obs = True
+
     ORIG_OBS_KEY = "_orig_obs"
     PREV_ACTIONS_KEY = "prev_n_actions"
     PREV_REWARDS_KEY = "prev_n_rewards"

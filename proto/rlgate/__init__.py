@@ -4,7 +4,8 @@ The repository keeps one folder per room and the build maps each into this packa
 `[tool.setuptools.package-dir]`): `core/` is `rlgate.core`, `episodes/` is `rlgate.episodes`, and so on;
 this folder (`proto/rlgate`) is the package itself, with the wire contract's stubs in `rlgate.v1`.
 Layers, each importing only from those below it (tests/test_layers.py checks):
-v1 <- core <- episodes <- connectors, models <- spec, service <- server, learner, client, policy <- bench <- cli.
+v1 <- core <- episodes <- connectors, models <- spec, service <- export <- policy <- server, learner, client
+<- bench <- cli.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rlgate.export.runtime import OnnxEpisode, OnnxPolicy
     from rlgate.policy import (
         Evaluation,
         MultiAgentPolicy,
@@ -33,12 +35,16 @@ _PUBLIC = {
     "MultiAgentPolicy": "rlgate.policy",
     "MultiAgentPolicyEpisode": "rlgate.policy",
     "evaluate_multi_agent": "rlgate.policy",
+    "OnnxPolicy": "rlgate.export.runtime",
+    "OnnxEpisode": "rlgate.export.runtime",
     "read_episodes": "rlgate.spec.episode_files",
 }
 __all__ = [
     "Evaluation",
     "MultiAgentPolicy",
     "MultiAgentPolicyEpisode",
+    "OnnxEpisode",
+    "OnnxPolicy",
     "Policy",
     "PolicyEpisode",
     "evaluate",

@@ -33,14 +33,14 @@ def _marked(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.slow
-def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
+def run_bench(tmp_path: Path, *args: str) -> tuple[str, list[dict]]:
+    """`rlgate bench ARGS --json FILE` to its end, which must succeed and leave no process running; (its output,
+    its records)."""
     out = tmp_path / "bench.json"
     marker = f"RLGATE_BENCH_TEST={uuid.uuid4().hex}"
     key, value = marker.split("=")
-    command = [sys.executable, "-m", "rlgate", "bench", "--quick", "--warmup-s", "0.2", "--window-s", "0.3"]
     bench = subprocess.Popen(
-        [*command, "--json", str(out), "--logs", str(tmp_path / "logs")],
+        [sys.executable, "-m", "rlgate", "bench", *args, "--json", str(out), "--logs", str(tmp_path / "logs")],
         env={**os.environ, key: value},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -56,11 +56,15 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
             bench.wait()
     assert bench.returncode == 0, stderr[-3000:]
     assert leftovers == [], "the bench left processes running"
-    assert "goal" in stdout
+    return stdout, json.loads(out.read_text())
 
-    records = json.loads(out.read_text())
-    assert {r["scenario"] for r in records} == {"B1", "B2", "B3", "B4", "B7"}
-    for record in records:
+
+@pytest.mark.slow
+def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
+    stdout, records = run_bench(tmp_path, "--quick", "--warmup-s", "0.2", "--window-s", "0.3")
+    assert "goal" in stdout
+    assert {r["scenario"] for r in records} == {"B1", "B2", "B3", "B4", "B7", "B8"}
+    for record in (r for r in records if r["scenario"] != "B8"):
         assert isinstance(record["clients"], int) and record["clients"] >= 1, record
         assert isinstance(record["envs_per_message"], int) and record["envs_per_message"] >= 1, record
         for figure in POSITIVE:
@@ -73,7 +77,7 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert "limited by: server" in stdout
     # The transport floor (gRPC and protobuf alone) ran at the goals' points.
     for record in (r for r in records if (r["clients"], r["envs_per_message"]) in {(1, 1), (64, 1), (16, 32)}):
-        if record["scenario"] != "B7":
+        if record["scenario"] not in ("B7", "B8"):
             assert record["transport_env_steps_per_s"] > 0 and record["transport_server_cpu_us_per_step"] > 0
     for record in (r for r in records if r["scenario"] == "B4"):
         assert record["stages_us"].keys() >= STAGES
@@ -84,3 +88,34 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert hand_off["steps_lost"] == 0 and hand_off["unacked_batches"] == 0, hand_off
     # The spool stays bounded: past its limit the server pauses, so it overshoots by at most a batch or so.
     assert hand_off["max_spool_bytes"] < 2 * hand_off["spool_limit_bytes"], hand_off
+    # B8: both placements sampled while the learner trained, local inference's steps/s over server-side's.
+    (placement,) = (r for r in records if r["scenario"] == "B8")
+    assert (placement["clients"], placement["envs_per_message"]) == (1, 1)
+    for where in ("server", "local"):
+        figures = placement[where]
+        assert figures["env_steps_per_s"] > 0 and figures["trained_per_s"] > 0, (where, figures)
+        assert figures["server_cpu_us_per_step"] > 0 and figures["limited_by"] in LIMITS, (where, figures)
+    assert placement["local_x_server"] == pytest.approx(
+        placement["local"]["env_steps_per_s"] / placement["server"]["env_steps_per_s"], rel=1e-3
+    )
+    assert "B8 acting" in stdout and "B8 1x1 local inference x server-side" in stdout
+
+
+@pytest.mark.long
+@pytest.mark.timeout(300)
+def test_env_bench_measures_pong_beside_cartpole_within_the_wire_budget(tmp_path: Path) -> None:
+    """`rlgate bench --env ALE/Pong-v5`: both envs at 1x8 and 4x8, and Pong's step messages carry one 84x84 uint8
+    frame per env step (7,056 bytes) and little else: at most 7.5 KB per env step on the wire. ~30 s alone, two
+    servers and four load points: `long` (the suite checks the wire budget in tests/client/test_pixel_wire.py)."""
+    pytest.importorskip("ale_py", reason="ALE needs ale-py (pip install 'rlgate[atari]')")
+    stdout, found = run_bench(tmp_path, "--env", "ALE/Pong-v5", "--quick", "--warmup-s", "0.2", "--window-s", "0.3")
+    records = {(r["env"], r["clients"], r["envs_per_message"]): r for r in found}
+    assert set(records) == {(env, k, 8) for env in ("ALE/Pong-v5", "CartPole-v1") for k in (1, 4)}
+    for (env, _, _), record in records.items():
+        assert record["env_steps_per_s"] > 0 and record["server_cpu_us_per_step"] > 0, record
+        assert record["stages_us"]["forward"] > 0 and record["limited_by"] in LIMITS, record
+        frame = 84 * 84 if env == "ALE/Pong-v5" else 4 * 4  # CartPole: 4 float32 values
+        assert frame < record["bytes_out_per_step"] < frame + 100, record  # rewards, flags, tags: tens of bytes
+        assert 0 < record["bytes_in_per_step"] < 20, record  # one int64 action and its share of the reply
+    assert records["ALE/Pong-v5", 1, 8]["bytes_out_per_step"] <= 7_500
+    assert "x baseline cpu/step" in stdout

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_compare_measures_both_checkouts_and_prints_ratios() -> None:
+    """The old side with the torch backend, the new with onnxruntime (--backends): both serve every load."""
     command = [sys.executable, "-m", "rlgate.bench.compare", str(ROOT), "--loads", "1x1", "2x4", "--rounds", "2"]
+    command += ["--backends", "torch", "onnxruntime"]
     command += ["--warmup-s", "0.2", "--window-s", "0.3", "--repeats", "1"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)  # ~25 s alone
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,15 +8,10 @@ import signal
 from pathlib import Path
 
 from tests.support.cli import RLGATE, rlgate
+from tests.support.processes import descendants
 from tests.support.servers import until
 
 ASYNC = ("--env", "CartPole-v1", "--spec.env.vectorize", "async", "--spec.env.num-envs", "2", "--num-clients", "2")
-
-
-def descendants(pid: int) -> set[int]:
-    """The ids of every process under `pid` that its main thread started (all here: Linux's /proc lists them)."""
-    children = {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    return children.union(*(descendants(child) for child in children))
 
 
 async def test_rlgate_env_runs_async_vector_envs_to_max_steps(server) -> None:

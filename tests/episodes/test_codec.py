@@ -309,6 +309,19 @@ def test_multi_agent_chunks_keep_their_agent_fields_one_table_per_module(assert_
         )
 
 
+def test_a_chunk_cut_off_as_its_session_closed_says_so_in_a_message_and_in_a_table():
+    """`session_closed` travels (as the done flags do), and a table of chunks none of which has it carries no list."""
+    closed, ended = build(BOX, DISCRETE, 4, seed=1, done="truncated"), build(BOX, DISCRETE, 3, seed=2, done="truncated")
+    closed.session_closed = True
+    assert episode_from_proto(episode_to_proto(closed), BOX, DISCRETE).session_closed
+    assert not episode_from_proto(episode_to_proto(ended), BOX, DISCRETE).session_closed
+    (table,) = chunk_tables([episode_columns(e) for e in (ended, closed)])
+    assert list(table.session_closed) == [False, True]
+    assert [e.session_closed for e in episodes_from_chunks(table, BOX, DISCRETE)] == [False, True]
+    (table,) = chunk_tables([episode_columns(ended)])
+    assert not table.session_closed and not episodes_from_chunks(table, BOX, DISCRETE)[0].session_closed
+
+
 def test_chunks_of_different_shapes_or_outputs_go_into_separate_tables():
     wide = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
     episodes = [build(BOX, DISCRETE, 3), build(wide, DISCRETE, 3), build(BOX, DISCRETE, 3, versions=False)]
@@ -332,6 +345,7 @@ def two_chunk_table() -> episode_pb2.EpisodeChunks:
         (lambda t: t.terminated.pop(), "terminated: 1 entries for 2 chunks"),
         (lambda t: t.agent_ids.pop(), "agent_ids: 1 entries for 2 chunks"),
         (lambda t: t.multi_agent_episode_chunks.pop(), "multi_agent_episode_chunks: 1 entries for 2 chunks"),
+        (lambda t: t.session_closed.append(True), "session_closed: 1 entries for 2 chunks"),
         (lambda t: t.steps.__setitem__(1, 6), "rewards: 10 rows, .* make 11"),
         (lambda t: t.len_lookback_buffers.__setitem__(0, 0), "rewards: 10 rows, .* make 9"),
         (lambda t: t.actions.CopyFrom(to_value(np.zeros(9, np.int64))), "actions: 9 rows, .* make 10"),

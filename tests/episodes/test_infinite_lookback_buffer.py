@@ -83,6 +83,15 @@ def test_fill_without_space():
     assert arrays.get(7, fill=2).tolist() == [2, 2, 2]
 
 
+def test_fill_without_space_keeps_the_stored_dtype():
+    """uint8 frames padded with FrameStacking's `fill=0.0` stay uint8 (were float64, then float32 tensors: four
+    times the bytes of every frame stack, from an episode made without its observation space)."""
+    frames = InfiniteLookbackBuffer(np.full((2, 4, 4, 1), 7, np.uint8))
+    stack = frames.get(slice(-4, None), fill=0.0)
+    assert stack.dtype == np.uint8 and stack[:, 0, 0, 0].tolist() == [0, 0, 7, 7]
+    assert frames.get(5, fill=0.0).dtype == np.uint8
+
+
 def test_range_overflowing_both_ends_is_padded_on_both_sides(in_mode):
     # RLlib 2.60 pads only the left side here (returning fewer items than asked); we pad both.
     buffer = in_mode(InfiniteLookbackBuffer([1, 2], lookback=1))

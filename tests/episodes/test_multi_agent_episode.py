@@ -183,3 +183,53 @@ def test_chunks_hold_exactly_what_the_env_emitted(seed: int, n_agents: int, cuts
     whole = replay(MultiAgentEpisode(), records)
     assert sum(len(c) for c in chunks) == len(whole)
     assert sum(c.agent_steps() for c in chunks) == whole.agent_steps()
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        [({"a": 2.0}, {"a": 1}, {"a": 1.0, "c": 0.5}, {"c": True})],  # c leaves without ever observing
+        [({"a": 2.0, "c": 5.0}, {"a": 1}, {"a": 1.0, "c": 0.5}, {}), ({"a": 3.0, "c": 6.0}, {"a": 2, "c": 0}, {}, {})],
+        [({"a": 2.0}, {"a": 1}, {"a": 1.0, "c": 0.5}, {})],  # c still has not observed
+    ],
+    ids=["leaves", "joins", "waits"],
+)
+def test_concat_holds_the_rewards_before_a_first_observation_as_the_uncut_episode(later: list) -> None:
+    """c gets 0.25 before it ever observes, then the episode is cut. Whatever c does in the successor (leaves
+    unobserved, which clears the reward; joins; gets more), the concatenated chunks hold c's pre-observation
+    rewards as the uncut episode does, and so the same return with hanging rewards. RLlib 2.60 keeps the first
+    chunk's 0.25 in all three (a return 0.25 too high where c leaves)."""
+
+    def play(episode: MultiAgentEpisode, steps: list) -> None:
+        for obs, actions, rewards, terminateds in steps:
+            episode.add_env_step(
+                obs, actions, rewards | {a: 1.0 for a in obs if a not in rewards}, terminateds=terminateds
+            )
+
+    first = [({"a": 1.0}, {"a": 0}, {"a": 1.0, "c": 0.25}, {})]
+    uncut = MultiAgentEpisode()
+    uncut.add_env_reset(observations={"a": 0.0})
+    play(uncut, first + later)
+    joined = MultiAgentEpisode(uncut.id_)
+    joined.add_env_reset(observations={"a": 0.0})
+    play(joined, first)
+    successor = joined.cut()
+    play(successor, later)
+    joined.concat_episode(successor)
+    assert dict(joined._hanging_rewards_begin) == dict(uncut._hanging_rewards_begin)
+    assert joined.get_return(include_hanging_rewards=True) == uncut.get_return(include_hanging_rewards=True)
+    assert summary(joined) == summary(uncut)
+
+
+@pytest.mark.parametrize("cut_at", [1, 4])
+def test_concat_of_two_chunks_is_the_uncut_episode(cut_at: int) -> None:
+    """Trace 0 with 3 agents, cut after env step 1 (a0's and a1's first actions hang across the cut, so their
+    first chunk has no extra model outputs yet; a2 joins with no reward) or 4 (a0 terminates there). The two chunks
+    concatenated answer every getter as the uncut episode: the done agent's mapping covers the second chunk's env
+    steps, a2's pre-observation record is gone once it is done, a0's and a1's logp columns start in the chunk."""
+    records = trace(0, n_agents=3, steps=16)
+    uncut = replay(MultiAgentEpisode("e"), records)
+    first = replay(MultiAgentEpisode("e"), records[: cut_at + 1])
+    first.concat_episode(replay(first.cut(), records[cut_at + 1 :]))
+    assert summary(first) == summary(uncut)
+    assert dict(first._hanging_rewards_begin) == dict(uncut._hanging_rewards_begin)

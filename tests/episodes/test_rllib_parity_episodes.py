@@ -9,10 +9,12 @@ rlgate's documented behaviour.
 
 from __future__ import annotations
 
+import itertools
+
 import gymnasium as gym
 import numpy as np
 import pytest
-from support.agent_traces import replay, trace
+from support.agent_traces import replay, summary, trace
 
 from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
 
@@ -163,3 +165,202 @@ def test_an_agent_new_to_a_chunk_is_mapped_from_the_chunk_start():
     rows = e.get_observations(fill=-5.0)
     assert rows["a1"] == [-5.0, -5.0, 8.0, -5.0, 6.0, -5.0, -5.0, 8.0, 5.0, -5.0, 3.0]
     assert {len(row) for row in rows.values()} == {len(e) + 1}
+
+
+def turns(n_observations: int) -> MultiAgentEpisode:
+    """RLlib's slice docstring episode, continued: a0 observes at env steps 0, 3 (and 5), a1 at every step; each
+    action is the observation it follows, logp its -1/10; an observation brings reward obs / 10 + 0.1, a0's env
+    steps without one 0.05."""
+    observations = [{"a0": 0, "a1": 0}, {"a1": 1}, {"a1": 2}, {"a0": 3, "a1": 3}, {"a1": 4}, {"a0": 5, "a1": 5}]
+    e = MultiAgentEpisode()
+    e.add_env_reset(observations=observations[0])
+    for before, after in itertools.pairwise(observations[:n_observations]):
+        rewards = {a: o / 10 + 0.1 for a, o in after.items()} | ({} if "a0" in after else {"a0": 0.05})
+        e.add_env_step(after, before, rewards, extra_model_outputs={a: {"logp": -o / 10} for a, o in before.items()})
+    return e
+
+
+def hanging(e: MultiAgentEpisode) -> dict:
+    return {
+        a: (int(x), round(e._hanging_rewards_end[a], 5), float(e._hanging_extra_model_outputs_end[a]["logp"]))
+        for a, x in e._hanging_actions_end.items()
+    }
+
+
+@pytest.mark.parametrize("numpy", [False, True])
+def test_slice_hangs_only_the_actions_taken_inside_it_as_rllib(numpy):
+    """RLlib, the 6-observation episode: in [0:3] and [1:3] a0's last observation is at env step 3, the slice's
+    end, so the action it takes there (3) belongs to env step 4 and nothing hangs (a0 holds observations [0, 3] /
+    [3], action [0] / []); [3:4] and [0:2] end before a0 observes again, so its action there hangs with the step's
+    reward (3, 0.65; 0, 0.5). Numpy mode (and to_numpy() of a slice) alike."""
+    e = turns(6).to_numpy() if numpy else turns(6)
+    for part, obs, actions, hangs in [
+        (e[0:3], [0, 3], [0], {}),
+        (e[1:3], [3], [], {}),
+        (e[3:4], [3], [], {"a0": (3, 0.65, -0.3)}),
+        (e[0:2], [0], [], {"a0": (0, 0.5, -0.0)}),
+    ]:
+        a0 = part.to_numpy().agent_episodes["a0"]
+        assert (plain(a0.get_observations()), plain(a0.get_actions()), hanging(part)) == (obs, actions, hangs)
+
+
+@pytest.mark.parametrize("numpy", [False, True])
+def test_slice_to_the_end_keeps_the_actions_that_still_hang_as_rllib(numpy):
+    """RLlib, the 5-observation episode (a0 acted 3 at env step 3 and has not observed since): [3:], [-2:],
+    [2:4] and [0:] keep a0's hanging action with its reward so far (0.05) and logp; a0 is not done in any."""
+    e = turns(5).to_numpy() if numpy else turns(5)
+    for part, a1 in [(e[3:], [3, 4]), (e[-2:], [2, 3, 4]), (e[2:4], [2, 3, 4]), (e[0:], [0, 1, 2, 3, 4])]:
+        assert hanging(part.to_numpy()) == {"a0": (3, 0.05, -0.3)}
+        assert plain(part.agent_episodes["a1"].get_observations()) == a1
+        assert not part.agent_episodes["a0"].is_done and not part.is_done
+
+
+def hanging_b() -> MultiAgentEpisode:
+    """a observes at env steps 0..3; b at 0 and 1, then acts (1) at env step 1 and waits: its action hangs."""
+    e = MultiAgentEpisode()
+    e.add_env_reset(observations={"a": 0.0, "b": 0.0})
+    e.add_env_step({"a": 1.0, "b": 1.0}, {"a": 0, "b": 0}, {"a": 1.0, "b": 1.0})
+    e.add_env_step({"a": 2.0}, {"a": 1, "b": 1}, {"a": 1.0, "b": 0.5})
+    e.add_env_step({"a": 3.0}, {"a": 2}, {"a": 1.0, "b": 0.25})
+    return e
+
+
+@pytest.mark.parametrize("len_lookback_buffer", [0, 1, 2])
+def test_cut_lookback_reaches_the_last_observation_of_an_agent_whose_action_hangs(len_lookback_buffer):
+    """RLlib, cut(len_lookback_buffer=1) or 2: the env-step lookback grows to 2, back to b's last observation (env
+    step 1): mappings a [1, 2, 3] and b [1, "S", "S"] (lookback 2), a's agent episode observations 1..3 with
+    lookback 2, b's [1.0] (its pending step, t_started 1), get_observations(-2, neg_index_as_lookback=True) ==
+    {"a": 1.0, "b": 1.0}; b's step completes in the successor (reward 0.5 + 0.25 + 1.0). RLlib's cut(0) extends
+    only when the agent's first mapping entry is a skip tag (its loop starts reading at index -0, the first
+    entry), so here it drops b's pending step; rlgate extends for every lookback length."""
+    successor = hanging_b().cut(len_lookback_buffer=len_lookback_buffer)
+    mappings = {agent: (list(m.data), m.lookback) for agent, m in successor.env_t_to_agent_t.items()}
+    assert mappings == {"a": ([1, 2, 3], 2), "b": ([1, "S", "S"], 2)}
+    a, b = successor.agent_episodes["a"], successor.agent_episodes["b"]
+    assert (a.get_observations(slice(-2, None), neg_index_as_lookback=True), a.t_started) == ([1.0, 2.0, 3.0], 3)
+    assert (b.get_observations(), b.t_started) == ([1.0], 1)
+    assert successor.get_observations(-1, neg_index_as_lookback=True) == {"a": 2.0}
+    assert successor.get_observations(-2, neg_index_as_lookback=True) == {"a": 1.0, "b": 1.0}
+    successor.add_env_step({"a": 4.0, "b": 4.0}, {"a": 3}, {"a": 1.0, "b": 1.0})
+    assert (b.get_observations(), b.get_actions(), b.get_rewards()) == ([1.0, 4.0], [1], [1.75])
+
+
+def docstring_lists() -> dict:
+    """RLlib's MultiAgentEpisode.slice docstring episode as the constructor's lists (rewards one per observation)."""
+    observations = [{"a0": 0, "a1": 0}, {"a1": 1}, {"a1": 2}, {"a0": 3, "a1": 3}, {"a0": 4}]
+    rewards = [{a: o / 10 + 0.1 for a, o in step.items()} for step in observations]
+    return {"observations": observations, "actions": observations[:-1], "rewards": rewards}
+
+
+def test_constructor_takes_rllib_per_env_step_lists_as_its_slice_docstring():
+    """RLlib's docstring: episode[1:3] holds a0's observation 3 and a1's 1, 2, 3 (actions [] and [1, 2], rewards
+    [] and [0.2, 0.3]); episode[:2] leaves a0's action 0 hanging with reward 0.1. a1's action 3 hangs at the end
+    (reward 0.4). RLlib counts env_t from the rewards (5 here, one per observation); rlgate from the observations
+    (4 env steps after the reset)."""
+    e = MultiAgentEpisode(**docstring_lists(), len_lookback_buffer=0)
+    assert (len(e), e.get_agents_to_act()) == (4, {"a0"})
+    assert (e._hanging_actions_end, e._hanging_rewards_end["a1"]) == ({"a1": 3}, pytest.approx(0.4))
+    part = e[1:3]
+    a0, a1 = part.agent_episodes["a0"], part.agent_episodes["a1"]
+    assert (a0.get_observations(), a1.get_observations()) == ([3], [1, 2, 3])
+    assert (a0.get_actions(), a1.get_actions()) == ([], [1, 2])
+    assert (a0.get_rewards(), a1.get_rewards()) == ([], pytest.approx([0.2, 0.3]))
+    start = e[:2]
+    assert (start._hanging_actions_end, start._hanging_rewards_end["a0"]) == ({"a0": 0}, pytest.approx(0.1))
+
+
+def joining_lists() -> dict:
+    """a observes at every env step; b at 0, 1 and 4 (its action at 1 hangs over 2 and 3); c joins at 2 and acts
+    7 there; rewards between the agents' steps; logp -action / 10; infos {"i": env step}."""
+    observations = [{"a": 0.0, "b": 0.0}, {"a": 1.0, "b": 1.0}, {"a": 2.0, "c": 5.0}, {"a": 3.0}]
+    observations.append({"a": 4.0, "b": 4.0, "c": 6.0})
+    actions = [{"a": 0, "b": 0}, {"a": 1, "b": 1}, {"a": 2, "c": 7}, {"a": 3}]
+    rewards = [{"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 0.5}, {"a": 1.0, "b": 0.25, "c": 2.0}, {"a": 1.0, "b": 1.0}]
+    return {
+        "observations": observations,
+        "actions": actions,
+        "rewards": rewards,
+        "extra_model_outputs": [{a: {"logp": -x / 10} for a, x in step.items()} for step in actions],
+        "infos": [{a: {"i": i} for a in step} for i, step in enumerate(observations)],
+    }
+
+
+def test_constructor_maps_each_agents_steps_as_rllib():
+    """RLlib, len_lookback_buffer=0, env_t_started=10, agent_t_started {a: 7, b: 3, c: 1}: len 4 (env_t 14),
+    mappings a [7..11], b [3, 4, "S", "S", 5], c ["S", "S", 1, "S", 2]; b's step sums 0.5 + 0.25 + 1.0; every
+    agent observed last, so all act next."""
+    e = MultiAgentEpisode(
+        **joining_lists(), env_t_started=10, agent_t_started={"a": 7, "b": 3, "c": 1}, len_lookback_buffer=0
+    )
+    assert (len(e), e.env_t_started, e.env_t, e.get_agents_to_act()) == (4, 10, 14, {"a", "b", "c"})
+    assert {a: list(m.data) for a, m in e.env_t_to_agent_t.items()} == {
+        "a": [7, 8, 9, 10, 11],
+        "b": [3, 4, "S", "S", 5],
+        "c": ["S", "S", 1, "S", 2],
+    }
+    b, c = e.agent_episodes["b"], e.agent_episodes["c"]
+    assert (b.get_observations(), b.get_actions(), b.get_rewards(), b.t_started, b.t) == (
+        [0.0, 1.0, 4.0],
+        [0, 1],
+        [1.0, 1.75],
+        3,
+        5,
+    )
+    assert (c.get_actions(), c.get_rewards(), plain(c.get_extra_model_outputs("logp"))) == ([7], [2.0], [-0.7])
+    assert e.get_infos(2) == {"a": {"i": 2}, "c": {"i": 2}} and e.get_return() == 8.75
+
+
+def env_steps(lists: dict, first: int, last: int) -> dict:
+    """The lists of env steps first..last (observations and infos) and the actions between them."""
+    return {k: v[first : last + (k in ("observations", "infos"))] for k, v in lists.items()}
+
+
+def test_constructor_lookback_holds_the_steps_that_complete_in_it_as_the_cut_successor():
+    """Env steps 1..3 with len_lookback_buffer=2 (env steps 1 and 2 are lookback, the chunk starts at env step 3)
+    build what cut(len_lookback_buffer=2) after env step 3 builds, before and after env step 4: a's steps 1->2
+    and 2->3 are lookback, b's last observation (1) starts its pending step (t_started 1, no lookback), so the
+    step completes in this chunk. RLlib's constructor puts a step that straddles the chunk's start in the
+    lookback (b lookback 1), where neither chunk of a cut episode holds it: a deliberate difference."""
+    lists = joining_lists()
+    cut = MultiAgentEpisode(**env_steps(lists, 0, 3), len_lookback_buffer=0).cut(len_lookback_buffer=2)
+    listed = MultiAgentEpisode(
+        **env_steps(lists, 1, 3), env_t_started=3, agent_t_started={"a": 3, "b": 1, "c": 0}, len_lookback_buffer=2
+    )
+    assert summary(listed) == summary(cut)
+    b = listed.agent_episodes["b"]
+    assert (b.get_observations(), b.t_started, b.observations.lookback, listed._hanging_actions_end) == (
+        [1.0],
+        1,
+        0,
+        {"b": 1, "c": 7},
+    )
+    for episode in (listed, cut):
+        episode.add_env_step(lists["observations"][4], lists["actions"][3], lists["rewards"][3])
+    assert summary(listed) == summary(cut)
+    assert (b.get_observations(), b.get_rewards()) == ([1.0, 4.0], [1.75])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"observations": [{"a": 0}, {"a": 1}], "actions": []}, "0 actions"),
+        ({"observations": [{"a": 0}, {"a": 1}], "actions": [{"a": 0}], "infos": [{}]}, "1 infos"),
+        ({"observations": [{"a": 0}, {"a": 1}], "actions": [{"b": 0}]}, "agent 'b' acted before it ever observed"),
+        ({"actions": [{"a": 0}]}, "come with observations"),
+    ],
+)
+def test_constructor_refuses_lists_that_do_not_fit(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MultiAgentEpisode(**kwargs)
+
+
+@pytest.mark.parametrize("flags", [True, {"__all__": True, "a": True, "b": True}])
+def test_constructor_ends_the_episode_with_its_flags(flags):
+    """terminateds=True (RLlib raises AttributeError for a bool) or per agent: every agent ends terminated; b,
+    whose action hangs, completes its step with its last observation, as add_env_step records it (RLlib's
+    constructor leaves its action hanging in the finished episode)."""
+    lists = env_steps(joining_lists(), 0, 3)
+    e = MultiAgentEpisode(**lists, terminateds=flags, len_lookback_buffer=0)
+    assert e.is_terminated and all(a.is_terminated for a in e.agent_episodes.values())
+    assert e._hanging_actions_end == {} and e.agent_episodes["b"].get_observations() == [0.0, 1.0, 1.0]
+    assert MultiAgentEpisode(terminateds=flags).is_terminated  # RLlib: without lists, the flags are the episode's

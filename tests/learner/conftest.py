@@ -19,11 +19,10 @@ from support.learners import Learners
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.settings import LearnerSettings
-from rlgate.server.metrics import ServerMetrics
-from rlgate.server.policy import Policy
-from rlgate.server.session import Session, SessionSpec
+from rlgate.policy.acting import ActingCore
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
@@ -86,11 +85,10 @@ def cartpole_chunks() -> Callable[..., list[SingleAgentEpisode]]:
     def make(steps: int, *, version: int = 0, seed: int = 0, spec: RunSpec | None = None) -> list[SingleAgentEpisode]:
         envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
         session_spec = SessionSpec("test", envs.single_observation_space, envs.single_action_space, 4, explore=True)
-        policy = Policy.create(
+        policy = ActingCore.build(
             spec or RunSpec(),
             session_spec.observation_space,
             session_spec.action_space,
-            metrics=ServerMetrics(),
             version=version,
             seed=seed,
         )
@@ -101,7 +99,7 @@ def cartpole_chunks() -> Callable[..., list[SingleAgentEpisode]]:
         shipped = 0
         for _ in range(steps + 20):  # each round adds 4 env steps; at most 4 * 16 wait in running episodes
             episodes, _ = session.observe(obs, rewards, terminateds, truncateds, None)
-            outputs = policy.compute(obs, episodes, explore=True)
+            outputs = policy.act(episodes, True, obs)
             done = decoded(session.record(outputs))
             chunks += done
             shipped += sum(len(c) for c in done)

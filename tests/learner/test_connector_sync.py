@@ -61,7 +61,7 @@ async def test_two_servers_statistics_are_merged_by_the_learner_and_sent_back(le
             assert max(seen) < merged <= sum(seen)
             # Each server normalises with the merged statistics that came back with the weights: both servers'.
             for server, own in zip(servers, seen, strict=True):
-                assert own < filter_count(server.policy.env_to_module.get_state(), key) <= merged
+                assert own < filter_count(server.host.core.env_to_module.get_state(), key) <= merged
     finally:
         await learner.stop()
 

@@ -98,11 +98,11 @@ def test_a_checkpoint_deletes_exactly_the_intake_files_of_trained_chunks(tmp_pat
     steps = sum(len(c) for c in trained)
     assert keys(intake.take(steps)) == keys(trained) and intake.pending_steps == 0
     intake.accept(batch(untrained, seq=1))  # arrives while the update runs
-    covered, partial, files = intake.checkpoint_state()
-    assert covered == sorted(keys(trained)) and partial == {} and len(files) == 1
-    intake.checkpointed(covered, files)
-    assert not files[0].exists() and len(list(tmp_path.glob("*.pb"))) == 1
-    restarted = intake_at(tmp_path, trained=set(covered))
+    covered = intake.checkpoint_state()
+    assert covered.trained == sorted(keys(trained)) and covered.partial == {} and len(covered.files) == 1
+    intake.checkpointed(covered)
+    assert not covered.files[0].exists() and len(list(tmp_path.glob("*.pb"))) == 1
+    restarted = intake_at(tmp_path, trained=set(covered.trained))
     assert keys(restarted.pending) == keys(untrained) and restarted.duplicates == 0
 
 
@@ -192,11 +192,13 @@ def test_a_split_chunk_goes_into_checkpoints_and_a_restart_trains_only_its_remai
     intake.accept(batch(chunks, seq=0))
     first = len(chunks[0]) // 2
     intake.take(first)
-    covered, partial, files = intake.checkpoint_state()
-    assert covered == [] and files == []  # the batch file still holds untrained steps
-    assert partial == {chunk_key(chunks[0].id_, chunks[0].chunk_index): first}
-    intake.checkpointed(covered, files)
-    restarted = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, trained=set(covered), partial=partial)
+    covered = intake.checkpoint_state()
+    assert covered.trained == [] and covered.files == []  # the batch file still holds untrained steps
+    assert covered.partial == {chunk_key(chunks[0].id_, chunks[0].chunk_index): first}
+    intake.checkpointed(covered)
+    restarted = Intake(
+        tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, trained=set(covered.trained), partial=covered.partial
+    )
     assert len(restarted.pending[0]) == len(chunks[0]) - first
     assert restarted.pending_steps == sum(len(c) for c in chunks) - first
 
@@ -208,8 +210,12 @@ def test_chunks_too_stale_to_train_are_dropped_counted_and_covered_by_the_next_c
     intake.accept(batch(new, seq=1))
     assert intake.drop_stale(min_version=3) == sum(len(c) for c in old)
     assert keys(intake.pending) == keys(new) and intake.pending_steps == sum(len(c) for c in new)
-    covered, _, files = intake.checkpoint_state()
-    assert covered == sorted(keys(old)) and len(files) == 1  # the stale batch's file may go
+    covered = intake.checkpoint_state()
+    # Listed as dropped, not as trained (no step of them was); their batch's file may go.
+    assert (covered.trained, covered.stale, len(covered.files)) == ([], sorted(keys(old)), 1)
+    intake.checkpointed(covered)
+    restarted = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, stale=set(covered.stale))
+    assert restarted.accept(batch(old, seq=2)).duplicates == len(old)  # a re-sent stale chunk is not taken again
     # drop_stale skips its scan while no pending chunk can be stale: a late chunk of an old version is not missed.
     assert intake.drop_stale(min_version=3) == 0
     late = cartpole_chunks(30, version=1, seed=2)

@@ -1,14 +1,15 @@
 """The learner killed mid-run (SIGKILL) and restarted: every episode chunk the server shipped is trained on
-exactly once.
+exactly once, its sessions' and its local-inference clients' alike.
 
-The learner runs as a real `rlgate learn` process; the inference server and a CartPole client run in this
-event loop. The server's episode_dir records every chunk it ships. After the run, the final checkpoint's
-trained chunks plus the chunks still waiting in the learner's intake files must be exactly the shipped
-chunks, and the env steps the checkpointed model was trained on must be the sum of the trained chunks'
-lengths: a chunk trained twice, or lost, would break one or the other.
+The learner runs as a real `rlgate learn` process; the inference server and a CartPole client (acting through the
+server, or itself and sending the server its episodes) run in this event loop. The server's episode_dir records
+every chunk it ships, its local clients' too. After the run, the final checkpoint's trained chunks plus the chunks
+still waiting in the learner's intake files must be exactly the shipped chunks, and the env steps the checkpointed
+model was trained on must be the sum of the trained chunks' lengths: a chunk trained twice, or lost, would break one
+or the other.
 
 The learner is killed at two moments: while the server ships chunks (its stream to the learner may break
-in the middle of a write), and while the server waits for the next version with all its chunks
+in the middle of a write), and while the server (or the local client) waits for the next version with all its chunks
 acknowledged (only the restarted learner can get the run going again).
 """
 
@@ -35,23 +36,27 @@ QUICK += ("--spec.sampling.rollout-fragment-length", "16")  # many chunks, and e
 
 
 def served(server: InferenceServer) -> int:
-    return server.policy.version if server.policy else -1
+    return server.host.core.version if server.host.core else -1
 
 
-def shipping(server: InferenceServer, spool: Path) -> bool:
+def shipping(server: InferenceServer, client: EnvClient, spool: Path) -> bool:
     """The server has just taken version 3 and samples and ships chunks under it."""
     return served(server) >= 3
 
 
-def waiting(server: InferenceServer, spool: Path) -> bool:
+def waiting(server: InferenceServer, client: EnvClient, spool: Path) -> bool:
     """The server sampled all it may under version 3 (or later), was acked for all of it, and waits for the
-    next version: the learner holds those chunks untrained, and nothing more comes unless it trains them."""
-    return served(server) >= 3 and server.batcher.paused() and not any(spool.rglob("*.pb"))
+    next version: the learner holds those chunks untrained, and nothing more comes unless it trains them. A local
+    client: it waits for the learner's pace (the server holds what it shipped, or the learner does)."""
+    if client.inference == "local":
+        return served(server) >= 3 and client.stats.paused is not None
+    return served(server) >= 3 and server.host.batcher.paused() and not any(spool.rglob("*.pb"))
 
 
+@pytest.mark.parametrize("inference", ["server", "local"])
 @pytest.mark.parametrize("moment", [shipping, waiting], ids=lambda moment: moment.__name__)
 async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk_exactly_once(
-    tmp_path, learners, server_factory, moment
+    tmp_path, learners, server_factory, moment, inference
 ):
     checkpoints, shipped_dir = learners.checkpoints, tmp_path / "shipped"
     server = await server_factory(
@@ -59,11 +64,12 @@ async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk
         episode_dir=shipped_dir,
     )
     first = learners.start("learner-1", *QUICK)
-    client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)]), target(server), seed=0)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
+    client = EnvClient(envs, target(server), seed=0, inference=inference, spool_dir=tmp_path / "client-spool")
     async with running_client(client):
         # Checkpoints come every 2 versions: at version 3 the learner restarts from version 2, and the server
         # must not wait for a "version 3" it already has.
-        await until(lambda: moment(server, tmp_path / "spool"), timeout=60)
+        await until(lambda: moment(server, client, tmp_path / "spool"), timeout=60)
         assert any((checkpoints / "intake").glob("*.pb"))  # acknowledged chunks in no checkpoint yet
         first.kill()
         assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
@@ -73,6 +79,7 @@ async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk
         await until(lambda: served(server) >= max(killed_at, resumed_from) + 3, timeout=60)
     await server.stop()  # ships the open episodes (truncated) and waits for the learner's acks
     assert not list((tmp_path / "spool").rglob("*.pb")), "the server has unacknowledged batches left"
+    assert not list((tmp_path / "client-spool").rglob("*.pb")), "the client has unacknowledged batches left"
     second.send_signal(signal.SIGTERM)  # a clean stop writes a final checkpoint
     assert await asyncio.to_thread(second.wait, 30) == 0
     assert f"v{resumed_from:06d} version={resumed_from}" in (tmp_path / "learner-2.log").read_text()  # it resumed

@@ -30,7 +30,7 @@ gym.register(DICT_ENV, entry_point=lambda: SpaceEnv(DICT, DISCRETE2, length=9))
 async def wait_for_version(server: InferenceServer, version: int, timeout: float = 30.0) -> None:
     """Until the server serves `version` or newer (bounded in time)."""
     async with asyncio.timeout(timeout):
-        while server.policy is None or server.policy.version < version:
+        while server.host.core is None or server.host.core.version < version:
             await asyncio.sleep(0.01)
 
 
@@ -166,7 +166,7 @@ async def test_dict_observations_flattened_and_normalised_train_version_after_ve
         assert learner_server.learner.status()["stale_steps"] == 0
     finally:
         await learner_server.stop()
-    flat = server.policy.env_to_module.observation_space
+    flat = server.host.core.env_to_module.observation_space
     assert isinstance(flat, gym.spaces.Box)
     chunks = [episode_pb2.Episode.FromString(path.read_bytes()) for path in (tmp_path / "shipped").glob("*.pb")]
     assert len(chunks) > 20

@@ -48,8 +48,8 @@ async def test_each_module_trains_on_its_agents_and_is_versioned_and_checkpointe
         assert weights.module_weights["agent_1"] == first.module_weights["agent_1"]  # not in policies_to_train
         assert weights.module_weights["agent_0"] != first.module_weights["agent_0"]
         assert learner.learner.trainer.env_steps >= 3 * 128  # env steps (count_steps_by's default), not agent steps
-        await until(lambda: server.policy.version == weights.version, timeout=30)  # servers swap per module
-        assert server.policy.module_versions == dict(weights.module_versions)
+        await until(lambda: server.host.core.version == weights.version, timeout=30)  # servers swap per module
+        assert server.host.core.module_versions == dict(weights.module_versions)
     finally:
         await learner.stop()
     saved = checkpoint.load(tmp_path / "checkpoints")
@@ -87,8 +87,8 @@ async def test_a_frozen_opponent_drawn_per_game_never_changes_while_main_trains(
         assert set(returns) == {"main", "random"} and all(-1 <= r <= 1 for r in returns.values()), returns
         gauge = learner.learner.metrics.registry.get_sample_value
         assert gauge("rlgate_learner_module_mean_return", {"module": "main"}) is not None
-        await until(lambda: server.policy.version == weights.version, timeout=30)
-        assert server.policy.module_versions == dict(weights.module_versions)
+        await until(lambda: server.host.core.version == weights.version, timeout=30)
+        assert server.host.core.module_versions == dict(weights.module_versions)
     finally:
         await learner.stop()
     saved = checkpoint.load(tmp_path / "checkpoints")
@@ -131,11 +131,10 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     from examples.multi_agent_cartpole import MultiAgentCartPole
     from rlgate.core.columns import Columns
     from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
-    from rlgate.server.metrics import ServerMetrics
-    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.policy.acting import ActingCore
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
     from rlgate.spec.agent_envs import AgentEnvs
-    from rlgate.spec.multi_agent import build_multi_agent_learner_connector
+    from rlgate.spec.multi_agent import build_multi_agent_learner_connector, spaces_by_agent
     from rlgate.spec.run import RunSpec
 
     spec = RunSpec.parse(
@@ -147,7 +146,7 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
         "test",
     )
     envs = AgentEnvs([MultiAgentCartPole() for _ in range(2)])
-    policy = MultiAgentPolicy.create(spec, envs.agent_spaces, metrics=ServerMetrics(), seed=0)
+    policy = ActingCore.build(spec, *spaces_by_agent(envs.agent_spaces), seed=0)
     session = MultiAgentSession(
         MultiAgentSessionSpec("test", envs.agent_spaces, 2, True),
         mapping_fn=policy.mapping_fn,
@@ -159,7 +158,7 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     steps, chunks = envs.reset(seed=0), []
     for _ in range(60):
         episodes, _ = session.observe(steps)
-        outputs = policy.compute(episodes, explore=True)
+        outputs = policy.act(episodes, True)
         chunks += decoded(session.record(outputs))
         steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
     groups: dict[tuple, list] = {}  # the agents' chunks of each multi-agent chunk

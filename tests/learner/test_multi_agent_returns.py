@@ -18,16 +18,16 @@ from support.chunks import decoded
 from support.servers import SELF_PLAY
 
 from rlgate.core.columns import Columns
+from rlgate.episodes.chunk import Chunk
 from rlgate.episodes.codec import chunk_tables
 from rlgate.learner.intake import RETURN_WINDOW, Intake, chunk_key
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.multi_agent_returns import MultiAgentReturns
-from rlgate.server.metrics import ServerMetrics
-from rlgate.server.multi_agent_policy import MultiAgentPolicy
+from rlgate.policy.acting import ActingCore
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-from rlgate.server.shipping import Chunk
 from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
@@ -48,7 +48,7 @@ class Played:
 
     shipments: list[list[Chunk]]
     episodes: dict[str, tuple[float, int]]
-    policy: MultiAgentPolicy
+    policy: ActingCore
     agents: frozenset[str]
     session: MultiAgentSession
 
@@ -69,8 +69,8 @@ def play(env_factory: Any, spec: dict, rounds: int, *, fragment: int, seed: int 
     agent steps (the spec's count_steps_by). Returns what shipped and the ended episodes' true figures."""
     run_spec = RunSpec.parse(spec, "test")
     envs = AgentEnvs([env_factory() for _ in range(4)])
-    policy = MultiAgentPolicy.create(
-        run_spec, envs.agent_spaces, metrics=ServerMetrics(), imports=ImportPolicy(["examples"]), seed=seed
+    policy = ActingCore.build(
+        run_spec, *spaces_by_agent(envs.agent_spaces), imports=ImportPolicy(["examples"]), seed=seed
     )
     session = MultiAgentSession(
         MultiAgentSessionSpec("test", envs.agent_spaces, envs.num_envs, True),
@@ -92,7 +92,7 @@ def play(env_factory: Any, spec: dict, rounds: int, *, fragment: int, seed: int 
             if resetting[i]:
                 ended.append((running[i][0], running[i][1]))
         episodes, _ = session.observe(steps)
-        outputs = policy.compute(episodes, explore=True)
+        outputs = policy.act(episodes, True)
         shipments.append(session.record(outputs))
         steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
     envs.close()
@@ -244,30 +244,25 @@ def test_re_delivered_and_reordered_chunks_count_each_episode_once(tmp_path):
     assert sorted(reordered.take_finished()) == sorted(first)
 
 
-def test_episodes_a_leaving_client_truncates_count_once_their_last_chunks_come(tmp_path):
-    """A client that leaves truncates its running episodes: their last chunks say how many there are, and each is
-    counted whole. One cut just before (nothing left to ship) is never counted, and stays open only until
-    `max_open` others are."""
+def test_episodes_cut_off_as_their_client_leaves_train_but_are_not_counted(tmp_path):
+    """A client that leaves truncates its running episodes, `session_closed`: they train, but they did not end in
+    their env, so none is counted (RLlib counts no episode its env runner did not finish), and none stays open: their
+    last chunks say how many there are. One cut just before (nothing left to ship) stays open only until `max_open`
+    others are."""
     played = play(cartpoles, CARTPOLES, 100, fragment=8)
     intake = played.intake(tmp_path)
     for message in batches(played):
         intake.accept(message)
+    counted = intake.episodes_finished
     intake.take_finished()
     closing = played.session.close()
-    truncated = {c.columns.multi_agent_episode_id for c in closing}
-    assert truncated and all(_last(c) for c in closing)
+    cut_off = {c.columns.multi_agent_episode_id for c in closing}
+    assert cut_off and all(_last(c) and c.columns.session_closed for c in closing)
     assert all(c.columns.truncated for c in closing if not c.columns.terminated)
-    intake.accept(batch(closing, 1000))
-    chunks = played.chunks() + decoded(closing)
-    expected = sorted(
-        (
-            sum(c.get_return() for c in chunks if c.multi_agent_episode_id == e),
-            sum(c.multi_agent_env_steps for c in chunks if c.multi_agent_episode_id == e),
-        )
-        for e in truncated
-    )
-    assert sorted(intake.take_finished()) == expected
-    assert len(intake._multi_agent.open) <= 4 - len(truncated)
+    ack = intake.accept(batch(closing, 1000))
+    assert ack.accepted == len(closing) and intake.pending_steps  # taken, to train on
+    assert intake.take_finished() == [] and intake.episodes_finished == counted
+    assert len(intake._multi_agent.open) <= 4 - len(cut_off)
 
 
 def test_chunks_dropped_as_stale_still_count_in_their_episode(tmp_path):
@@ -298,17 +293,17 @@ def test_a_restarted_learner_counts_no_episode_twice_or_in_part(tmp_path):
         before.accept(message)
     counted_before = before.take_finished()
     trained = before.take(before.pending_steps // 2)  # an update took the oldest chunks, then a checkpoint
-    keys, _, files = before.checkpoint_state()
-    before.checkpointed(keys, files)
+    covered = before.checkpoint_state()
+    before.checkpointed(covered)
     trained_episodes = {c.multi_agent_episode_id for c in trained}
-    after = played.intake(tmp_path, trained=set(keys))  # reads the files left
+    after = played.intake(tmp_path, trained=set(covered.trained))  # reads the files left
     for message in messages:  # the servers re-send everything unacknowledged (here: everything)
         after.accept(message)
     counted_after = after.take_finished()
     assert counted_before and counted_after
     expected = [played.episodes[e] for e in closing_order(messages) if e not in trained_episodes]
     assert counted_after == expected
-    assert {chunk_key(c.id_, c.chunk_index) for c in trained} <= set(keys)
+    assert {chunk_key(c.id_, c.chunk_index) for c in trained} <= set(covered.trained)
     running = {c.multi_agent_episode_id for c in played.chunks()} - set(played.episodes)
     lost = set(after._multi_agent.open) - running  # ended, missing the chunks trained before the restart
     assert lost and lost <= trained_episodes

@@ -72,7 +72,7 @@ async def train(learner_settings, server_factory, spec: dict, versions: int) -> 
         def check() -> bool:
             nonlocal highest
             highest = max(highest, learner.env_steps_received() - learner.trainer.steps_trained_for())
-            return learner.trainer.version >= versions and server.policy is not None and server.policy.version >= 2
+            return learner.trainer.version >= versions and server.host.core is not None and server.host.core.version >= 2
 
         await until(check, timeout=240)
     # Pacing: never more than two calls' worth of steps ahead of the updates, plus what one batch brings past it.
@@ -87,8 +87,8 @@ async def test_dqn_trains_through_the_wire_at_its_replay_ratio_and_servers_explo
     learner, trainer = learner_server.learner, learner_server.learner.trainer
     try:
         # The epsilon the learner set at its last published version is what the server's module explores with.
-        await until(lambda: server.policy.version == trainer.version, timeout=30)
-        assert float(server.policy.module.epsilon) == pytest.approx(float(trainer.module.epsilon))
+        await until(lambda: server.host.core.version == trainer.version, timeout=30)
+        assert float(server.host.core.module.epsilon) == pytest.approx(float(trainer.module.epsilon))
     finally:
         await learner_server.stop()
     config = learner.spec.algorithm

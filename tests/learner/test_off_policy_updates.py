@@ -242,5 +242,5 @@ def test_a_multi_agent_run_with_learner_pieces_of_its_own_is_refused() -> None:
         module_spaces=modules,
     )
     module = MultiRLModule({"a": DQNModule(OBS, gym.spaces.Discrete(2), CONFIG)})
-    with pytest.raises(SpecError, match="^connectors.learner: multi-agent DQN takes no learner pieces"):
+    with pytest.raises(SpecError, match=r"^connectors\.learner: multi-agent DQN takes no learner pieces"):
         OffPolicyTrainer(module, user, DQNConfig(), trainable=["a"])

@@ -1,6 +1,7 @@
 """The learner paces sampling: learn + serve + env started by hand, no pacing flag anywhere; every update
 trains on exactly train_batch_size env steps, the intake never holds much more than one train batch, and
-what an update trains on was sampled one version before it (with `overlap_sampling` off: by its own version)."""
+what an update trains on was sampled one version before it (with `overlap_sampling` off: by its own version); with
+clients that act themselves (local inference) as with a server that acts for them."""
 
 from __future__ import annotations
 
@@ -57,8 +58,14 @@ def processes(tmp_path: Path):
             process.wait()
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
-def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(processes, tmp_path: Path, overlap) -> None:
+@pytest.mark.parametrize(
+    ("overlap", "inference"),
+    [(True, "server"), (False, "server"), (True, "local")],
+    ids=["overlap", "no-overlap", "local-inference"],
+)
+def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(
+    processes, tmp_path: Path, overlap, inference
+) -> None:
     learner_port, learner_http, server_port = free_port(), free_port(), free_port()
     processes(
         "learner",
@@ -85,6 +92,7 @@ def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(proce
         "--envs-per-client",
         8,
         "--no-progress",
+        *("--inference", inference, "--spool-dir", tmp_path / "client-spool"),
     )
     deadline = time.monotonic() + 120
     found = None
@@ -106,7 +114,9 @@ def test_three_processes_by_hand_train_exact_batches_with_a_bounded_intake(proce
     lags = sorted(update["staleness"] for update in updates[2:])
     taken_in_during = [update["steps_in_during_update"] for update in updates]
     if overlap:
-        assert lags[len(lags) // 2] <= 1.5, lags
+        # Clients acting themselves lag more (~1.6 here): their steps take one more hop (their spool, the server's,
+        # the learner), and each keeps its share of the learner's room until the server acknowledges it again.
+        assert lags[len(lags) // 2] <= (1.75 if inference == "local" else 1.5), lags
         assert sum(taken_in_during) > 0, taken_in_during  # sampling did go on during updates
     else:
         assert set(taken_in_during) == {0}, taken_in_during  # nothing is taken while an update trains

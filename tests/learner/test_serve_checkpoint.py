@@ -25,7 +25,7 @@ async def test_a_checkpoint_is_served_with_its_version_and_weights(learner_serve
 
     server = await server_factory(checkpoint=path.parent)  # the checkpoint folder, as `--checkpoint DIR`
     assert server.learner is None
-    assert weights_to_bytes(server.policy.module) == trained.weights
+    assert weights_to_bytes(server.host.core.module) == trained.weights
     env = gym.make(ENV)
     raw = RawStream(server)
     await raw.send(hello(env.observation_space, env.action_space))

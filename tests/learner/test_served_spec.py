@@ -43,10 +43,10 @@ async def test_a_server_with_only_the_learners_address_serves_the_learners_piece
         server = await server_factory(learner=f"127.0.0.1:{learner_server.port}", allow_import=["examples"])
         env = gym.vector.SyncVectorEnv([lambda: Corridor(length=6)] * 4)
         async with running_client(EnvClient(env, target(server), seed=0)):
-            await until(lambda: server.policy is not None and server.policy.version >= 2, timeout=60)
-        assert server.policy.spec == learner_server.learner.spec
-        assert server.policy.env_to_module[0].name == "OneHot"  # the learner's piece, from the learner's spec
-        assert server.policy.env_to_module.observation_space == gym.spaces.Box(0.0, 1.0, (6,), np.float32)
+            await until(lambda: server.host.core is not None and server.host.core.version >= 2, timeout=60)
+        assert server.host.core.spec == learner_server.learner.spec
+        assert server.host.core.env_to_module[0].name == "OneHot"  # the learner's piece, from the learner's spec
+        assert server.host.core.env_to_module.observation_space == gym.spaces.Box(0.0, 1.0, (6,), np.float32)
     finally:
         await learner_server.stop()
 
@@ -58,7 +58,7 @@ async def test_a_server_not_allowed_to_import_the_specs_code_serves_nothing_and_
     await learner_server.start()
     try:
         server = await server_factory(learner=f"127.0.0.1:{learner_server.port}")
-        await until(lambda: server.refused is not None, timeout=30)
+        await until(lambda: server.host.refused is not None, timeout=30)
         status, body = await http_get(server.http_port, "/readyz")
         assert status == 503 and "--allow-import examples" in json.loads(body)["reason"]
         raw = RawStream(server)
@@ -68,7 +68,7 @@ async def test_a_server_not_allowed_to_import_the_specs_code_serves_nothing_and_
         finally:
             await raw.close()
         assert code == grpc.StatusCode.UNAVAILABLE and "may not import" in details and "examples" in details
-        assert server.policy is None  # nothing was built, nothing half-built is served
+        assert server.host.core is None  # nothing was built, nothing half-built is served
     finally:
         await learner_server.stop()
 
@@ -91,7 +91,7 @@ async def test_a_checkpoint_served_alone_acts_as_the_learners_module_with_its_pi
         trainer_fed = await server_factory(learner=f"127.0.0.1:{learner_server.port}")
         env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
         async with running_client(EnvClient(env, target(trainer_fed), seed=0)):
-            await until(lambda: trainer_fed.policy is not None and trainer_fed.policy.version >= 3, timeout=60)
+            await until(lambda: trainer_fed.host.core is not None and trainer_fed.host.core.version >= 3, timeout=60)
         await trainer_fed.stop()
     finally:
         await learner_server.stop()  # writes the final checkpoint
@@ -100,7 +100,7 @@ async def test_a_checkpoint_served_alone_acts_as_the_learners_module_with_its_pi
     to_env = build_module_to_env(learner.spec, learner.observation_space, learner.action_space, ImportPolicy())
 
     served = await server_factory(checkpoint=learner_settings().checkpoint_dir, port=0)
-    assert served.policy.version == learner.trainer.version
+    assert served.host.core.version == learner.trainer.version
     cartpole = gym.make("CartPole-v1")
     obs, _ = cartpole.reset(seed=11)
     episode = SingleAgentEpisode(observation_space=learner.observation_space, action_space=learner.action_space)

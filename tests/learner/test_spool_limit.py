@@ -31,7 +31,7 @@ async def test_a_full_spool_pauses_sampling_until_the_learner_catches_up(
     shipped_dir = tmp_path / "shipped"
     learner = learners.start("learner-1", *NEVER)
     server = await server_factory(learner=learners.target, max_spool=LIMIT, episode_dir=shipped_dir)
-    await until(lambda: server.policy is not None, timeout=60)  # the learner's first weights
+    await until(lambda: server.host.core is not None, timeout=60)  # the learner's first weights
     if falls_behind == "stalled":
         learner.send_signal(signal.SIGSTOP)
     else:
@@ -40,8 +40,8 @@ async def test_a_full_spool_pauses_sampling_until_the_learner_catches_up(
 
     client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)]), target(server), seed=0)
     async with running_client(client):
-        await until(server.batcher.paused, timeout=30)
-        assert server.status()["paused"] == "spool full: waiting for the learner"
+        await until(server.host.batcher.paused, timeout=30)
+        assert server.status.status()["paused"] == "spool full: waiting for the learner"
         # Paused means no batch runs: the client gets at most the reply already on its way...
         stalled_at = client.stats.env_steps
         with pytest.raises(TimeoutError):

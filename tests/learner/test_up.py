@@ -4,6 +4,7 @@ order (clients, server, learner), promptly, leaving none behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import fcntl
 import os
@@ -20,35 +21,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support.processes import all_gone, descendants
 
 from rlgate.spec import checkpoint
 
 UP = [sys.executable, "-m", "rlgate", "up", "--env", "CartPole-v1", "--seed", "0"]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (from /proc: children, grandchildren, ...)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def running(pid: int) -> bool:
-    """Alive, and not a zombie (a dead process whose exit status nobody collected yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 @pytest.fixture
@@ -77,22 +54,12 @@ async def up(tmp_path: Path) -> AsyncIterator:
             await process.wait()
 
 
-async def all_gone(pids: set[int], timeout: float = 10.0) -> set[int]:
-    """The pids still running after up to `timeout` s (a process may take a moment to see its parent go)."""
-    try:
-        async with asyncio.timeout(timeout):
-            while any(running(pid) for pid in pids):
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        pass
-    return {pid for pid in pids if running(pid)}
-
-
 @pytest.mark.slow
-async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, tmp_path):
-    process = await up("--stop-return", "150", "--max-steps", "20000")
+@pytest.mark.parametrize("inference", ["server", "local"])
+async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, tmp_path, inference):
+    process = await up("--stop-return", "150", "--max-steps", "20000", "--inference", inference)
     async with asyncio.timeout(120):
-        head = await process.stdout.readuntil(b"model v")  # the first progress line: every process is up
+        head = await process.stdout.readuntil(b"model v")  # the first progress line: every process started
         children = descendants(process.pid)
         rest, _ = await process.communicate()
     output = (head + rest).decode()
@@ -107,6 +74,7 @@ async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, 
     (run_dir,) = tmp_path.glob("CartPole-v1-*")
     assert checkpoint.latest(run_dir / "checkpoints") is not None  # the learner's final checkpoint
     assert list(run_dir.glob("events.out.tfevents.*")) and (run_dir / "progress.csv").exists()  # the experiment log
+    assert not list((run_dir / "spool").rglob("*.pb"))  # the server's spool, and a local client's, were drained
 
 
 def read_until(fd: int, pattern: bytes, timeout: float) -> bytes:
@@ -149,7 +117,8 @@ async def test_ctrl_c_in_a_terminal_stops_every_process_in_order_without_waiting
     )
     os.close(slave)
     try:
-        shown = await asyncio.to_thread(read_until, master, b"model v", 120)  # the bar: every process is up
+        # The bar with ended episodes counted: every process is up (the clients start once the server is ready).
+        shown = await asyncio.to_thread(read_until, master, b" episodes)", 120)
         children = descendants(process.pid)
         os.write(master, b"\x03")  # Ctrl-C, typed
         interrupted = time.monotonic()
@@ -177,3 +146,139 @@ async def test_ctrl_c_in_a_terminal_stops_every_process_in_order_without_waiting
     learner_stopping = logged_at(logs["learner"], "signal received")
     assert clients_stopped <= server_stopping <= server_stopped <= learner_stopping
     assert took < 10, f"shutting down took {took:.1f} s"
+
+
+# A stage of `up`'s run, by the line it prints as it begins -> the child it then waits on (None: none).
+WAITS_ON = {
+    b"rlgate up: ": "serve",  # the server's readiness
+    b"env steps ": None,  # training: the first progress line
+    b"stopping the env clients": "env",
+    b"stopping the server": "serve",
+    b"stopping the learner": "learn",
+}
+
+
+def child(pid: int, command: str) -> int | None:
+    """The pid of `up`'s `rlgate COMMAND` child, if it runs."""
+    for found in descendants(pid):
+        try:
+            argv = Path(f"/proc/{found}/cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if argv[1:4] == [b"-m", b"rlgate", command.encode()]:
+            return found
+    return None
+
+
+async def signalled(process: asyncio.subprocess.Process, stages: dict[bytes, signal.Signals]) -> tuple[str, set[int]]:
+    """Read `up`'s output to its end, signalling it at each stage: at the first line that begins with a stage's
+    marker, send that stage's signal while `up` surely waits on the child the stage names (held stopped
+    meanwhile, SIGSTOP then SIGCONT). Returns the output and every process `up` started."""
+    output, started, left = b"", set(), dict(stages)
+    async with asyncio.timeout(180):
+        while line := await process.stdout.readline():
+            output += line
+            started |= descendants(process.pid)
+            marker = next((m for m in left if line.startswith(m)), None)
+            if marker is None:
+                continue
+            held = child(process.pid, WAITS_ON[marker]) if WAITS_ON[marker] else None
+            if held is not None:
+                os.kill(held, signal.SIGSTOP)
+            process.send_signal(left.pop(marker))
+            if held is not None:
+                os.kill(held, signal.SIGCONT)
+        await process.wait()
+    return output.decode(errors="replace"), started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "stages", "code", "said"),
+    [
+        pytest.param(
+            ("--stop-return", "15"),
+            {b"stopping the env clients": signal.SIGTERM, b"stopping the server": signal.SIGINT},
+            0,
+            "reached return",
+            id="goal-then-signals-while-stopping",
+        ),
+        pytest.param(
+            ("--stop-return", "1000", "--max-steps", "1000000"),
+            {
+                b"env steps ": signal.SIGINT,
+                b"stopping the server": signal.SIGINT,
+                b"stopping the learner": signal.SIGTERM,
+            },
+            130,
+            "Ctrl-C: shutting down",
+            id="ctrl-c-then-signals-while-stopping",
+        ),
+        pytest.param(
+            ("--stop-return", "1000"),
+            {b"rlgate up: ": signal.SIGTERM, b"stopping the learner": signal.SIGHUP},
+            143,
+            "SIGTERM: shutting down",
+            id="sigterm-waiting-for-the-server",
+        ),
+    ],
+)
+async def test_signals_at_every_stage_end_up_in_order_with_no_traceback_and_no_process_left(
+    up, tmp_path, args, stages, code, said
+):
+    """Ctrl-C, SIGTERM or a hang-up while `up` waits for the server, trains or stops each child (the goal reached,
+    or after a first signal): it goes on stopping the children in order, each within its grace period; no
+    traceback, and nothing it started outlives it."""
+    process = await up(*args)
+    output, started = await signalled(process, stages)
+    assert process.returncode == code, output
+    assert said in output and "Traceback" not in output, output
+    stopping = [line for line in output.splitlines() if line.startswith("stopping the ")]
+    assert stopping == [f"stopping the {c}" for c in ("env clients", "server", "learner") if c in " ".join(stopping)]
+    assert stopping[-2:] == ["stopping the server", "stopping the learner"], output
+    assert len(started) >= 2 and not await all_gone(started), "processes left running"
+    (run_dir,) = tmp_path.glob("CartPole-v1-*")
+    if b"rlgate up: " in stages:  # before the server was ready: no env client started (the learner may not have)
+        assert not (run_dir / "envs.log").exists()
+    else:
+        assert "stopped; final checkpoint" in (run_dir / "learner.log").read_text()  # not killed: it stopped in time
+
+
+@pytest.mark.slow
+async def test_up_reports_the_servers_own_start_up_error_however_long_the_server_takes(up, tmp_path, monkeypatch):
+    """On a loaded machine the server may take longer to start (and fail) than an env client waits to connect:
+    `up` starts the clients only once the server is ready, so its error is the server's own. Here the server is
+    held stopped for a while (the load), and the clients would give up connecting after 50 ms."""
+    monkeypatch.setenv("RLGATE_MAX_BATCH_SIZE", "0")  # only the server reads it: its start-up error
+    monkeypatch.setenv("RLGATE_CONNECT_TIMEOUT_S", "0.05")  # only the env clients read it
+    process = await up("--stop-return", "1000")
+    try:
+        async with asyncio.timeout(60):
+            while (server := child(process.pid, "serve")) is None:
+                await asyncio.sleep(0.005)
+        os.kill(server, signal.SIGSTOP)
+        with contextlib.suppress(TimeoutError):  # as long as an env client takes to give up, or 3 s if none runs
+            async with asyncio.timeout(3):
+                while (log := next(tmp_path.glob("*/envs.log"), None)) is None or "rlgate: " not in log.read_text():
+                    await asyncio.sleep(0.05)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    async with asyncio.timeout(60):
+        output = (await process.stdout.read()).decode()
+        await process.wait()
+    assert process.returncode == 2, output
+    assert output.strip().splitlines()[-1] == (
+        "rlgate: server: --max-batch-size: input should be greater than or equal to 1 (got '0')"
+    )
+
+
+@pytest.mark.slow
+async def test_up_killed_outright_leaves_no_process_running(up):
+    """SIGKILL cannot be handled: the children get SIGTERM when `up` dies (Linux) and stop on their own."""
+    process = await up("--stop-return", "1000", "--max-steps", "1000000")
+    async with asyncio.timeout(120):
+        await process.stdout.readuntil(b"model v")  # the first progress line: every process started
+    started = descendants(process.pid)
+    process.kill()
+    await process.wait()
+    assert len(started) >= 3 and not await all_gone(started, timeout=30), "processes left running"

@@ -44,19 +44,19 @@ async def test_version_0_is_served_before_the_learner_is_up_and_is_the_learners(
     port = free_port()  # the learner comes later, on this port
     settings = learner_settings(port=port, spec=SPEC)
     server = await server_factory(learner=f"127.0.0.1:{port}", config=spec_file(tmp_path, settings.spec))
-    assert server.policy is not None and server.policy.version == 0 and not server.from_learner
+    assert server.host.core is not None and server.host.core.version == 0 and not server.host.from_learner
     learner = LearnerServer(settings)
-    assert weights_to_bytes(server.policy.module) == weights_to_bytes(learner.learner.trainer.module)  # its v0
+    assert weights_to_bytes(server.host.core.module) == weights_to_bytes(learner.learner.trainer.module)  # its v0
     window = settings.spec.algorithm.max_unacked_steps(servers=1)
     assert server.learner.window == window == 32
     try:
         async with running_client(cartpole_client(server)) as client:
             # No learner yet: the client steps, and the server pauses once the learner's window is shipped.
-            await until(lambda: server.batcher.pause_reason() is not None, timeout=30)
+            await until(lambda: server.host.batcher.pause_reason() is not None, timeout=30)
             assert window <= server.learner.unacked_steps() < window + 64  # a pause ships the running episodes
             await learner.start()
-            await until(lambda: server.policy.version >= 2, timeout=60)  # trains on what the server sampled
-            assert server.from_learner and server.refused is None
+            await until(lambda: server.host.core.version >= 2, timeout=60)  # trains on what the server sampled
+            assert server.host.from_learner and server.host.refused is None
             assert not client.done()
     finally:  # after the client: a server without its learner pauses, and the client's last step would wait
         await learner.stop()
@@ -74,11 +74,11 @@ async def test_a_learner_with_another_run_spec_is_refused_and_says_so(
             # Before the learner is up, the server samples with its own version 0 and spools the steps.
             await until(lambda: server.learner.unacked_steps() > 0, timeout=30)
             await learner.start()
-            await until(lambda: server.refused is not None, timeout=30)
-            assert "the learner runs another run spec than --config's" in server.refused
+            await until(lambda: server.host.refused is not None, timeout=30)
+            assert "the learner runs another run spec than --config's" in server.host.refused
             status, body = await http_get(server.http_port, "/readyz")
             assert status == 503 and "--config's" in json.loads(body)["reason"]
-            assert server.policy.version == 0 and not server.from_learner
+            assert server.host.core.version == 0 and not server.host.from_learner
 
             # Steps sampled by another model never reach the learner: neither those spooled before it came nor
             # any since. Unacknowledged, they fill the window and pause sampling, which the server's report to

@@ -9,7 +9,7 @@ import torch
 
 from rlgate.core.columns import Columns
 from rlgate.models import Categorical, DiagGaussian, ModelConfig, MultiCategorical, build_module, load_weights
-from rlgate.models.catalog import build_encoder
+from rlgate.models.catalog import UnsupportedSpace, build_encoder
 from rlgate.models.weights import weights_to_bytes
 
 FLAT_OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -147,18 +147,45 @@ def test_uint8_images_are_scaled(sample_obs: Callable) -> None:
 
 def test_default_and_custom_conv_filters(sample_obs: Callable) -> None:
     atari = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-    assert build_encoder(atari, ModelConfig()).out_dim == 256
+    assert build_encoder(atari, ModelConfig()).out_dim == 256  # RLlib's 84x84 stack, its 11x11 layer "valid"
     odd = gym.spaces.Box(0.0, 1.0, (20, 24, 1), np.float32)
-    with pytest.raises(ValueError, match="conv_filters"):
-        build_module(odd, DISCRETE)
     config = ModelConfig(conv_filters=((4, (3, 5), 2), (8, 3, (1, 2), "valid")))
     # same: 20x24 -> 10x12; valid 3x3 with stride (1, 2): 8x5.
     assert build_encoder(odd, config).out_dim == 8 * 5 * 8
     module = build_module(odd, DISCRETE, config)
     with torch.inference_mode():
         assert module.forward_train({Columns.OBS: sample_obs(odd, 2)})[Columns.VF_PREDS].shape == (2,)
-    with pytest.raises(ValueError, match="to nothing"):
+    with pytest.raises(UnsupportedSpace, match=r"to nothing: set model.config.conv_filters"):
         build_module(odd, DISCRETE, ModelConfig(conv_filters=((4, 30, 1, "valid"),)))
+
+
+@pytest.mark.parametrize(
+    ("shape", "features"),
+    [
+        ((64, 48, 3), 8 * 6 * 64),  # 3 layers of stride 2
+        ((210, 160, 3), 7 * 5 * 256),  # an Atari frame as the env makes it: 5 layers
+        ((40, 40, 3), 10 * 10 * 32),  # MiniGrid-Empty-5x5 in RGB (8 px tiles)
+        ((20, 24, 1), 5 * 6 * 32),  # 10x12 after one layer is still more than 10x10 pixels
+        ((7, 7, 3), 4 * 4 * 16),  # smaller than that already: still one layer
+        ((1, 300, 2), 1 * 75 * 32),  # a strip
+    ],
+)
+def test_a_cnn_for_any_image_size_without_conv_filters(shape, features, sample_obs: Callable) -> None:
+    """Images of sizes RLlib has no stack for train with filters chosen for their shape (was: "No default
+    conv_filters" for anything but 96, 84, 64, 42 and 10 pixel squares)."""
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    assert build_encoder(space, ModelConfig()).out_dim == features
+    module = build_module(space, DISCRETE)
+    batch = {Columns.OBS: sample_obs(space, 3)}
+    train = module.forward_train(batch)
+    assert train[Columns.ACTION_DIST_INPUTS].shape == (3, 3) and train[Columns.VF_PREDS].shape == (3,)
+    train[Columns.VF_PREDS].sum().backward()  # it trains: gradients reach the first conv layer
+    assert module.vf_encoder.convs[0].weight.grad.abs().sum() > 0
+
+
+def test_an_image_with_no_pixels_is_refused_saying_what_to_set() -> None:
+    with pytest.raises(UnsupportedSpace, match=r"\(0, 8, 3\) have no pixels, which no CNN takes: give the env a Box"):
+        build_module(gym.spaces.Box(0, 255, (0, 8, 3), np.uint8), DISCRETE)
 
 
 @pytest.mark.parametrize(

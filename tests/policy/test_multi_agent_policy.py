@@ -9,13 +9,13 @@ from support.checkpoints import multi_agent_checkpoint
 
 from rlgate import MultiAgentPolicy, Policy, evaluate_multi_agent
 from rlgate.core.columns import Columns
-from rlgate.server.metrics import ServerMetrics
-from rlgate.server.multi_agent_policy import MultiAgentPolicy as ServedPolicy
+from rlgate.policy.acting import ActingCore
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
 from rlgate.spec import checkpoint
 from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy, SpecError
+from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec
 
 pytest.importorskip("pettingzoo")
@@ -51,7 +51,7 @@ def test_actions_match_a_server_serving_the_same_checkpoint(tmp_path, spec):
     policy = MultiAgentPolicy.load(path)
     assert policy.version == 4
     found = checkpoint.load(path)
-    served = ServedPolicy.create(run, policy.agent_spaces, metrics=ServerMetrics(), module_weights=found.module_weights)
+    served = ActingCore.build(run, *spaces_by_agent(policy.agent_spaces), weights=found.module_weights)
     session = MultiAgentSession(
         MultiAgentSessionSpec("reference", policy.agent_spaces, 1, explore=False),
         mapping_fn=served.mapping_fn,
@@ -64,7 +64,7 @@ def test_actions_match_a_server_serving_the_same_checkpoint(tmp_path, spec):
     step, episode, games = envs.reset(seed=0)[0], policy.new_episode(), 0
     for _ in range(40):
         rows, _ = session.observe([step])
-        reference = served.compute(rows, explore=False)
+        reference = served.act(rows, False)
         session.record(reference)
         actions = policy.compute_actions(
             step.observations, episode, rewards=step.rewards, terminateds=step.terminateds, truncateds=step.truncateds

@@ -17,10 +17,9 @@ from support.servers import BOX4, DISCRETE2, SpaceEnv
 from rlgate import Policy
 from rlgate.connectors.env_to_module.mean_std_filter import RunningStats
 from rlgate.core.columns import Columns
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.models import weights_to_bytes
-from rlgate.server.metrics import ServerMetrics
-from rlgate.server.policy import Policy as ServedPolicy
-from rlgate.server.session import Session, SessionSpec
+from rlgate.policy.acting import ActingCore
 from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.policy import build_policy
@@ -76,7 +75,7 @@ def test_actions_match_a_server_serving_the_same_checkpoint(tmp_path, spec, monk
     path, run = save(tmp_path, spec)
     policy = Policy.load(path)
     found = checkpoint.load(path)
-    served = ServedPolicy.create(run, BOX4, DISCRETE2, metrics=ServerMetrics(), weights=found.weights)
+    served = ActingCore.build(run, BOX4, DISCRETE2, weights=found.weights)
     session = Session(
         SessionSpec("reference", BOX4, DISCRETE2, 2, explore=False),
         rollout_fragment_length=run.sampling.rollout_fragment_length,
@@ -89,7 +88,7 @@ def test_actions_match_a_server_serving_the_same_checkpoint(tmp_path, spec, monk
     history_mattered = False
     for _ in range(40):
         rows, _ = session.observe(obs.copy(), rewards, np.zeros(2, bool), np.zeros(2, bool), None)
-        reference = served.compute(obs.copy(), rows, explore=False)
+        reference = served.act(rows, False, obs.copy())
         session.record(reference)
         actions = policy.compute_actions(obs, episodes, rewards=rewards.tolist())
         mine = np.stack([e.last_outputs[Columns.ACTION_DIST_INPUTS] for e in episodes])

@@ -322,7 +322,7 @@ async def test_infinite_observations_need_the_setting_and_nan_never_passes(serve
     _, status, details = await exchange(server, hello(UNBOUNDED), step(GOOD_OBS), step(GOOD_OBS, reward=[-np.inf]))
     assert status == INVALID and details == "reward: value -inf at index (0,) is not finite"
     expected = {"obs": 2 - allow, "reward": 1}
-    assert server.status()["non_finite_rejected"] == expected
+    assert server.status.status()["non_finite_rejected"] == expected
     for field, count in expected.items():
         assert server.metrics.non_finite_rejected.labels(field)._value.get() == count
 

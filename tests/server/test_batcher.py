@@ -9,10 +9,10 @@ import pytest
 from support.servers import BOX4, DISCRETE2
 
 from rlgate.core.columns import Columns
+from rlgate.episodes.session import Session, SessionSpec
+from rlgate.policy.acting import ActingCore
 from rlgate.server.batcher import Batcher
 from rlgate.server.metrics import ServerMetrics
-from rlgate.server.policy import Policy
-from rlgate.server.session import Session, SessionSpec
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 
@@ -20,7 +20,7 @@ from rlgate.spec.run import RunSpec
 def batcher_and_rows(paused: list[bool]) -> tuple[Batcher, np.ndarray, object]:
     """A batcher (not started: its task never runs) over a fresh policy, and one session's first rows."""
     metrics = ServerMetrics()
-    policy = Policy.create(RunSpec(), BOX4, DISCRETE2, metrics=metrics, seed=0)
+    policy = ActingCore.build(RunSpec(), BOX4, DISCRETE2, seed=0)
     batcher = Batcher(policy, max_batch_size=256, metrics=metrics, waiting_for_acks=lambda: paused[0])
     session = Session(SessionSpec("t", BOX4, DISCRETE2, 3, explore=True), rollout_fragment_length=8, lookback=1)
     obs = np.zeros((3, 4), np.float32)
@@ -72,7 +72,7 @@ async def test_a_request_that_breaks_a_piece_fails_alone_not_the_requests_sharin
     again request by request, and the other sessions' requests in it get their actions."""
     spec = RunSpec.parse({"connectors": {"env_to_module": [{"type": "support.pieces:FailOnValue", "value": 0.5}]}}, "t")
     metrics = ServerMetrics()
-    policy = Policy.create(spec, BOX4, DISCRETE2, metrics=metrics, imports=ImportPolicy(["support"]), seed=0)
+    policy = ActingCore.build(spec, BOX4, DISCRETE2, imports=ImportPolicy(["support"]), seed=0)
     batcher = Batcher(policy, max_batch_size=256, metrics=metrics)
     requests = []
     for value in (0.0, 0.5, -0.5):  # the middle session's observation breaks the piece
@@ -96,7 +96,7 @@ async def test_a_batch_run_again_request_by_request_counts_each_row_once_in_the_
     pieces = [{"type": "MeanStdFilter", "clip_by_value": 0.5}, {"type": "support.pieces:FailOnValue", "value": 0.5}]
     spec = RunSpec.parse({"connectors": {"env_to_module": pieces}}, "t")
     metrics = ServerMetrics()
-    policy = Policy.create(spec, BOX4, DISCRETE2, metrics=metrics, imports=ImportPolicy(["support"]), seed=0)
+    policy = ActingCore.build(spec, BOX4, DISCRETE2, imports=ImportPolicy(["support"]), seed=0)
     batcher = Batcher(policy, max_batch_size=256, metrics=metrics, thread=thread)
     requests = []
     for value in (0.0, 1000.0, 0.0):  # the middle one normalises to the clip bound, which the piece fails on
@@ -119,9 +119,9 @@ async def test_a_multi_agent_batch_run_again_request_by_request_counts_each_row_
     twice, none lost) while the request that breaks a later piece fails alone."""
     from examples.multi_agent_cartpole import MultiAgentCartPole
     from rlgate.server.multi_agent_batcher import MultiAgentBatcher
-    from rlgate.server.multi_agent_policy import MultiAgentPolicy
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
     from rlgate.spec.agent_envs import AgentEnvs
+    from rlgate.spec.multi_agent import spaces_by_agent
 
     pieces = [{"type": "MeanStdFilter", "multi_agent": True}, {"type": "support.pieces:FailOnMarkedEpisode"}]
     spec = RunSpec.parse(
@@ -134,7 +134,7 @@ async def test_a_multi_agent_batch_run_again_request_by_request_counts_each_row_
     )
     envs = AgentEnvs([MultiAgentCartPole()])
     metrics = ServerMetrics()
-    policy = MultiAgentPolicy.create(spec, envs.agent_spaces, metrics=metrics, imports=ImportPolicy(["support"]))
+    policy = ActingCore.build(spec, *spaces_by_agent(envs.agent_spaces), imports=ImportPolicy(["support"]))
     batcher = MultiAgentBatcher(policy, max_batch_size=256, metrics=metrics, thread=thread)
     requests = []
     for seed in range(3):

@@ -34,7 +34,7 @@ async def test_a_hello_too_large_for_a_fresh_model_is_refused_and_builds_nothing
         await raw.close()
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert what in details and "at most 131072 (its --max-fresh-space-size)" in details
-    assert server.policy is None
+    assert server.host.core is None
     ok = RawStream(server)  # the next client, within the bound, gets its model
     try:
         await ok.send(hello(gym.spaces.Box(-1, 1, (1000,), np.float32)))
@@ -62,7 +62,7 @@ async def test_a_hello_whose_spaces_no_model_can_serve_is_invalid_argument_and_b
         await raw.close()
     assert code == grpc.StatusCode.INVALID_ARGUMENT  # the client's to fix, not a server error (was INTERNAL)
     assert details.startswith(f"no model for the hello's spaces: {what}")
-    assert server.policy is None
+    assert server.host.core is None
     ok = RawStream(server)
     try:
         await ok.send(hello())
@@ -91,7 +91,7 @@ async def test_a_hello_whose_model_would_be_too_large_is_invalid_argument_at_onc
         await raw.close()
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith("no model for the hello's spaces: ") and what in details, details
-    assert server.policy is None
+    assert server.host.core is None
 
 
 async def test_the_server_stays_responsive_while_a_fresh_model_builds(server_factory, http_get):
@@ -103,7 +103,7 @@ async def test_the_server_stays_responsive_while_a_fresh_model_builds(server_fac
         await raw.send(hello())
         await until(slow_module.BUILDING.is_set, 10)
         assert await asyncio.wait_for(http_get(server.http_port, "/healthz"), 10) == (200, '{"status":"ok"}')
-        assert server.policy is None  # still building
+        assert server.host.core is None  # still building
         slow_module.GO.set()
         assert (await raw.recv()).HasField("welcome")
     finally:

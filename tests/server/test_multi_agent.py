@@ -218,7 +218,7 @@ async def test_non_finite_agent_values_are_counted_as_single_agent_ones(server_f
         code, _ = await stream.status()
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         await stream.close()
-    assert server.status()["non_finite_rejected"] == {"obs": 1, "reward": 2}
+    assert server.status.status()["non_finite_rejected"] == {"obs": 1, "reward": 2}
 
 
 async def test_agent_infos_keep_nan_and_infinities_to_the_shipped_chunk(server_factory, tmp_path):
@@ -270,7 +270,7 @@ async def test_a_hello_of_more_agents_than_its_spaces_budget_is_refused_at_once(
     await stream.close()
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith("hello.agents[8192].observation_space: the message holds more than 16384 spaces")
-    assert server.policy is None
+    assert server.host.core is None
 
 
 async def test_a_hello_of_agents_whose_modules_would_be_too_large_in_all_is_refused_before_building(server_factory):
@@ -284,7 +284,7 @@ async def test_a_hello_of_agents_whose_modules_would_be_too_large_in_all_is_refu
     await stream.close()
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith("no model for the hello's spaces: The default model's 40 modules would have 336,773,240")
-    assert server.policy is None
+    assert server.host.core is None
 
 
 async def test_any_agent_id_names_a_module_of_its_own(server_factory):
@@ -299,7 +299,7 @@ async def test_any_agent_id_names_a_module_of_its_own(server_factory):
     reply = await stream.recv()
     assert [set(per_env.actions) for per_env in reply.actions.agents] == [set(agents)]
     await stream.close()
-    assert sorted(server.policy.module) == sorted(agents)
+    assert sorted(server.host.core.module) == sorted(agents)
 
 
 async def test_single_and_multi_agent_clients_are_told_apart(server_factory):
@@ -323,13 +323,13 @@ def test_flush_while_a_step_waits_ships_every_env_step_once(examples_importable)
     steps the session took, when flushes come between observe() and record(), as they do while sampling pauses."""
     from examples.multi_agent_cartpole import MultiAgentCartPole
     from rlgate.core.columns import Columns
-    from rlgate.server.metrics import ServerMetrics
-    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.policy.acting import ActingCore
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
     from rlgate.spec.agent_envs import AgentEnvs
+    from rlgate.spec.multi_agent import spaces_by_agent
 
     envs = AgentEnvs([MultiAgentCartPole() for _ in range(3)])
-    policy = MultiAgentPolicy.create(multi_agent_spec(), envs.agent_spaces, metrics=ServerMetrics())
+    policy = ActingCore.build(multi_agent_spec(), *spaces_by_agent(envs.agent_spaces))
     session = MultiAgentSession(
         MultiAgentSessionSpec("test", envs.agent_spaces, 3, True),
         mapping_fn=policy.mapping_fn,
@@ -344,7 +344,7 @@ def test_flush_while_a_step_waits_ships_every_env_step_once(examples_importable)
         taken += completed
         if t % 7 == 3:
             shipped += decoded(session.flush())
-        outputs = policy.compute(episodes, explore=True)
+        outputs = policy.act(episodes, True)
         shipped += decoded(session.record(outputs))
         steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
     shipped += decoded(session.close())
@@ -362,13 +362,13 @@ def test_a_refused_message_records_nothing_of_any_sub_env(examples_importable, b
     from examples.multi_agent_cartpole import MultiAgentCartPole
     from rlgate.core.codec import CodecError
     from rlgate.core.columns import Columns
-    from rlgate.server.metrics import ServerMetrics
-    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.policy.acting import ActingCore
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
     from rlgate.spec.agent_envs import AgentEnvs
+    from rlgate.spec.multi_agent import spaces_by_agent
 
     envs = AgentEnvs([MultiAgentCartPole() for _ in range(2)])
-    policy = MultiAgentPolicy.create(multi_agent_spec(), envs.agent_spaces, metrics=ServerMetrics())
+    policy = ActingCore.build(multi_agent_spec(), *spaces_by_agent(envs.agent_spaces))
     session = MultiAgentSession(
         MultiAgentSessionSpec("test", envs.agent_spaces, 2, True),
         mapping_fn=policy.mapping_fn,
@@ -380,7 +380,7 @@ def test_a_refused_message_records_nothing_of_any_sub_env(examples_importable, b
     steps = envs.reset(seed=0)
     for _ in range(3):
         episodes, _ = session.observe(steps)
-        outputs = policy.compute(episodes, explore=True)
+        outputs = policy.act(episodes, True)
         session.record(outputs)
         steps = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
     assert all(set(step.observations) == {"agent_0", "agent_1"} for step in steps)  # no pole fell in 4 steps
@@ -402,9 +402,9 @@ def test_a_multi_agent_mean_std_filter_counts_each_observation_once_across_a_flu
     """A pausing server flushes between observe() and the batch: the pipeline runs over the waiting step, then
     again over the cut successor's. Each observation is normalised, and counted in the statistics, once."""
     from rlgate.core.agents_step import AgentsStep
-    from rlgate.server.metrics import ServerMetrics
-    from rlgate.server.multi_agent_policy import MultiAgentPolicy
+    from rlgate.policy.acting import ActingCore
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+    from rlgate.spec.multi_agent import spaces_by_agent
 
     box = gym.spaces.Box(-100, 100, (1,), np.float32)
     agents = {"a": (box, DISCRETE2)}
@@ -412,7 +412,7 @@ def test_a_multi_agent_mean_std_filter_counts_each_observation_once_across_a_flu
     spec = RunSpec.parse(
         {"multi_agent": {"policy_mapping_fn": "shared"}, "seed": 0, "connectors": {"env_to_module": [piece]}}, "t"
     )
-    policy = MultiAgentPolicy.create(spec, agents, metrics=ServerMetrics(), seed=0)
+    policy = ActingCore.build(spec, *spaces_by_agent(agents), seed=0)
     session = MultiAgentSession(
         MultiAgentSessionSpec("t", agents, 1, True),
         mapping_fn=policy.mapping_fn,
@@ -427,7 +427,7 @@ def test_a_multi_agent_mean_std_filter_counts_each_observation_once_across_a_flu
         episodes, _ = session.observe([step])
         if t == flush_at:
             chunks += decoded(session.flush())
-        chunks += decoded(session.record(policy.compute(episodes, explore=False)))
+        chunks += decoded(session.record(policy.act(episodes, False)))
     chunks += decoded(session.close())
     stats = policy.env_to_module.connectors[0].get_state()["a"]["delta"][0]
     assert stats["count"] == 4 and stats["mean"].tolist() == [25.0]

@@ -23,11 +23,11 @@ from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.codec import episode_from_proto
+from rlgate.policy.acting import ActingCore
 from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
-from rlgate.server.metrics import ServerMetrics
-from rlgate.server.multi_agent_policy import MultiAgentPolicy
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
 from rlgate.spec.agent_envs import AgentEnvs
+from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import policy_pb2 as pb
 
@@ -99,7 +99,7 @@ def test_shipped_chunks_hold_what_the_env_emitted(
     envs = [JoinLeaveEnv(seed + i, n_agents, episode_steps) for i in range(num_envs)]
     agent_envs = AgentEnvs(envs)
     spec = run_spec(mapping, count_steps_by, fragment)
-    policy = MultiAgentPolicy.create(spec, agent_envs.agent_spaces, metrics=ServerMetrics(), seed=seed)
+    policy = ActingCore.build(spec, *spaces_by_agent(agent_envs.agent_spaces), seed=seed)
     session = MultiAgentSession(
         MultiAgentSessionSpec("test", agent_envs.agent_spaces, num_envs, True),
         mapping_fn=policy.mapping_fn,
@@ -121,7 +121,7 @@ def test_shipped_chunks_hold_what_the_env_emitted(
             # At most: an env step in which no agent took a step ships in no agent's chunk.
             assert sum(map(counted, flushed)) <= held and session.unshipped_steps() == 0
             chunks += flushed
-        outputs = policy.compute(episodes, explore=True)
+        outputs = policy.act(episodes, True)
         chunks += decoded(session.record(outputs))
         if t == 39:  # the env's last step is the one the session saw last
             break

@@ -88,10 +88,11 @@ def node_client() -> tuple[str, Path]:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     # Beside its node_modules, as ES imports need; replaced whole, so a client another run has started reads
-    # the file it started with.
-    copy = folder / f".client-{os.getpid()}.mjs"
-    shutil.copy(CLIENT / "client.mjs", copy)
-    os.replace(copy, folder / "client.mjs")
+    # the files it started with.
+    for source in CLIENT.glob("*.mjs"):
+        copy = folder / f".{source.stem}-{os.getpid()}.mjs"
+        shutil.copy(source, copy)
+        os.replace(copy, folder / source.name)
     return node, folder
 
 

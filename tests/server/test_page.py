@@ -20,7 +20,7 @@ async def test_the_server_page_shows_sessions_batches_and_links_its_learner(serv
     await learner.start()
     try:
         server = await server_factory(learner=f"127.0.0.1:{learner.port}")
-        await until(lambda: server.policy is not None and server.learner.learner_page() is not None, 15)
+        await until(lambda: server.host.core is not None and server.learner.learner_page() is not None, 15)
         client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3), target(server), seed=0)
         client.client_id = "page-client"
         async with running_client(client):
@@ -28,9 +28,9 @@ async def test_the_server_page_shows_sessions_batches_and_links_its_learner(serv
             url = f"http://127.0.0.1:{server.http_port}/"
             page = await dom(url, tmp_path / "profile")
             await screenshot(url, tmp_path / "profile", tmp_path / "server-page.png", capsys)
-        status = server.status()
+        status = server.status.status()
         assert text(page, "env") == "CartPole-v1"
-        assert text(page, "version") == str(server.policy.version)
+        assert text(page, "version") == str(server.host.core.version)
         assert text(page, "sessions") == "1"
         assert int(text(page, "batches")) > 0 and float(text(page, "batch-size")) == 3.0  # one client of 3 sub-envs
         assert status["batches"] >= int(text(page, "batches"))

@@ -1,5 +1,6 @@
-"""A user's module whose distribution inputs do not fit its action space is refused where it is built (learner,
-server, policy), in one line: it would sample actions the env does not have (the env then crashes)."""
+"""A user's module whose acting forwards give no actions, or distribution inputs that do not fit its action space,
+is refused where it is built (learner, server, policy), in one line naming the module and what is wrong: it would
+fail at its first step (blamed on the env clients) or sample actions the env does not have (the env then crashes)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,19 @@ def test_a_module_with_more_logits_than_actions_is_refused_naming_both():
 def test_a_module_that_fits_is_built():
     module = build_rl_module(spec("examples.tiny_module:TinyActorCritic"), BOX, ACTIONS, ImportPolicy(["examples"]))
     assert module.action_space == ACTIONS
+
+
+def test_a_module_whose_greedy_forward_returns_logits_is_refused_naming_the_module_and_the_key():
+    with pytest.raises(
+        SpecError,
+        match=r"^model.module_class: 'support.wrong_module:LogitsNotDistInputs': its forward_inference returned no "
+        r"'action_dist_inputs' \(the inputs of its action distribution\) nor 'actions': it returned \['logits'\]$",
+    ):
+        build_rl_module(spec("support.wrong_module:LogitsNotDistInputs"), BOX, ACTIONS, ImportPolicy(["support"]))
+
+
+def test_a_stateful_module_that_returns_no_state_is_refused():
+    with pytest.raises(
+        SpecError, match=r"ForgetsItsState'.*stateful, but its forward_exploration returned no 'state_out'"
+    ):
+        build_rl_module(spec("support.wrong_module:ForgetsItsState"), BOX, ACTIONS, ImportPolicy(["support"]))

@@ -9,7 +9,7 @@ from rlgate.learner.settings import LearnerSettings
 from rlgate.spec.algorithm import PPOConfig, scheduled
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
-from rlgate.spec.presets import preset, preset_names
+from rlgate.spec.presets import preset, preset_for, preset_names
 from rlgate.spec.run import RunSpec
 
 
@@ -18,17 +18,19 @@ def test_every_preset_is_a_valid_spec_for_its_env_and_says_where_its_values_come
     algorithm: str, name: str
 ) -> None:
     spec = RunSpec.parse(preset(name, algorithm), name)
-    assert spec.env.id == name and spec.algorithm.name == algorithm
+    assert preset_for(spec.env.id, algorithm) == name and spec.algorithm.name == algorithm  # (ALE) its namespace's
     from importlib import resources
 
     folder = resources.files("rlgate.spec") / "presets"
     text = (folder / f"{name}.toml" if algorithm == "PPO" else folder / algorithm / f"{name}.toml").read_text()
     assert "rl-baselines3-zoo" in text
-    if name.startswith("LunarLander"):
-        pytest.importorskip("Box2D", reason="LunarLander needs Box2D (pip install 'gymnasium[box2d]')")
+    needs = {"LunarLander": ("Box2D", "box2d"), "ALE": ("ale_py", "atari"), "MiniGrid": ("minigrid", "minigrid")}
+    for prefix, (module, extra) in needs.items():
+        if name.startswith(prefix):
+            pytest.importorskip(module, reason=f"{name} needs {module} (pip install 'rlgate[{extra}]')")
     from rlgate.spec.env import env_spaces
 
-    spaces = env_spaces(spec.env, ImportPolicy())
+    spaces = env_spaces(spec.env, ImportPolicy(spec.modules()))
     pipeline = build_env_to_module(spec, *spaces, ImportPolicy())
     module = build_rl_module(spec, pipeline.observation_space, spaces[1], ImportPolicy())
     build_learner_connector(spec, module.observation_space, module.action_space, ImportPolicy())
@@ -58,6 +60,16 @@ def test_the_algorithm_named_picks_its_presets_and_an_env_without_one_starts_fro
     assert LearnerSettings(env="Pendulum-v1", algo="SAC", preset="MountainCarContinuous-v0").spec.algorithm.tau == 0.01
 
 
+def test_every_ale_game_starts_from_the_atari_preset() -> None:
+    """`--env ALE/Breakout-v5` takes the ALE preset (RLlib's Atari recipe) with its own id; `--preset ALE` alone
+    is Pong."""
+    breakout = UpSettings(env="ALE/Breakout-v5").spec
+    assert breakout.env.id == "ALE/Breakout-v5" and breakout.env.wrappers[0].type == "AtariPreprocessing"
+    assert breakout.connectors.env_to_module[0].kwargs == {"num_frames": 4}
+    assert UpSettings(preset="ALE").spec.env.id == "ALE/Pong-v5"
+    assert UpSettings(env="ALEX/Pong-v5").spec.env.wrappers == []  # a namespace of its own: no preset
+
+
 def test_a_flag_replaces_a_presets_schedule_with_one_number() -> None:
     assert isinstance(UpSettings().spec.algorithm.lr, list)
     assert UpSettings(_cli_parse_args=["--spec.algorithm.lr", "3e-4"]).spec.algorithm.lr == 3e-4
@@ -82,3 +94,17 @@ def test_one_updates_config_holds_each_schedules_value_then() -> None:
     for bad in (-0.01, [[0, 0.01], [10, -0.01]]):
         with pytest.raises(ValueError, match="negative"):
             PPOConfig(entropy_coeff=bad)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_no_preset_schedule_reaches_0_so_a_learner_that_never_stops_keeps_learning(name: str) -> None:
+    """A schedule that ends at 0 freezes the policy for good, whatever it is then: a service runs on for days.
+    Until it flattens out, CartPole's is rl-zoo's (lin_0.001 and lin_0.2 over 100k env steps) value for value."""
+    algorithm = RunSpec.parse(preset(name), name).algorithm
+    for step in (0, 10**5, 10**9):
+        config = algorithm.at(step)
+        assert config.lr > 0 and config.clip_param > 0, (name, step)
+    if name == "CartPole-v1":
+        for step in (0, 25_000, 50_000, 90_000):
+            assert algorithm.at(step).lr == pytest.approx(1e-3 * (1 - step / 1e5))
+            assert algorithm.at(step).clip_param == pytest.approx(0.2 * (1 - step / 1e5))

@@ -18,9 +18,11 @@ import numpy as np
 INDEX_FORMS: list[Any] = [None, -1, 0, 1, -2, slice(0, 3), slice(-3, None), [0, 2, -1]]
 
 
-def trace(seed: int, n_agents: int = 3, steps: int = 12) -> list[tuple]:
-    """One episode of a scripted env with `n_agents` agents and at most `steps` env steps."""
+def trace(seed: int, n_agents: int = 3, steps: int = 12, turn_based: bool = False) -> list[tuple]:
+    """One episode of a scripted env with `n_agents` agents and at most `steps` env steps. `turn_based`: of the
+    agents whose actions hang, only the one that acted first may observe in a step (agents joining besides)."""
     rng = random.Random(seed)
+    acted_at: dict[str, int] = {}
     agents = [f"a{i}" for i in range(n_agents)]
     first = set(rng.sample(agents, rng.randint(1, n_agents)))
     joined, gone, hanging = set(first), set(), set()
@@ -29,6 +31,8 @@ def trace(seed: int, n_agents: int = 3, steps: int = 12) -> list[tuple]:
     for t in range(steps):
         actions = {a: rng.randint(0, 3) for a in sorted(to_act)}
         hanging |= set(actions)
+        acted_at |= dict.fromkeys(actions, t)
+        turn = min(hanging, key=lambda a: (acted_at[a], a)) if turn_based and hanging else None
         obs, rewards, terminateds = {}, {}, {}
         last = t == steps - 1
         veterans = joined - gone  # RLlib ends the episode once all agents that were in it before this step are done
@@ -42,7 +46,7 @@ def trace(seed: int, n_agents: int = 3, steps: int = 12) -> list[tuple]:
                 elif rng.random() < 0.3:
                     rewards[a] = 0.25  # a reward before its first observation: not part of its episode
                 continue
-            if a in hanging and (rng.random() < 0.6 or (last and rng.random() < 0.5)):
+            if a in hanging and a == (turn or a) and (rng.random() < 0.6 or (last and rng.random() < 0.5)):
                 obs[a] = float(rng.randint(0, 9))
                 hanging.discard(a)
                 rewards[a] = round(rng.random(), 2)

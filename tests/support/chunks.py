@@ -1,15 +1,22 @@
-"""Shipped chunks (`rlgate.server.shipping.Chunk`) decoded back into episodes, as the learner decodes them."""
+"""Shipped chunks (`rlgate.episodes.chunk.Chunk`) decoded back into episodes, as the learner decodes them."""
 
 from __future__ import annotations
 
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.chunk import Chunk
 from rlgate.episodes.codec import chunk_message, chunk_tables, episode_from_proto, episodes_from_chunks
-from rlgate.server.shipping import Chunk
 from rlgate.v1 import episode_pb2
 from support.episodes import assert_episodes_equal
 
 # Beyond the columns.
-TRAVELLING = ("agent_id", "module_id", "multi_agent_episode_id", "multi_agent_env_steps", "multi_agent_episode_chunks")
+TRAVELLING = (
+    "agent_id",
+    "module_id",
+    "multi_agent_episode_id",
+    "multi_agent_env_steps",
+    "multi_agent_episode_chunks",
+    "session_closed",
+)
 
 
 def decoded(chunks: list[Chunk]) -> list[SingleAgentEpisode]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rlgate.connectors import Columns, ConnectorV2
+from rlgate.connectors import ConnectorV2
 
 
 class WaitForFile(ConnectorV2):
@@ -45,9 +45,10 @@ class FailOnValue(ConnectorV2):
         self.value = value
         super().__init__(input_observation_space, input_action_space, **kwargs)
 
-    def __call__(self, *, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        if (np.asarray(batch[Columns.OBS]) == self.value).any():
-            raise ValueError(f"observation value {self.value} is not for me")
+    def __call__(self, *, batch: dict[str, Any], episodes: list, **kwargs: Any) -> dict[str, Any]:
+        for episode in self.single_agent_episode_iterator(episodes):
+            if (np.asarray(episode.get_observations(-1)) == self.value).any():
+                raise ValueError(f"observation value {self.value} is not for me")
         return batch
 
 

@@ -1,4 +1,4 @@
-"""The reference for `server.session.Session`: the same protocol kept as one SingleAgentEpisode per sub-env.
+"""The reference for `episodes.session.Session`: the same protocol kept as one SingleAgentEpisode per sub-env.
 
 Every step goes through `add_env_reset` / `add_env_step` and every chunk through `cut`, exactly as an
 RLlib env runner records episodes. The server's column-wise Session must ship the same episodes.
@@ -17,7 +17,7 @@ from typing import Any
 from rlgate.core.columns import RECORDED_OUTPUTS, Columns
 from rlgate.core.tree import map_structure
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.server.session import SessionSpec
+from rlgate.episodes.session import SessionSpec
 
 
 class ReferenceSession:
@@ -91,7 +91,7 @@ class ReferenceSession:
             start, stop = self._flushed[i], len(episode) - 1 if self._pending else len(episode)
             if stop > start:
                 chunk = self._rest(episode, start)[: stop - start] if start else episode[:stop]
-                chunk.is_truncated = True
+                chunk.is_truncated = chunk.session_closed = True
                 unfinished.append(chunk)
         self.episodes = [None] * self.spec.num_envs
         return done + unfinished

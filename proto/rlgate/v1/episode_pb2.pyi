@@ -62,6 +62,7 @@ class Episode(_message.Message):
     MULTI_AGENT_EPISODE_ID_FIELD_NUMBER: _builtins.int
     MULTI_AGENT_ENV_STEPS_FIELD_NUMBER: _builtins.int
     MULTI_AGENT_EPISODE_CHUNKS_FIELD_NUMBER: _builtins.int
+    SESSION_CLOSED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique id of the episode; all chunks of one episode share it."""
     chunk_index: _builtins.int
@@ -82,6 +83,12 @@ class Episode(_message.Message):
     """Multi-agent: on the agent chunks shipped when their multi-agent episode ended, how many agent chunks that
     episode shipped in all (these included), so that the learner knows when it has every one of them and can
     count the episode's return; 0 on the others (and from servers that predate this field).
+    """
+    session_closed: _builtins.bool
+    """The episode did not end in its env: its session ended first (the client closed its stream, disconnected or
+    went idle), and the server cut it off here. Also `truncated`, so it trains as a truncated episode (its last
+    value bootstrapped), but a learner counts it in no finished episode's return or length. False from servers
+    that predate this field (their cut-off episodes count as truncated ones).
     """
     @_builtins.property
     def observations(self) -> _tensor_pb2.Value:
@@ -129,10 +136,11 @@ class Episode(_message.Message):
         multi_agent_episode_id: _builtins.str = ...,
         multi_agent_env_steps: _builtins.int = ...,
         multi_agent_episode_chunks: _builtins.int = ...,
+        session_closed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "model_versions", b"model_versions", "observations", b"observations", "rewards", b"rewards"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_id", b"agent_id", "chunk_index", b"chunk_index", "extra_model_outputs", b"extra_model_outputs", "id", b"id", "infos", b"infos", "len_lookback_buffer", b"len_lookback_buffer", "model_versions", b"model_versions", "module_id", b"module_id", "multi_agent_env_steps", b"multi_agent_env_steps", "multi_agent_episode_chunks", b"multi_agent_episode_chunks", "multi_agent_episode_id", b"multi_agent_episode_id", "observations", b"observations", "rewards", b"rewards", "t_started", b"t_started", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_id", b"agent_id", "chunk_index", b"chunk_index", "extra_model_outputs", b"extra_model_outputs", "id", b"id", "infos", b"infos", "len_lookback_buffer", b"len_lookback_buffer", "model_versions", b"model_versions", "module_id", b"module_id", "multi_agent_env_steps", b"multi_agent_env_steps", "multi_agent_episode_chunks", b"multi_agent_episode_chunks", "multi_agent_episode_id", b"multi_agent_episode_id", "observations", b"observations", "rewards", b"rewards", "session_closed", b"session_closed", "t_started", b"t_started", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -188,6 +196,7 @@ class EpisodeChunks(_message.Message):
     MULTI_AGENT_EPISODE_IDS_FIELD_NUMBER: _builtins.int
     MULTI_AGENT_ENV_STEPS_FIELD_NUMBER: _builtins.int
     MULTI_AGENT_EPISODE_CHUNKS_FIELD_NUMBER: _builtins.int
+    SESSION_CLOSED_FIELD_NUMBER: _builtins.int
     module_id: _builtins.str
     """Multi-agent: the module all these chunks belong to; per chunk its agent, multi-agent episode and share of
     env steps, and its episode's chunks in all (as in Episode; each list empty, or one entry per chunk). Empty for
@@ -233,6 +242,10 @@ class EpisodeChunks(_message.Message):
     def multi_agent_env_steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def multi_agent_episode_chunks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def session_closed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """As Episode's: empty (no chunk's session closed), or one entry per chunk."""
+
     def __init__(
         self,
         *,
@@ -254,10 +267,11 @@ class EpisodeChunks(_message.Message):
         multi_agent_episode_ids: _abc.Iterable[_builtins.str] | None = ...,
         multi_agent_env_steps: _abc.Iterable[_builtins.int] | None = ...,
         multi_agent_episode_chunks: _abc.Iterable[_builtins.int] | None = ...,
+        session_closed: _abc.Iterable[_builtins.bool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "model_versions", b"model_versions", "observations", b"observations", "rewards", b"rewards"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_ids", b"agent_ids", "chunk_indices", b"chunk_indices", "extra_model_outputs", b"extra_model_outputs", "ids", b"ids", "infos", b"infos", "len_lookback_buffers", b"len_lookback_buffers", "model_versions", b"model_versions", "module_id", b"module_id", "multi_agent_env_steps", b"multi_agent_env_steps", "multi_agent_episode_chunks", b"multi_agent_episode_chunks", "multi_agent_episode_ids", b"multi_agent_episode_ids", "observations", b"observations", "rewards", b"rewards", "steps", b"steps", "t_started", b"t_started", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "agent_ids", b"agent_ids", "chunk_indices", b"chunk_indices", "extra_model_outputs", b"extra_model_outputs", "ids", b"ids", "infos", b"infos", "len_lookback_buffers", b"len_lookback_buffers", "model_versions", b"model_versions", "module_id", b"module_id", "multi_agent_env_steps", b"multi_agent_env_steps", "multi_agent_episode_chunks", b"multi_agent_episode_chunks", "multi_agent_episode_ids", b"multi_agent_episode_ids", "observations", b"observations", "rewards", b"rewards", "session_closed", b"session_closed", "steps", b"steps", "t_started", b"t_started", "terminated", b"terminated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -312,6 +312,8 @@ class ServerReport(_message.Message):
     SPOOL_BYTES_FIELD_NUMBER: _builtins.int
     MAX_SPOOL_BYTES_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
+    LOCAL_CLIENTS_FIELD_NUMBER: _builtins.int
+    LOCAL_ENV_STEPS_FIELD_NUMBER: _builtins.int
     server_id: _builtins.str
     http_port: _builtins.int
     """The server's HTTP port (its page and /status, on the address it reports from); 0: unknown."""
@@ -326,6 +328,11 @@ class ServerReport(_message.Message):
     max_spool_bytes: _builtins.int
     paused: _builtins.str
     """Why the server does not sample now (e.g. its spool is full); empty: it samples."""
+    local_clients: _builtins.int
+    """Local-inference clients sending it episodes now (PolicyService.SubmitEpisodes), and the env steps they sent
+    since the server started (not in env_steps, which counts its sessions' steps).
+    """
+    local_env_steps: _builtins.int
     def __init__(
         self,
         *,
@@ -338,10 +345,12 @@ class ServerReport(_message.Message):
         spool_bytes: _builtins.int = ...,
         max_spool_bytes: _builtins.int = ...,
         paused: _builtins.str = ...,
+        local_clients: _builtins.int = ...,
+        local_env_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_steps", b"env_steps", "http_port", b"http_port", "max_spool_bytes", b"max_spool_bytes", "model_version", b"model_version", "paused", b"paused", "server_id", b"server_id", "sessions", b"sessions", "spool_batches", b"spool_batches", "spool_bytes", b"spool_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_steps", b"env_steps", "http_port", b"http_port", "local_clients", b"local_clients", "local_env_steps", b"local_env_steps", "max_spool_bytes", b"max_spool_bytes", "model_version", b"model_version", "paused", b"paused", "server_id", b"server_id", "sessions", b"sessions", "spool_batches", b"spool_batches", "spool_bytes", b"spool_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from rlgate.v1 import learner_pb2 as rlgate_dot_v1_dot_learner__pb2
 from rlgate.v1 import tensor_pb2 as rlgate_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlgate/v1/policy.proto\x12\trlgate.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16rlgate/v1/tensor.proto\"~\n\rClientMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.rlgate.v1.HelloH\x00\x12\x1f\n\x04step\x18\x02 \x01(\x0b\x32\x0f.rlgate.v1.StepH\x00\x12!\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.CloseH\x00\x42\x06\n\x04kind\"\xcd\x01\n\x05Hello\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12+\n\x11observation_space\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Space\x12&\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Space\x12\x10\n\x08num_envs\x18\x04 \x01(\r\x12\x0f\n\x07\x65xplore\x18\x05 \x01(\x08\x12\x11\n\tmodule_id\x18\x06 \x01(\t\x12&\n\x06\x61gents\x18\x07 \x03(\x0b\x32\x16.rlgate.v1.AgentSpaces\"\xe4\x01\n\x04Step\x12\x1d\n\x03obs\x18\x01 \x01(\x0b\x32\x10.rlgate.v1.Value\x12!\n\x06reward\x18\x02 \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12%\n\nterminated\x18\x03 \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12$\n\ttruncated\x18\x04 \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12&\n\x05infos\x18\x05 \x03(\x0b\x32\x17.google.protobuf.Struct\x12%\n\x06\x61gents\x18\x06 \x03(\x0b\x32\x15.rlgate.v1.AgentsStep\"\x07\n\x05\x43lose\"e\n\rServerMessage\x12%\n\x07welcome\x18\x01 \x01(\x0b\x32\x12.rlgate.v1.WelcomeH\x00\x12%\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.rlgate.v1.ActionsH\x00\x42\x06\n\x04kind\"4\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"l\n\x07\x41\x63tions\x12!\n\x07\x61\x63tions\x18\x01 \x01(\x0b\x32\x10.rlgate.v1.Value\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\'\n\x06\x61gents\x18\x03 \x03(\x0b\x32\x17.rlgate.v1.AgentActions\"t\n\x0b\x41gentSpaces\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12+\n\x11observation_space\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Space\x12&\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Space\"\xb3\x04\n\nAgentsStep\x12+\n\x03obs\x18\x01 \x03(\x0b\x32\x1e.rlgate.v1.AgentsStep.ObsEntry\x12\x33\n\x07rewards\x18\x02 \x03(\x0b\x32\".rlgate.v1.AgentsStep.RewardsEntry\x12;\n\x0bterminateds\x18\x03 \x03(\x0b\x32&.rlgate.v1.AgentsStep.TerminatedsEntry\x12\x39\n\ntruncateds\x18\x04 \x03(\x0b\x32%.rlgate.v1.AgentsStep.TruncatedsEntry\x12/\n\x05infos\x18\x05 \x03(\x0b\x32 .rlgate.v1.AgentsStep.InfosEntry\x1a<\n\x08ObsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Value:\x02\x38\x01\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x32\n\x10TerminatedsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x08:\x02\x38\x01\x1a\x31\n\x0fTruncatedsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x08:\x02\x38\x01\x1a\x45\n\nInfosEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\"\x87\x01\n\x0c\x41gentActions\x12\x35\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32$.rlgate.v1.AgentActions.ActionsEntry\x1a@\n\x0c\x41\x63tionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Value:\x02\x38\x01\x32R\n\rPolicyService\x12\x41\n\x07\x43onnect\x12\x18.rlgate.v1.ClientMessage\x1a\x18.rlgate.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlgate/v1/policy.proto\x12\trlgate.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17rlgate/v1/learner.proto\x1a\x16rlgate/v1/tensor.proto\"n\n\x11\x45pisodeSubmission\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.rlgate.v1.SubmitHelloH\x00\x12(\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x17.rlgate.v1.EpisodeBatchH\x00\x42\x06\n\x04kind\"E\n\x0bSubmitHello\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x11\n\tspec_json\x18\x02 \x01(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\r\"~\n\rClientMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.rlgate.v1.HelloH\x00\x12\x1f\n\x04step\x18\x02 \x01(\x0b\x32\x0f.rlgate.v1.StepH\x00\x12!\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.CloseH\x00\x42\x06\n\x04kind\"\xcd\x01\n\x05Hello\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12+\n\x11observation_space\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Space\x12&\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Space\x12\x10\n\x08num_envs\x18\x04 \x01(\r\x12\x0f\n\x07\x65xplore\x18\x05 \x01(\x08\x12\x11\n\tmodule_id\x18\x06 \x01(\t\x12&\n\x06\x61gents\x18\x07 \x03(\x0b\x32\x16.rlgate.v1.AgentSpaces\"\xe4\x01\n\x04Step\x12\x1d\n\x03obs\x18\x01 \x01(\x0b\x32\x10.rlgate.v1.Value\x12!\n\x06reward\x18\x02 \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12%\n\nterminated\x18\x03 \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12$\n\ttruncated\x18\x04 \x01(\x0b\x32\x11.rlgate.v1.Tensor\x12&\n\x05infos\x18\x05 \x03(\x0b\x32\x17.google.protobuf.Struct\x12%\n\x06\x61gents\x18\x06 \x03(\x0b\x32\x15.rlgate.v1.AgentsStep\"\x07\n\x05\x43lose\"e\n\rServerMessage\x12%\n\x07welcome\x18\x01 \x01(\x0b\x32\x12.rlgate.v1.WelcomeH\x00\x12%\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.rlgate.v1.ActionsH\x00\x42\x06\n\x04kind\"4\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"l\n\x07\x41\x63tions\x12!\n\x07\x61\x63tions\x18\x01 \x01(\x0b\x32\x10.rlgate.v1.Value\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\'\n\x06\x61gents\x18\x03 \x03(\x0b\x32\x17.rlgate.v1.AgentActions\"t\n\x0b\x41gentSpaces\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12+\n\x11observation_space\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Space\x12&\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Space\"\xb3\x04\n\nAgentsStep\x12+\n\x03obs\x18\x01 \x03(\x0b\x32\x1e.rlgate.v1.AgentsStep.ObsEntry\x12\x33\n\x07rewards\x18\x02 \x03(\x0b\x32\".rlgate.v1.AgentsStep.RewardsEntry\x12;\n\x0bterminateds\x18\x03 \x03(\x0b\x32&.rlgate.v1.AgentsStep.TerminatedsEntry\x12\x39\n\ntruncateds\x18\x04 \x03(\x0b\x32%.rlgate.v1.AgentsStep.TruncatedsEntry\x12/\n\x05infos\x18\x05 \x03(\x0b\x32 .rlgate.v1.AgentsStep.InfosEntry\x1a<\n\x08ObsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Value:\x02\x38\x01\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x32\n\x10TerminatedsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x08:\x02\x38\x01\x1a\x31\n\x0fTruncatedsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x08:\x02\x38\x01\x1a\x45\n\nInfosEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct:\x02\x38\x01\"\x87\x01\n\x0c\x41gentActions\x12\x35\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32$.rlgate.v1.AgentActions.ActionsEntry\x1a@\n\x0c\x41\x63tionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1f\n\x05value\x18\x02 \x01(\x0b\x32\x10.rlgate.v1.Value:\x02\x38\x01\x32\xe3\x01\n\rPolicyService\x12\x41\n\x07\x43onnect\x12\x18.rlgate.v1.ClientMessage\x1a\x18.rlgate.v1.ServerMessage(\x01\x30\x01\x12\x44\n\x0cWatchWeights\x12\x1e.rlgate.v1.WatchWeightsRequest\x1a\x12.rlgate.v1.Weights0\x01\x12I\n\x0eSubmitEpisodes\x12\x1c.rlgate.v1.EpisodeSubmission\x1a\x15.rlgate.v1.EpisodeAck(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,38 +46,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTSSTEP_INFOSENTRY']._serialized_options = b'8\001'
   _globals['_AGENTACTIONS_ACTIONSENTRY']._loaded_options = None
   _globals['_AGENTACTIONS_ACTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_CLIENTMESSAGE']._serialized_start=91
-  _globals['_CLIENTMESSAGE']._serialized_end=217
-  _globals['_HELLO']._serialized_start=220
-  _globals['_HELLO']._serialized_end=425
-  _globals['_STEP']._serialized_start=428
-  _globals['_STEP']._serialized_end=656
-  _globals['_CLOSE']._serialized_start=658
-  _globals['_CLOSE']._serialized_end=665
-  _globals['_SERVERMESSAGE']._serialized_start=667
-  _globals['_SERVERMESSAGE']._serialized_end=768
-  _globals['_WELCOME']._serialized_start=770
-  _globals['_WELCOME']._serialized_end=822
-  _globals['_ACTIONS']._serialized_start=824
-  _globals['_ACTIONS']._serialized_end=932
-  _globals['_AGENTSPACES']._serialized_start=934
-  _globals['_AGENTSPACES']._serialized_end=1050
-  _globals['_AGENTSSTEP']._serialized_start=1053
-  _globals['_AGENTSSTEP']._serialized_end=1616
-  _globals['_AGENTSSTEP_OBSENTRY']._serialized_start=1334
-  _globals['_AGENTSSTEP_OBSENTRY']._serialized_end=1394
-  _globals['_AGENTSSTEP_REWARDSENTRY']._serialized_start=1396
-  _globals['_AGENTSSTEP_REWARDSENTRY']._serialized_end=1442
-  _globals['_AGENTSSTEP_TERMINATEDSENTRY']._serialized_start=1444
-  _globals['_AGENTSSTEP_TERMINATEDSENTRY']._serialized_end=1494
-  _globals['_AGENTSSTEP_TRUNCATEDSENTRY']._serialized_start=1496
-  _globals['_AGENTSSTEP_TRUNCATEDSENTRY']._serialized_end=1545
-  _globals['_AGENTSSTEP_INFOSENTRY']._serialized_start=1547
-  _globals['_AGENTSSTEP_INFOSENTRY']._serialized_end=1616
-  _globals['_AGENTACTIONS']._serialized_start=1619
-  _globals['_AGENTACTIONS']._serialized_end=1754
-  _globals['_AGENTACTIONS_ACTIONSENTRY']._serialized_start=1690
-  _globals['_AGENTACTIONS_ACTIONSENTRY']._serialized_end=1754
-  _globals['_POLICYSERVICE']._serialized_start=1756
-  _globals['_POLICYSERVICE']._serialized_end=1838
+  _globals['_EPISODESUBMISSION']._serialized_start=116
+  _globals['_EPISODESUBMISSION']._serialized_end=226
+  _globals['_SUBMITHELLO']._serialized_start=228
+  _globals['_SUBMITHELLO']._serialized_end=297
+  _globals['_CLIENTMESSAGE']._serialized_start=299
+  _globals['_CLIENTMESSAGE']._serialized_end=425
+  _globals['_HELLO']._serialized_start=428
+  _globals['_HELLO']._serialized_end=633
+  _globals['_STEP']._serialized_start=636
+  _globals['_STEP']._serialized_end=864
+  _globals['_CLOSE']._serialized_start=866
+  _globals['_CLOSE']._serialized_end=873
+  _globals['_SERVERMESSAGE']._serialized_start=875
+  _globals['_SERVERMESSAGE']._serialized_end=976
+  _globals['_WELCOME']._serialized_start=978
+  _globals['_WELCOME']._serialized_end=1030
+  _globals['_ACTIONS']._serialized_start=1032
+  _globals['_ACTIONS']._serialized_end=1140
+  _globals['_AGENTSPACES']._serialized_start=1142
+  _globals['_AGENTSPACES']._serialized_end=1258
+  _globals['_AGENTSSTEP']._serialized_start=1261
+  _globals['_AGENTSSTEP']._serialized_end=1824
+  _globals['_AGENTSSTEP_OBSENTRY']._serialized_start=1542
+  _globals['_AGENTSSTEP_OBSENTRY']._serialized_end=1602
+  _globals['_AGENTSSTEP_REWARDSENTRY']._serialized_start=1604
+  _globals['_AGENTSSTEP_REWARDSENTRY']._serialized_end=1650
+  _globals['_AGENTSSTEP_TERMINATEDSENTRY']._serialized_start=1652
+  _globals['_AGENTSSTEP_TERMINATEDSENTRY']._serialized_end=1702
+  _globals['_AGENTSSTEP_TRUNCATEDSENTRY']._serialized_start=1704
+  _globals['_AGENTSSTEP_TRUNCATEDSENTRY']._serialized_end=1753
+  _globals['_AGENTSSTEP_INFOSENTRY']._serialized_start=1755
+  _globals['_AGENTSSTEP_INFOSENTRY']._serialized_end=1824
+  _globals['_AGENTACTIONS']._serialized_start=1827
+  _globals['_AGENTACTIONS']._serialized_end=1962
+  _globals['_AGENTACTIONS_ACTIONSENTRY']._serialized_start=1898
+  _globals['_AGENTACTIONS_ACTIONSENTRY']._serialized_end=1962
+  _globals['_POLICYSERVICE']._serialized_start=1965
+  _globals['_POLICYSERVICE']._serialized_end=2192
 # @@protoc_insertion_point(module_scope)

@@ -10,6 +10,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
+from rlgate.v1 import learner_pb2 as _learner_pb2
 from rlgate.v1 import tensor_pb2 as _tensor_pb2
 import builtins as _builtins
 import sys
@@ -21,6 +22,68 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class EpisodeSubmission(_message.Message):
+    """One message of a SubmitEpisodes stream: a hello first, then batches."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELLO_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hello(self) -> Global___SubmitHello: ...
+    @_builtins.property
+    def batch(self) -> _learner_pb2.EpisodeBatch:
+        """Chunks of the client's episodes, recorded as a server records them (episode.proto); seq numbers the batches
+        of the client (its spool's), echoed in the ack; server_id is ignored (the server signs what it relays).
+        """
+
+    def __init__(
+        self,
+        *,
+        hello: Global___SubmitHello | None = ...,
+        batch: _learner_pb2.EpisodeBatch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "hello", b"hello", "kind", b"kind"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "hello", b"hello", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "batch"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___EpisodeSubmission: _TypeAlias = EpisodeSubmission  # noqa: Y015
+
+@_typing.final
+class SubmitHello(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    SPEC_JSON_FIELD_NUMBER: _builtins.int
+    NUM_ENVS_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """Free-form name of the client, for logs and status: at most 256 characters (else INVALID_ARGUMENT)."""
+    spec_json: _builtins.str
+    """The run spec the client acts with, as the Weights it acts with carried it (Weights.spec_json): another run's
+    (or none) is FAILED_PRECONDITION, since its episodes would train a model they were not sampled by.
+    """
+    num_envs: _builtins.int
+    """Sub-envs the client steps (for status), at least 1."""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        spec_json: _builtins.str = ...,
+        num_envs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "num_envs", b"num_envs", "spec_json", b"spec_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitHello: _TypeAlias = SubmitHello  # noqa: Y015
 
 @_typing.final
 class ClientMessage(_message.Message):

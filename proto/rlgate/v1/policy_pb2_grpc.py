@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from rlgate.v1 import learner_pb2 as rlgate_dot_v1_dot_learner__pb2
 from rlgate.v1 import policy_pb2 as rlgate_dot_v1_dot_policy__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -39,6 +40,16 @@ class PolicyServiceStub:
                 request_serializer=rlgate_dot_v1_dot_policy__pb2.ClientMessage.SerializeToString,
                 response_deserializer=rlgate_dot_v1_dot_policy__pb2.ServerMessage.FromString,
                 _registered_method=True)
+        self.WatchWeights = channel.unary_stream(
+                '/rlgate.v1.PolicyService/WatchWeights',
+                request_serializer=rlgate_dot_v1_dot_learner__pb2.WatchWeightsRequest.SerializeToString,
+                response_deserializer=rlgate_dot_v1_dot_learner__pb2.Weights.FromString,
+                _registered_method=True)
+        self.SubmitEpisodes = channel.stream_stream(
+                '/rlgate.v1.PolicyService/SubmitEpisodes',
+                request_serializer=rlgate_dot_v1_dot_policy__pb2.EpisodeSubmission.SerializeToString,
+                response_deserializer=rlgate_dot_v1_dot_learner__pb2.EpisodeAck.FromString,
+                _registered_method=True)
 
 
 class PolicyServiceServicer:
@@ -53,6 +64,30 @@ class PolicyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchWeights(self, request, context):
+        """Local inference (an env client that acts itself, then sends its episodes to SubmitEpisodes): the weights to act
+        with, as this server's learner publishes them to it (run spec, env spaces, safetensors, connector state,
+        max_unacked_steps), the newest version above request.after_version first (-1: the current one), then every
+        newer one as it comes; request.server_id names the client. A server without a learner sends its own policy's
+        (a checkpoint's, or a fresh model's) once, with max_unacked_steps 0. UNAVAILABLE while it has no model yet;
+        INVALID_ARGUMENT for an after_version below -1 or above 2**62 - 1 (proto/README.md, "Local inference").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitEpisodes(self, request_iterator, context):
+        """Local inference: the client's episode chunks, into this server's delivery path to its learner (its spool). The
+        first message is a hello naming the run spec the client acts with, then EpisodeBatches; each is acknowledged
+        (EpisodeAck, by seq, in order) once this server holds it on disk, so a client deletes a batch only after its
+        ack, and sends every unacknowledged batch again on a new stream (the learner drops chunks it already has, by
+        episode id and chunk index). Acks wait while the learner has not taken what this server holds: that is the
+        learner's pace, which the client keeps by pausing at max_unacked_steps unacknowledged steps.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PolicyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +95,16 @@ def add_PolicyServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=rlgate_dot_v1_dot_policy__pb2.ClientMessage.FromString,
                     response_serializer=rlgate_dot_v1_dot_policy__pb2.ServerMessage.SerializeToString,
+            ),
+            'WatchWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchWeights,
+                    request_deserializer=rlgate_dot_v1_dot_learner__pb2.WatchWeightsRequest.FromString,
+                    response_serializer=rlgate_dot_v1_dot_learner__pb2.Weights.SerializeToString,
+            ),
+            'SubmitEpisodes': grpc.stream_stream_rpc_method_handler(
+                    servicer.SubmitEpisodes,
+                    request_deserializer=rlgate_dot_v1_dot_policy__pb2.EpisodeSubmission.FromString,
+                    response_serializer=rlgate_dot_v1_dot_learner__pb2.EpisodeAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +134,60 @@ class PolicyService:
             '/rlgate.v1.PolicyService/Connect',
             rlgate_dot_v1_dot_policy__pb2.ClientMessage.SerializeToString,
             rlgate_dot_v1_dot_policy__pb2.ServerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rlgate.v1.PolicyService/WatchWeights',
+            rlgate_dot_v1_dot_learner__pb2.WatchWeightsRequest.SerializeToString,
+            rlgate_dot_v1_dot_learner__pb2.Weights.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitEpisodes(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rlgate.v1.PolicyService/SubmitEpisodes',
+            rlgate_dot_v1_dot_policy__pb2.EpisodeSubmission.SerializeToString,
+            rlgate_dot_v1_dot_learner__pb2.EpisodeAck.FromString,
             options,
             channel_credentials,
             insecure,

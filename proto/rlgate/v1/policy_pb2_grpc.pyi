@@ -7,6 +7,7 @@ proto/README.md is the whole contract for client authors: dtype rules, autoreset
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from rlgate.v1 import learner_pb2 as _learner_pb2
 from rlgate.v1 import policy_pb2 as _policy_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -38,6 +39,22 @@ class PolicyServiceStub:
     written before the previous answer is read; no deadline on the call). Token: metadata `authorization:
     Bearer <token>`. An error ends the stream as its final status (proto/README.md: each status and when).
     """
+    WatchWeights: _grpc.UnaryStreamMultiCallable[_learner_pb2.WatchWeightsRequest, _learner_pb2.Weights]
+    """Local inference (an env client that acts itself, then sends its episodes to SubmitEpisodes): the weights to act
+    with, as this server's learner publishes them to it (run spec, env spaces, safetensors, connector state,
+    max_unacked_steps), the newest version above request.after_version first (-1: the current one), then every
+    newer one as it comes; request.server_id names the client. A server without a learner sends its own policy's
+    (a checkpoint's, or a fresh model's) once, with max_unacked_steps 0. UNAVAILABLE while it has no model yet;
+    INVALID_ARGUMENT for an after_version below -1 or above 2**62 - 1 (proto/README.md, "Local inference").
+    """
+    SubmitEpisodes: _grpc.StreamStreamMultiCallable[_policy_pb2.EpisodeSubmission, _learner_pb2.EpisodeAck]
+    """Local inference: the client's episode chunks, into this server's delivery path to its learner (its spool). The
+    first message is a hello naming the run spec the client acts with, then EpisodeBatches; each is acknowledged
+    (EpisodeAck, by seq, in order) once this server holds it on disk, so a client deletes a batch only after its
+    ack, and sends every unacknowledged batch again on a new stream (the learner drops chunks it already has, by
+    episode id and chunk index). Acks wait while the learner has not taken what this server holds: that is the
+    learner's pace, which the client keeps by pausing at max_unacked_steps unacknowledged steps.
+    """
 
 @_typing.type_check_only
 class PolicyServiceAsyncStub(PolicyServiceStub):
@@ -46,6 +63,22 @@ class PolicyServiceAsyncStub(PolicyServiceStub):
     """First message: hello, answered by welcome; then one actions answer per step, in order (a step may be
     written before the previous answer is read; no deadline on the call). Token: metadata `authorization:
     Bearer <token>`. An error ends the stream as its final status (proto/README.md: each status and when).
+    """
+    WatchWeights: _aio.UnaryStreamMultiCallable[_learner_pb2.WatchWeightsRequest, _learner_pb2.Weights]  # type: ignore[assignment]
+    """Local inference (an env client that acts itself, then sends its episodes to SubmitEpisodes): the weights to act
+    with, as this server's learner publishes them to it (run spec, env spaces, safetensors, connector state,
+    max_unacked_steps), the newest version above request.after_version first (-1: the current one), then every
+    newer one as it comes; request.server_id names the client. A server without a learner sends its own policy's
+    (a checkpoint's, or a fresh model's) once, with max_unacked_steps 0. UNAVAILABLE while it has no model yet;
+    INVALID_ARGUMENT for an after_version below -1 or above 2**62 - 1 (proto/README.md, "Local inference").
+    """
+    SubmitEpisodes: _aio.StreamStreamMultiCallable[_policy_pb2.EpisodeSubmission, _learner_pb2.EpisodeAck]  # type: ignore[assignment]
+    """Local inference: the client's episode chunks, into this server's delivery path to its learner (its spool). The
+    first message is a hello naming the run spec the client acts with, then EpisodeBatches; each is acknowledged
+    (EpisodeAck, by seq, in order) once this server holds it on disk, so a client deletes a batch only after its
+    ack, and sends every unacknowledged batch again on a new stream (the learner drops chunks it already has, by
+    episode id and chunk index). Acks wait while the learner has not taken what this server holds: that is the
+    learner's pace, which the client keeps by pausing at max_unacked_steps unacknowledged steps.
     """
 
 class PolicyServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -58,6 +91,34 @@ class PolicyServiceServicer(metaclass=_abc_1.ABCMeta):
         """First message: hello, answered by welcome; then one actions answer per step, in order (a step may be
         written before the previous answer is read; no deadline on the call). Token: metadata `authorization:
         Bearer <token>`. An error ends the stream as its final status (proto/README.md: each status and when).
+        """
+
+    @_abc_1.abstractmethod
+    def WatchWeights(
+        self,
+        request: _learner_pb2.WatchWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_learner_pb2.Weights], _abc.AsyncIterator[_learner_pb2.Weights]]:
+        """Local inference (an env client that acts itself, then sends its episodes to SubmitEpisodes): the weights to act
+        with, as this server's learner publishes them to it (run spec, env spaces, safetensors, connector state,
+        max_unacked_steps), the newest version above request.after_version first (-1: the current one), then every
+        newer one as it comes; request.server_id names the client. A server without a learner sends its own policy's
+        (a checkpoint's, or a fresh model's) once, with max_unacked_steps 0. UNAVAILABLE while it has no model yet;
+        INVALID_ARGUMENT for an after_version below -1 or above 2**62 - 1 (proto/README.md, "Local inference").
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitEpisodes(
+        self,
+        request_iterator: _MaybeAsyncIterator[_policy_pb2.EpisodeSubmission],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_learner_pb2.EpisodeAck], _abc.AsyncIterator[_learner_pb2.EpisodeAck]]:
+        """Local inference: the client's episode chunks, into this server's delivery path to its learner (its spool). The
+        first message is a hello naming the run spec the client acts with, then EpisodeBatches; each is acknowledged
+        (EpisodeAck, by seq, in order) once this server holds it on disk, so a client deletes a batch only after its
+        ack, and sends every unacknowledged batch again on a new stream (the learner drops chunks it already has, by
+        episode id and chunk index). Acks wait while the learner has not taken what this server holds: that is the
+        learner's pace, which the client keeps by pausing at max_unacked_steps unacknowledged steps.
         """
 
 def add_PolicyServiceServicer_to_server(servicer: PolicyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

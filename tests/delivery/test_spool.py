@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlgate.delivery.spool import Spool
 from rlgate.server.metrics import ServerMetrics
-from rlgate.server.spool import Spool
 
 
 def written(spool: Spool, data: bytes, steps: int = 3) -> int:

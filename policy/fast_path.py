@@ -1,14 +1,18 @@
-"""The default pipelines on the server's batched path: only the pieces that act there.
+"""The batched fast path: which pieces run when the caller hands the latest observations in as one [B, ...] OBS.
 
-Every single-agent session hands the policy its sub-envs' latest observations as one [B, ...] array (the
-batched path). There, with a stateless module, seven of the eleven default pieces return the batch as they
-got it: AddObservationsFromEpisodesToBatch (OBS is there already), AddTimeDimToBatchAndZeroPad and
+A step message (the server) or a vector env (`rlgate.Policy.compute_actions`) holds its sub-envs' latest
+observations as one array. The env-to-module pipeline may start from it only when every piece keeps that OBS
+equal to what it writes into the episodes, which pieces promise with `accepts_batched_obs` (the built-in ones
+do). Otherwise it runs from an empty batch, as RLlib's EnvRunner runs it: a user's piece that rewrites the
+episodes' latest observation (RLlib's docs write them so) is then what the module sees.
+
+With the default pieces alone and a stateless module, seven of the eleven default pieces return a batched batch
+as they got it: AddObservationsFromEpisodesToBatch (OBS is there already), AddTimeDimToBatchAndZeroPad and
 AddStatesFromEpisodesToBatch (no state), BatchIndividualItems, UnBatchToIndividualItems,
 RemoveSingleTsTimeRankFromBatch and ListifyDataForVectorEnv (every column is batched). Calling only the other
 four, NumpyToTensor, GetActions, TensorToNumpy and NormalizeAndClipActions, with the same arguments, gives the
 same outputs for less than half the dispatch: the pieces are still the pipelines' own objects, so their
-settings and state are too. A pipeline with any other piece (a user's, or a subclass of a default one) or a
-stateful module runs as configured.
+settings and state are too.
 """
 
 from __future__ import annotations
@@ -25,14 +29,21 @@ ENV_TO_MODULE = tuple(type(piece) for piece in build_env_to_module_pipeline(None
 MODULE_TO_ENV = tuple(type(piece) for piece in build_module_to_env_pipeline(None, None).connectors)
 ACTING = (NumpyToTensor, GetActions, TensorToNumpy, NormalizeAndClipActions)
 
+#: The pieces one batch runs: env-to-module's, then (after the forward) module-to-env's. A pipeline is itself
+#: a piece, so running the pipelines whole is `([env_to_module], [module_to_env])`.
+Pieces = tuple[list[ConnectorV2], list[ConnectorV2]]
 
-def acting_pieces(
+
+def batched_pieces(
     module: RLModule, env_to_module: ConnectorPipelineV2, module_to_env: ConnectorPipelineV2
-) -> tuple[list[ConnectorV2], list[ConnectorV2]] | None:
-    """Each pipeline's pieces that act on the batched path, when both hold the default pieces alone and the
-    module is stateless; otherwise None (run the pipelines)."""
-    if module.is_stateful() or not (_only(env_to_module, ENV_TO_MODULE) and _only(module_to_env, MODULE_TO_ENV)):
+) -> Pieces | None:
+    """What runs a batch that starts from a batched OBS: only the acting pieces when both pipelines hold the
+    default pieces alone and the module is stateless, else the pipelines whole; None when a piece of the
+    env-to-module pipeline does not take a batched OBS (start from an empty batch then)."""
+    if not env_to_module.takes_batched_obs():
         return None
+    if module.is_stateful() or not (_only(env_to_module, ENV_TO_MODULE) and _only(module_to_env, MODULE_TO_ENV)):
+        return [env_to_module], [module_to_env]
     return _acting(env_to_module), _acting(module_to_env)
 
 

@@ -10,11 +10,15 @@ in the table. Episodes that ended, and long ones cut every `rollout_fragment_len
 copied straight from the table (`episodes.codec.ChunkColumns`), holding exactly the `SingleAgentEpisode`s RLlib's
 `add_env_step` and `cut` would have built; per-row Python work happens only then, once per shipped chunk,
 not once per env step.
+
+The inference server keeps one per client stream; a local-inference env client keeps one for its own sub-envs
+and records its episodes exactly as a server would (`client/local.py`).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
@@ -23,12 +27,13 @@ import gymnasium as gym
 import numpy as np
 
 from rlgate.core.columns import RECORDED_OUTPUTS, Columns
-from rlgate.core.tree import flatten, map_structure, unbatch
+from rlgate.core.spaces import has_form_of
+from rlgate.core.tree import map_structure, unbatch
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.chunk import Chunk
 from rlgate.episodes.codec import ChunkColumns
 from rlgate.episodes.rows import EpisodeRows
-from rlgate.server.shipping import Chunk
-from rlgate.server.step_table import StepTable
+from rlgate.episodes.step_table import StepTable
 
 
 @dataclass(frozen=True)
@@ -53,15 +58,23 @@ class Session:
     """
 
     def __init__(
-        self, spec: SessionSpec, *, rollout_fragment_length: int | None, lookback: int, ships: bool = True
+        self,
+        spec: SessionSpec,
+        *,
+        rollout_fragment_length: int | None,
+        lookback: int,
+        ships: bool = True,
+        observation_spaces: Sequence[gym.Space] = (),
     ) -> None:
         """`rollout_fragment_length`: cut running episodes every this many steps; None: never (whole episodes).
         `ships=False` (nothing takes this session's chunks: no episode files, and no learner or a greedy
         session): the cuts are made but no chunk is built, since building one costs more than the step that
-        fills it."""
+        fills it. `observation_spaces`: the spaces the env-to-module pieces leave observations in (each piece's
+        output), for what a piece written RLlib's way writes into an episode without saying its space."""
         self.id = uuid.uuid4().hex
         self.spec = spec
         self.observation_space = spec.observation_space  # what episodes hold: changed by write-backs
+        self._observation_spaces = observation_spaces
         self._fragment = rollout_fragment_length or np.iinfo(np.int64).max // 4
         self._lookback = lookback
         self._ships = ships
@@ -166,12 +179,13 @@ class Session:
 
     def close(self) -> list[Chunk]:
         """End the session: ended episodes not yet shipped, and every running one with at least one recorded
-        step cut off as truncated. A step still waiting for its actions is dropped: it was never answered,
-        and its observations never went through the env-to-module pipeline."""
+        step cut off as truncated (and `session_closed`: the env did not end it). A step still waiting for its
+        actions is dropped: it was never answered, and its observations never went through the env-to-module
+        pipeline."""
         end = self._recorded_row()
         done = self._take_done() if end == self._row else []
         running = self._live & (end > self._start)
-        unfinished = self._chunks(np.flatnonzero(running), end, truncated=True)
+        unfinished = self._chunks(np.flatnonzero(running), end, truncated=True, session_closed=True)
         self._live[:] = False
         self._unshipped = None
         return done + unfinished
@@ -205,11 +219,15 @@ class Session:
         self._lookback_start[rows] = np.maximum(end - self._lookback, self._lookback_start[rows])
         return chunks
 
-    def _chunks(self, rows: np.ndarray, end: int, *, truncated: bool = False) -> list[Chunk]:
+    def _chunks(
+        self, rows: np.ndarray, end: int, *, truncated: bool = False, session_closed: bool = False
+    ) -> list[Chunk]:
         """These sub-envs' running episodes up to row `end`, as chunks to ship; none when nothing takes them."""
-        return [self._chunk(int(i), end, truncated=truncated) for i in rows] if self._ships else []
+        if not self._ships:
+            return []
+        return [self._chunk(int(i), end, truncated=truncated, session_closed=session_closed) for i in rows]
 
-    def _chunk(self, i: int, end: int, *, truncated: bool = False) -> Chunk:
+    def _chunk(self, i: int, end: int, *, truncated: bool = False, session_closed: bool = False) -> Chunk:
         """Sub-env i's running episode up to recorded row `end`, its columns copied straight from the table.
 
         The columns `episode_columns` would take of the chunk as a `SingleAgentEpisode`, for less: the table
@@ -230,39 +248,50 @@ class Session:
             truncated=truncated,
             t_started=int(self._t_started[i]),
             chunk_index=int(self._chunk_index[i]),
+            session_closed=session_closed,
         )
         return Chunk(columns, self.observation_space, self.spec.action_space)
 
     def _episode(self, i: int) -> SingleAgentEpisode:
         """Sub-env i's running episode up to the pending step, as a SingleAgentEpisode, for per-episode
-        connector pieces: with the pending step's observation as it is now (not in the table until record())."""
+        connector pieces: with the pending step's observation as it is now (not in the table until record()).
+
+        In list mode, as RLlib's env runners hold a running episode: a piece may write an observation of
+        another shape (or structure) over the latest one, which a numpy'd episode refuses."""
         t, table, pending = self._row, self._table, self._pending
         first, start = int(self._lookback_start[i]), int(self._start[i])
-        latest = pending.latest_observation(i)
-        stored = table.get(Columns.OBS, first, t, i) if first < t else _empty_like(latest)
-        if _same_layout(stored, latest):
-            observations = map_structure(
-                lambda rows, last: np.concatenate([rows, np.asarray(last)[None]]), stored, latest
-            )
-        else:  # earlier steps hold what a piece wrote back (e.g. one-hot), the newest is still as sent
-            observations = [*unbatch(stored), latest]
+        stepped = first < t  # the episode has steps (actions, outputs) before the pending one
+
+        def rows(key: str, stop: int) -> list:
+            return unbatch(table.get(key, first, stop, i)) if first < stop else []
+
         terminated, truncated = self._ends(i, t, False)
         episode = SingleAgentEpisode(
             self._ids[i],
-            observations=observations,
+            observations=[*rows(Columns.OBS, t), pending.latest_observation(i)],
             observation_space=self.observation_space,
             infos=table.get_infos(first, t + 1, i),
-            actions=table.get(Columns.ACTIONS, first, t, i) if first < t else None,
+            actions=rows(Columns.ACTIONS, t),
             action_space=self.spec.action_space,
-            rewards=table.get(Columns.REWARDS, first + 1, t + 1, i),
+            rewards=table.get(Columns.REWARDS, first + 1, t + 1, i).tolist(),
             terminated=terminated,
             truncated=truncated,
-            extra_model_outputs={k: table.get(k, first, t, i) for k in RECORDED_OUTPUTS if k in table and first < t},
+            extra_model_outputs={k: rows(k, t) for k in RECORDED_OUTPUTS if k in table and stepped},
             t_started=int(self._t_started[i]),
             len_lookback_buffer=start - first,
         )
         episode.chunk_index = int(self._chunk_index[i])
         return episode
+
+    def space_holding(self, observation: Any, said: gym.Space | None) -> gym.Space | None:
+        """The space of an observation a per-episode piece wrote into a built episode: the episode's if the piece
+        set it (`said`), else the session's while it has that form, else the first piece output space that has
+        it (RLlib's pieces rewrite observations without touching the episode's space)."""
+        if said is not self.observation_space:
+            return said
+        if self.observation_space is not None and has_form_of(self.observation_space, observation):
+            return self.observation_space
+        return next((space for space in self._observation_spaces if has_form_of(space, observation)), said)
 
     def _ends(self, i: int, end: int, truncated: bool) -> tuple[bool, bool]:
         """(terminated, truncated) of sub-env i's chunk up to row `end`: its flags if it ended at the newest row."""
@@ -301,22 +330,14 @@ class _Step:
         return map_structure(lambda x: x[i], self._latest)
 
     def latest_observations(self) -> Any:
-        """All rows' latest observations ([N, ...]), with what per-episode pieces wrote into built episodes."""
+        """All rows' latest observations ([N, ...]), with what per-episode pieces wrote into built episodes (and
+        the session's observation space then theirs)."""
         if not self._episodes:
             return self._latest
-        return map_structure(lambda *rows: np.stack(rows), *(self.latest_observation(i) for i in range(len(self))))
+        rows = [self.latest_observation(i) for i in range(len(self))]
+        episode = next(iter(self._episodes.values()))
+        self.session.observation_space = self.session.space_holding(rows[0], episode.observation_space)
+        return map_structure(lambda *items: np.stack(items), *rows)
 
 
 _NONE = np.zeros(0, np.int64)
-
-
-def _same_layout(rows: Any, observation: Any) -> bool:
-    """Whether `observation` has the structure, and each leaf the shape, of one of `rows`' [T, ...] items."""
-    row_leaves, leaves = flatten(rows), flatten(observation)
-    return len(row_leaves) == len(leaves) and all(
-        np.shape(r)[1:] == np.shape(x) for r, x in zip(row_leaves, leaves, strict=True)
-    )
-
-
-def _empty_like(observation: Any) -> Any:
-    return map_structure(lambda x: np.empty((0, *np.shape(x)), np.asarray(x).dtype), observation)

@@ -24,11 +24,10 @@ from rlgate.connectors.env_to_module import ObservationPreprocessor
 from rlgate.core.columns import Columns
 from rlgate.core.tree import batch, map_structure
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.episodes.chunk import Chunk
+from rlgate.episodes.session import Session, SessionSpec
 from rlgate.models import ModelConfig
-from rlgate.server.metrics import ServerMetrics
-from rlgate.server.policy import Policy
-from rlgate.server.session import Session, SessionSpec
-from rlgate.server.shipping import Chunk
+from rlgate.policy.acting import ActingCore
 from rlgate.spec.run import RunSpec
 
 BOX = gym.spaces.Box(-10.0, 10.0, (4,), np.float32)
@@ -48,7 +47,7 @@ def assert_same_buffer(expected: Any, actual: Any, name: str) -> None:
 
 def assert_same_episode(expected: SingleAgentEpisode, actual: SingleAgentEpisode) -> None:
     """Same steps, lookback, flags, outputs and infos (ids compared by the caller)."""
-    header = ("len", "t_started", "t", "chunk_index", "is_terminated", "is_truncated")
+    header = ("len", "t_started", "t", "chunk_index", "is_terminated", "is_truncated", "session_closed")
     assert {k: getattr(actual, k) if k != "len" else len(actual) for k in header} == {
         k: getattr(expected, k) if k != "len" else len(expected) for k in header
     }
@@ -190,7 +189,6 @@ class NegateObservations(ConnectorV2):
     def __call__(self, *, rl_module: Any, batch: dict[str, Any], episodes: Any, **kwargs: Any) -> dict[str, Any]:
         for episode in episodes:
             episode.set_observations(new_data=-episode.get_observations(-1), at_indices=-1)
-        batch[Columns.OBS] = -batch[Columns.OBS]
         return batch
 
 
@@ -218,9 +216,7 @@ def run_policies(
 ) -> None:
     """Drive a Session and a ReferenceSession through two identical policies; compare actions and episodes."""
     n, messages = 4, 60
-    policies = [
-        Policy.create(policy_spec(model, mean_std), space, ACTIONS, metrics=ServerMetrics(), seed=0) for _ in range(2)
-    ]
+    policies = [ActingCore.build(policy_spec(model, mean_std), space, ACTIONS, seed=0) for _ in range(2)]
     if first_piece is not None:
         for policy in policies:
             policy.env_to_module.prepend(first_piece)
@@ -233,8 +229,8 @@ def run_policies(
             # Its observations are not written back yet (flattened, normalised): none of them may ship.
             assert twins.new.observation_space.contains(chunk.get_observations(-1)), "a raw observation shipped"
         obs = twins.new._pending._latest  # the message's observations, as the batcher passes them
-        expected = policies[0].compute(map_structure(np.copy, obs), ref_episodes, explore=False)
-        actual = policies[1].compute(obs, rows, explore=False)
+        expected = policies[0].act(ref_episodes, False, map_structure(np.copy, obs))
+        actual = policies[1].act(rows, False, obs)
         assert sorted(actual) == sorted(expected)
         map_structure(np.testing.assert_array_equal, actual, expected)
         twins.record(actual)

@@ -5,24 +5,33 @@ A batch is the serialized `rlgate.v1.EpisodeBatch` with sequence number `seq`, k
 never leaves a torn batch in the spool: `write_tmp` (any thread) writes `<seq>.tmp`, `add` (the event
 loop) renames it into the spool and counts it. Sequence numbers continue after a restart from the
 newest file found; a `.tmp` left by a crash mid-write is deleted then (its batch was never counted as
-shipped, and may be torn). Once the spool holds `max_bytes` it is `full()`: the server stops sampling until
-acks make room.
+shipped, and may be torn). Once the spool holds `max_bytes` it is `full()`: its writer (a server, a local-inference
+env client) stops sampling until acks make room.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-
-from rlgate.server.metrics import ServerMetrics
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+
+class SpoolMetrics(Protocol):
+    """The prometheus metrics a spool keeps current, where its owner exports any (a server's ServerMetrics)."""
+
+    spool_batches: Any
+    spool_bytes: Any
+    spool_max_bytes: Any
+    spooled_bytes: Any
+    acked_batches: Any
 
 
 class Spool:
     """Unacknowledged batch files, their sizes and sequence numbers (no gRPC here)."""
 
-    def __init__(self, directory: Path, *, max_bytes: int, metrics: ServerMetrics) -> None:
+    def __init__(self, directory: Path, *, max_bytes: int, metrics: SpoolMetrics | None = None) -> None:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -37,9 +46,9 @@ class Spool:
         self.bytes = sum(self._sizes.values())
         self._steps: dict[int, int] = {}  # seq -> env steps, for batches spooled by this process
         self.steps = 0  # env steps in the spool (those spooled by this process)
-        metrics.spool_batches.set(len(existing))
-        metrics.spool_bytes.set(self.bytes)
-        metrics.spool_max_bytes.set(max_bytes)
+        if metrics is not None:
+            metrics.spool_max_bytes.set(max_bytes)
+        self._export()
 
     def files(self) -> list[Path]:
         """Batch files not yet acknowledged, oldest first (what is on disk: a batch deleted by hand is not sent)."""
@@ -73,9 +82,7 @@ class Spool:
         self.bytes += size
         self._steps[seq] = steps
         self.steps += steps
-        self._metrics.spooled_bytes.inc(size)
-        self._metrics.spool_batches.inc()
-        self._metrics.spool_bytes.set(self.bytes)
+        self._export(spooled=size)
 
     def ack(self, seq: int, path: Path) -> bool:
         """The learner holds batch `seq`: delete its file. True when that took the spool from full to not full."""
@@ -84,7 +91,17 @@ class Spool:
         self.bytes -= self._sizes.pop(seq, 0)
         self.steps -= self._steps.pop(seq, 0)
         self.acked += 1
-        self._metrics.acked_batches.inc()
-        self._metrics.spool_batches.dec()
-        self._metrics.spool_bytes.set(self.bytes)
+        self._export(acked=1)
         return was_full and not self.full()
+
+    def _export(self, *, spooled: int = 0, acked: int = 0) -> None:
+        """Bring the metrics (if any) up to date: batches and bytes held, and what was just spooled or acked."""
+        metrics = self._metrics
+        if metrics is None:
+            return
+        metrics.spool_batches.set(len(self._sizes))
+        metrics.spool_bytes.set(self.bytes)
+        if spooled:
+            metrics.spooled_bytes.inc(spooled)
+        if acked:
+            metrics.acked_batches.inc(acked)

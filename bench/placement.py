@@ -1,0 +1,75 @@
+"""B8, placement: the same loads acting on the server and acting in the clients, each while a real learner trains.
+
+One learner (`rlgate learn`, CartPole-v1's preset: what `rlgate up` trains) and one server fed by it (`--learner`)
+serve both placements, load after load, the two interleaved so that drift on a shared host hits both alike:
+- server-side inference: `bench.load`'s lean clients stream every env step to the server, which acts for them;
+- local inference: each client is an `EnvClient(inference="local")` that acts with the weights the server relays,
+  records its episodes and sends them to the server, which relays them to the learner.
+Both step gymnasium's vectorised CartPole-v1 and sample at the learner's pace, so the figures are env steps/s while
+training, with what the learner trained meanwhile (`trained_per_s`, `updates_per_s`) and the staleness of its last
+update. The learner runs on every core (it trains where there is room), the server on the first, the clients on
+the others.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rlgate.bench.measure import Load, Timing, under_load
+from rlgate.bench.procs import ServerProcess
+
+#: The loads (clients, envs per client) B8 measures at.
+LOADS = ((1, 1), (4, 1), (16, 1), (16, 8))
+#: The placements, in the order each load runs them.
+PLACEMENTS = ("server", "local")
+
+
+def placements(
+    loads: list[Load], timing: Timing, serve: list[str], cores: tuple[set[int], set[int]], logs: Path
+) -> dict[tuple[str, Load], dict[str, Any]]:
+    """B8 at each of `loads` (real envs): the figures of each (placement, load)."""
+    server_cores, client_cores = cores
+    directory = logs / "placement"
+    shutil.rmtree(directory, ignore_errors=True)  # a reused --logs directory: start afresh
+    learn = ["learn", "--env", "CartPole-v1", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
+    learn += ["--checkpoint-dir", str(directory / "learner"), "--no-resume", "--torch-threads", "1"]
+    learner = ServerProcess("rlgate", learn, server_cores | client_cores, logs / "placement-learner.log")
+    server = None
+    measured = {}
+    try:
+        learner.wait_serving()
+        serve = [*serve, "--learner", learner.target, "--spool-dir", str(directory / "spool"), "--server-id", "b8"]
+        server = ServerProcess("rlgate", serve, server_cores, logs / "placement-server.log")
+        server.wait_serving().wait_ready()  # ready: the learner's first weights have arrived
+        for load in loads:
+            for placement in PLACEMENTS:
+                spool = directory / "client-spool" if placement == "local" else None
+                watch = partial(_watch, learner)
+                measured[placement, load] = under_load(
+                    server, load, timing, client_cores, logs, watch=watch, local_spool=spool
+                )
+    finally:
+        if server is not None:
+            server.stop()
+        learner.stop()
+    return measured
+
+
+def _watch(learner: ServerProcess, seconds: float) -> dict[str, Any]:
+    """What the learner trained over a window: env steps and updates per second, and its last update's staleness."""
+    before, started = learner.metrics(), time.perf_counter()
+    time.sleep(seconds)
+    after, elapsed = learner.metrics(), time.perf_counter() - started
+
+    def rate(key: str) -> float:
+        return (after[key] - before[key]) / elapsed
+
+    return {
+        "trained_per_s": rate("rlgate_learner_env_steps_total"),
+        "updates_per_s": rate("rlgate_learner_model_version"),
+        "staleness": after["rlgate_learner_staleness"],
+    }

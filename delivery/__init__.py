@@ -1,0 +1,1 @@
+"""Delivery of episode batches: an on-disk spool, and a shipper that streams it with acknowledgements."""

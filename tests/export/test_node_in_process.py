@@ -1,0 +1,28 @@
+"""The policy in your engine: a CartPole written in JavaScript (clients/node) plays 100 episodes with a policy
+`rlgate up` trained, exported with `rlgate export` and loaded in-process with onnxruntime-node: no server runs,
+and the mean return is at least 475 (CartPole-v1's solved threshold)."""
+
+from __future__ import annotations
+
+import pytest
+from cli.test_up_runs import up
+from server.test_node_client import node_client, run_client  # noqa: F401 (the fixture)
+from support.cli import rlgate
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_node_cartpole_solves_the_task_in_process_with_the_exported_policy(tmp_path, node_client):  # noqa: F811
+    code, out, err = up(tmp_path, "--env", "CartPole-v1", "--seed", "0")
+    assert code == 0, out + err  # reached the return CartPole asks for (475)
+    (checkpoints,) = (tmp_path / "runs").glob("*/checkpoints")
+    file = tmp_path / "cartpole.onnx"
+    code, stderr = await rlgate("export", "--checkpoint", str(checkpoints), "--output", str(file))
+    assert code == 0, stderr
+
+    # No server: the port is never used.
+    summary = await run_client(node_client, 1, "--mode", "in-process", "--model", str(file), "--episodes", "100")
+
+    assert summary["episodes"] == 100 and len(summary["returns"]) == 100
+    assert summary["model_version"] >= 1
+    assert summary["mean_return"] >= 475, summary["returns"]
