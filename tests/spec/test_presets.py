@@ -96,15 +96,20 @@ def test_one_updates_config_holds_each_schedules_value_then() -> None:
             PPOConfig(entropy_coeff=bad)
 
 
-@pytest.mark.parametrize("name", preset_names())
-def test_no_preset_schedule_reaches_0_so_a_learner_that_never_stops_keeps_learning(name: str) -> None:
+@pytest.mark.parametrize(("algorithm", "name"), [(a, name) for a in ("PPO", "DQN", "SAC") for name in preset_names(a)])
+def test_no_preset_schedule_reaches_0_so_a_learner_that_never_stops_keeps_learning(algorithm: str, name: str) -> None:
     """A schedule that ends at 0 freezes the policy for good, whatever it is then: a service runs on for days.
-    Until it flattens out, CartPole's is rl-zoo's (lin_0.001 and lin_0.2 over 100k env steps) value for value."""
-    algorithm = RunSpec.parse(preset(name), name).algorithm
+    Until it flattens out, CartPole's is rl-zoo's (lin_0.001 and lin_0.2 over 100k env steps) value for value.
+    (A fixed 0 is a choice, not a schedule: SAC's alpha_lr 0 holds alpha.)"""
+    config = RunSpec.parse(preset(name, algorithm), name).algorithm
+    for field in config.SCHEDULED:
+        schedule = getattr(config, field)
+        assert not isinstance(schedule, list) or schedule[-1][1] > 0, (name, field)
     for step in (0, 10**5, 10**9):
-        config = algorithm.at(step)
-        assert config.lr > 0 and config.clip_param > 0, (name, step)
-    if name == "CartPole-v1":
+        now = config.at(step)
+        rates = [getattr(now, f) for f in ("lr", "clip_param", "actor_lr", "critic_lr") if hasattr(now, f)]
+        assert rates and all(rate > 0 for rate in rates), (name, step)
+    if (algorithm, name) == ("PPO", "CartPole-v1"):
         for step in (0, 25_000, 50_000, 90_000):
-            assert algorithm.at(step).lr == pytest.approx(1e-3 * (1 - step / 1e5))
-            assert algorithm.at(step).clip_param == pytest.approx(0.2 * (1 - step / 1e5))
+            assert config.at(step).lr == pytest.approx(1e-3 * (1 - step / 1e5))
+            assert config.at(step).clip_param == pytest.approx(0.2 * (1 - step / 1e5))
