@@ -14,8 +14,10 @@ $(VENV)/.run: $(BIN)/python pyproject.toml constraints.txt
 	$(PIP) --editable .
 	touch $@
 
-$(VENV)/.dev: $(BIN)/python pyproject.toml constraints.txt
+# The development install: editable, plus the package tree that type checkers and IDEs read (dev/link_tree.py).
+$(VENV)/.dev: $(BIN)/python pyproject.toml constraints.txt dev/link_tree.py
 	$(PIP) --editable '.[dev,pettingzoo,atari,minigrid]'
+	$(BIN)/python dev/link_tree.py $(VENV)
 	touch $@
 
 # The main job: learner + inference server + env clients on this machine, until CartPole is solved.
@@ -36,6 +38,7 @@ test-long: $(VENV)/.dev
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Regenerate the committed stubs from proto/rlgate/v1/*.proto (tests/core/test_proto_drift.py fails when they differ).
 proto: $(VENV)/.dev

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
@@ -24,6 +25,18 @@ def test_every_package_folder_is_listed_for_the_build() -> None:
             relative = init.parent.relative_to(ROOT / folder)
             found.add(".".join([name, *relative.parts]))
     assert found == set(SETUPTOOLS["packages"])
+
+
+def test_the_development_install_is_a_plain_folder_static_tools_can_read() -> None:
+    """Each room imports from a plain path entry (dev/link_tree.py's tree), not from setuptools' import hook, which
+    mypy and IDEs cannot follow: the file a room's module comes from is the working tree's own."""
+    for name, folder in SETUPTOOLS["package-dir"].items():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        origin = Path(spec.origin)
+        assert origin.resolve() == (ROOT / folder / "__init__.py").resolve(), name
+        tree = origin.parents[len(name.split("."))]
+        assert str(tree) in sys.path, f"{name} comes from {origin}, not from a folder on sys.path"
 
 
 def test_the_installed_distribution_has_one_top_level_name() -> None:
