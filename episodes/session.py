@@ -73,7 +73,7 @@ class Session:
         output), for what a piece written RLlib's way writes into an episode without saying its space."""
         self.id = uuid.uuid4().hex
         self.spec = spec
-        self.observation_space = spec.observation_space  # what episodes hold: changed by write-backs
+        self.observation_space: gym.Space | None = spec.observation_space  # what episodes hold: changed by write-backs
         self._observation_spaces = observation_spaces
         self._fragment = rollout_fragment_length or np.iinfo(np.int64).max // 4
         self._lookback = lookback
@@ -259,6 +259,7 @@ class Session:
         In list mode, as RLlib's env runners hold a running episode: a piece may write an observation of
         another shape (or structure) over the latest one, which a numpy'd episode refuses."""
         t, table, pending = self._row, self._table, self._pending
+        assert pending is not None  # asked for by connector pieces while a step is pending
         first, start = int(self._lookback_start[i]), int(self._start[i])
         stepped = first < t  # the episode has steps (actions, outputs) before the pending one
 
