@@ -158,11 +158,13 @@ def save(
             folder = tmp / "modules" / module_id
             folder.mkdir(parents=True)
             (folder / "weights.safetensors").write_bytes(module_weights)
-            entry = metadata["modules"][module_id] = {"version": (module_versions or {}).get(module_id, 0)}
+            entry: dict[str, Any] = {"version": (module_versions or {}).get(module_id, 0)}
+            metadata["modules"][module_id] = entry
             if isinstance(optimizer, dict) and module_id in optimizer:
                 tensors, entry["optimizer"] = optimizer_to_tensors(optimizer[module_id])
                 (folder / "optimizer.safetensors").write_bytes(save_torch(tensors))
     elif optimizer is not None:
+        assert not isinstance(optimizer, dict)  # optimizers by module come with weights by module
         tensors, metadata["optimizer"] = optimizer_to_tensors(optimizer)
         (tmp / "optimizer.safetensors").write_bytes(save_torch(tensors))
     if learner_state is not None:
@@ -241,7 +243,7 @@ def load(path: Path) -> Checkpoint:
     with _reading(metadata_file):
         metadata = json.loads(metadata_file.read_text())
         modules = metadata.get("modules")
-        fields = {
+        fields: dict[str, Any] = {  # Checkpoint's fields read from the metadata, checked by their conversions
             "version": int(metadata["version"]),
             "observation_space": codec.space_from_json(metadata["observation_space"]),
             "action_space": codec.space_from_json(metadata["action_space"]),

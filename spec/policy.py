@@ -112,9 +112,11 @@ def output_space(pieces: list[ConnectorV2], observation_space: gym.Space, action
     """The observation space after a spec's env-to-module `pieces`; SpecError (in one line) for a space one of
     them cannot take (FrameStacking a Discrete observation)."""
     try:
-        return ConnectorPipelineV2(observation_space, action_space, connectors=list(pieces)).observation_space
+        output = ConnectorPipelineV2(observation_space, action_space, connectors=list(pieces)).observation_space
     except ValueError as exc:
         raise SpecError(f"connectors.env_to_module: {exc}") from exc
+    assert output is not None  # a pipeline built on a space has an output space
+    return output
 
 
 def build_env_to_module(
@@ -256,6 +258,7 @@ def build_policy(
     env_to_module = build_env_to_module(spec, observation_space, action_space, imports, device=device)
     if connector_state:
         env_to_module.set_state(connector_state)
+    assert env_to_module.observation_space is not None  # built on a space
     module = build_rl_module(spec, env_to_module.observation_space, action_space, imports)
     if weights is not None:
         load_weights(module, weights)
