@@ -46,7 +46,9 @@ class ActorCriticModule(RLModule):
         # encoder is an MLP: no nn.Module call per submodule (as RLlib's forward_exploration, it runs no
         # hooks; the train forward goes through the submodules' calls).
         stateless_mlp = not self._stateful and isinstance(self.encoder, MLP)
-        self._sampling_layers = (*self.encoder.layers, *self.pi.layers) if stateless_mlp else None
+        self._sampling_layers = (
+            (*self.encoder.layers, *self.pi.layers) if stateless_mlp and isinstance(self.encoder, MLP) else None
+        )
         if not model_config.ortho_init:
             torch_default_init(self)
 
@@ -101,6 +103,7 @@ class ActorCriticModule(RLModule):
     def get_initial_state(self) -> dict[str, torch.Tensor]:
         if not self._stateful:
             return {}
+        assert self.vf.out is not None  # the value head has its output layer
         zeros = torch.zeros(self.encoder.out_dim, device=self.vf.out.weight.device)
         return {"h": zeros, "c": zeros.clone()}
 

@@ -28,6 +28,8 @@ class DQNModule(RLModule):
     target network is the learner's own copy (learner.dqn), never published.
     """
 
+    epsilon: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(
         self,
         observation_space: gym.Space,
@@ -41,6 +43,7 @@ class DQNModule(RLModule):
         if misfit:
             raise UnsupportedSpace(misfit)
         super().__init__(observation_space, action_space, model_config)
+        assert isinstance(action_space, gym.spaces.Discrete)  # action_space_misfit said so
         self.encoder = build_encoder(observation_space, model_config)
         head = (self.encoder.out_dim, model_config.head_fcnet_hiddens, model_config.head_fcnet_activation)
         self.af = MLP(*head, out_dim=int(action_space.n), out_gain=0.01)
@@ -71,6 +74,7 @@ class DQNModule(RLModule):
     def _forward_exploration(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Epsilon-greedy actions: each a uniformly random one with probability `epsilon`."""
         greedy = self.compute_q_values(batch).argmax(-1)
+        assert isinstance(self.action_space, gym.spaces.Discrete)  # action_space_misfit said so
         random = torch.randint_like(greedy, int(self.action_space.n))
         explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
         return {Columns.ACTIONS: torch.where(explore, random, greedy)}

@@ -45,10 +45,16 @@ class SACModule(RLModule):
         super().__init__(observation_space, action_space, model_config)
         self.action_dist_cls: type[Distribution] = Categorical if discrete else SquashedGaussian
         self.discrete = discrete
-        outputs = int(action_space.n) if discrete else 2 * action_space.shape[0]
+        if isinstance(action_space, gym.spaces.Discrete):
+            outputs = int(action_space.n)
+        else:
+            assert action_space.shape is not None  # a 1-D Box (action_space_misfit)
+            outputs = 2 * action_space.shape[0]
         self.pi_encoder = build_encoder(observation_space, model_config)
         self.pi = self._head(self.pi_encoder.out_dim, outputs, model_config)
         self.qf_encoder, self.qf = self._q_network(model_config)
+        self.qf_twin_encoder: nn.Module | None
+        self.qf_twin: MLP | None
         self.qf_twin_encoder, self.qf_twin = self._q_network(model_config) if twin_q else (None, None)
         if not model_config.ortho_init:
             torch_default_init(self)
@@ -58,8 +64,12 @@ class SACModule(RLModule):
         """Why SAC cannot act in this action space, or None: it takes a 1-D float Box or a Discrete (from 0)."""
         if isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0:
             return None
-        box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
-        if box and np.issubdtype(action_space.dtype, np.floating) and action_space.is_bounded("both"):
+        if (
+            isinstance(action_space, gym.spaces.Box)
+            and len(action_space.shape) == 1
+            and np.issubdtype(action_space.dtype, np.floating)
+            and action_space.is_bounded("both")
+        ):
             return None
         return f"SAC takes a bounded 1-D float Box or a Discrete action space; the env's is {action_space}"
 
@@ -69,9 +79,10 @@ class SACModule(RLModule):
 
     def _q_network(self, config: ModelConfig) -> tuple[nn.Module, MLP]:
         """An encoder and a head: of the observation (Q per action) or of observation and action (one Q)."""
-        if self.discrete:
+        if isinstance(self.action_space, gym.spaces.Discrete):  # self.discrete
             encoder = build_encoder(self.observation_space, config)
             return encoder, self._head(encoder.out_dim, int(self.action_space.n), config)
+        assert self.observation_space.shape is not None and self.action_space.shape is not None  # 1-D Boxes
         size = self.observation_space.shape[0] + self.action_space.shape[0]
         encoder = MLP(size, config.fcnet_hiddens, config.fcnet_activation)
         return encoder, MLP(encoder.out_dim, config.head_fcnet_hiddens, config.head_fcnet_activation, out_dim=1)
@@ -83,8 +94,10 @@ class SACModule(RLModule):
         """Q [B] of these observations and Box actions, or Q [B, n] per Discrete action (actions None); the twin
         network's with `twin`."""
         encoder, head = (self.qf_twin_encoder, self.qf_twin) if twin else (self.qf_encoder, self.qf)
+        assert encoder is not None and head is not None  # twin only with twin_q
         if self.discrete:
             return head(encoder(obs))
+        assert actions is not None  # Box actions: Q of these
         return head(encoder(torch.cat([obs.float(), actions], -1))).squeeze(-1)
 
     def compute_values(self, batch: dict[str, Any]) -> torch.Tensor:
