@@ -40,17 +40,18 @@ ModuleSpaces = dict[str, tuple[gym.Space, gym.Space]]
 
 
 def _user_pieces(
-    hook: ConnectorHook | None, observation_space: gym.Space, action_space: gym.Space
+    hook: ConnectorHook | None, observation_space: gym.Space | None, action_space: gym.Space | None
 ) -> list[ConnectorV2]:
     if hook is None:
         return []
+    assert observation_space is not None and action_space is not None  # a hook builds pieces for the env's spaces
     pieces = hook(observation_space, action_space)
     return list(pieces) if isinstance(pieces, list | tuple) else [pieces]
 
 
 def build_env_to_module_pipeline(
-    observation_space: gym.Space,
-    action_space: gym.Space,
+    observation_space: gym.Space | None,
+    action_space: gym.Space | None,
     *,
     env_to_module_connector: ConnectorHook | None = None,
     add_default_connectors: bool = True,
@@ -80,8 +81,8 @@ def build_env_to_module_pipeline(
 
 
 def build_module_to_env_pipeline(
-    observation_space: gym.Space,
-    action_space: gym.Space,
+    observation_space: gym.Space | None,
+    action_space: gym.Space | None,
     *,
     module_to_env_connector: ConnectorHook | None = None,
     add_default_connectors: bool = True,
@@ -112,8 +113,8 @@ def build_module_to_env_pipeline(
 
 
 def build_learner_pipeline(
-    observation_space: gym.Space,
-    action_space: gym.Space,
+    observation_space: gym.Space | None,
+    action_space: gym.Space | None,
     *,
     learner_connector: ConnectorHook | None = None,
     add_default_connectors: bool = True,

@@ -117,8 +117,9 @@ def spaces_by_agent(agent_spaces: AgentSpaces) -> tuple[gym.spaces.Dict, gym.spa
     )
 
 
-def agent_spaces_of(observation_space: gym.spaces.Dict, action_space: gym.spaces.Dict) -> AgentSpaces:
+def agent_spaces_of(observation_space: gym.Space, action_space: gym.Space) -> AgentSpaces:
     """Two Dict spaces by agent id as agent id -> (observation space, action space): `spaces_by_agent`'s inverse."""
+    assert isinstance(observation_space, gym.spaces.Dict) and isinstance(action_space, gym.spaces.Dict)
     return {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces}
 
 
