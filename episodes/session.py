@@ -64,7 +64,7 @@ class Session:
         rollout_fragment_length: int | None,
         lookback: int,
         ships: bool = True,
-        observation_spaces: Sequence[gym.Space] = (),
+        observation_spaces: Sequence[gym.Space | None] = (),
     ) -> None:
         """`rollout_fragment_length`: cut running episodes every this many steps; None: never (whole episodes).
         `ships=False` (nothing takes this session's chunks: no episode files, and no learner or a greedy
@@ -292,7 +292,8 @@ class Session:
             return said
         if self.observation_space is not None and has_form_of(self.observation_space, observation):
             return self.observation_space
-        return next((space for space in self._observation_spaces if has_form_of(space, observation)), said)
+        spaces = self._observation_spaces
+        return next((space for space in spaces if space is not None and has_form_of(space, observation)), said)
 
     def _ends(self, i: int, end: int, truncated: bool) -> tuple[bool, bool]:
         """(terminated, truncated) of sub-env i's chunk up to row `end`: its flags if it ended at the newest row."""
