@@ -31,6 +31,7 @@ from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.trainer import Trainer
+from rlgate.spec.algorithm import DQNConfig, SACConfig
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.policy import build_learner_connector, build_rl_module
 from rlgate.spec.presets import preset
@@ -71,7 +72,7 @@ def screen(
     imports = ImportPolicy()
     module = build_rl_module(spec, obs_space, act_space, imports).eval()
     pipeline = build_learner_connector(spec, obs_space, act_space, imports)
-    if spec.algorithm.OFF_POLICY:
+    if isinstance(spec.algorithm, DQNConfig | SACConfig):  # OFF_POLICY
         trainer: Trainer | OffPolicyTrainer = OffPolicyTrainer(module, pipeline, spec.algorithm, seed=seed)
     else:
         trainer = Trainer(module, pipeline, spec.algorithm, max_staleness=0, seed=seed)
@@ -79,7 +80,8 @@ def screen(
     episodes = [SingleAgentEpisode() for _ in range(n)]
     for i, episode in enumerate(episodes):
         episode.add_env_reset(obs[i])
-    returns, running, steps, started = deque(maxlen=WINDOW), np.zeros(n), 0, time.monotonic()
+    returns: deque[float] = deque(maxlen=WINDOW)
+    running, steps, started = np.zeros(n), 0, time.monotonic()
     resetting = np.zeros(n, dtype=bool)  # NEXT_STEP autoreset: the next step of a done sub-env is its reset
     while steps < max_steps:
         batch = []
