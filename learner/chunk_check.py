@@ -129,12 +129,14 @@ def _fits(data: Any, space: gym.Space | None, leaf_fits: Any) -> bool:
         return True
     struct = space_struct(space)
     if isinstance(struct, dict):
+        assert isinstance(space, gym.spaces.Dict)  # a Dict's struct
         return (
             isinstance(data, dict)
             and list(data) == list(struct)
             and all(_fits(data[key], space[key], leaf_fits) for key in struct)
         )
     if isinstance(struct, tuple):
+        assert isinstance(space, gym.spaces.Tuple)  # a Tuple's struct
         return (
             isinstance(data, tuple)
             and len(data) == len(struct)

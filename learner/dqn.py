@@ -88,5 +88,6 @@ class DQNLearner:
 
     def explore(self, config: DQNConfig) -> dict[str, float]:
         """Set the module's epsilon to the schedule's value now (it goes out with the weights)."""
+        assert not isinstance(config.epsilon, list)  # a config at a step (`at`): the schedule's value
         self.module.epsilon.fill_(float(config.epsilon))
         return {"epsilon": float(config.epsilon)}

@@ -116,6 +116,7 @@ class EpisodeReplayBuffer:
         continues = stored is not None and not stored.done and stored.t == episode.t_started and stored.rows
         if not n:
             if continues:  # an empty chunk that only says how its episode ended
+                assert stored is not None  # continues
                 self._end(stored, episode)
             return
         columns = {

@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+
 from rlgate.core import codec
 from rlgate.learner.best_checkpoint import BestCheckpoint
 from rlgate.learner.chunk_check import learner_output_shapes
@@ -25,9 +27,11 @@ from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
 from rlgate.policy.published import MAX_VERSION
 from rlgate.spec import checkpoint
+from rlgate.spec.algorithm import DQNConfig, PPOConfig, SACConfig
 from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import (
+    agent_spaces_of,
     build_multi_agent_env_to_module,
     build_multi_agent_learner_connector,
     build_multi_rl_module,
@@ -49,6 +53,8 @@ class Learner:
     a time on the trainer thread.
     """
 
+    trainer: Trainer | MultiAgentTrainer | OffPolicyTrainer
+
     def __init__(self, settings: LearnerSettings) -> None:
         self.settings = settings
         self.metrics = LearnerMetrics()
@@ -59,6 +65,7 @@ class Learner:
         self.imports = ImportPolicy([*settings.allow_import, *(given.modules() if given else ())])
         if ckpt is not None:
             log.info("resuming from checkpoint %s version=%d", found, ckpt.version)
+            assert found is not None  # ckpt's directory
             self.observation_space, self.action_space = ckpt.observation_space, ckpt.action_space
             self.spec = ckpt.spec if given is None else resumable(ckpt, given, self.imports, found)
         elif given is None:
@@ -75,13 +82,14 @@ class Learner:
         self.connectors = build_env_to_module(self.spec, self.observation_space, self.action_space, self.imports)
         if ckpt is not None and ckpt.connector_state:
             self.connectors.set_state(ckpt.connector_state)
+        assert self.connectors.observation_space is not None  # built on the env's space
         module = build_rl_module(self.spec, self.connectors.observation_space, self.action_space, self.imports)
         if ckpt is not None:
             with ckpt.loading_weights():
                 load_weights(module, ckpt.weights)
         module.eval()
         pipeline = build_learner_connector(self.spec, module.observation_space, module.action_space, self.imports)
-        if self.spec.algorithm.OFF_POLICY:
+        if isinstance(self.spec.algorithm, DQNConfig | SACConfig):  # OFF_POLICY
             self.trainer = OffPolicyTrainer(
                 module,
                 pipeline,
@@ -104,7 +112,9 @@ class Learner:
                 env_steps=ckpt.env_steps if ckpt else 0,
             )
         # Chunks hold observations as the servers' write-back pieces left them: the env's, or some piece's output.
-        pieces = [piece.observation_space for piece in self.connectors.connectors]
+        pieces = [
+            piece.observation_space for piece in self.connectors.connectors if piece.observation_space is not None
+        ]
         self.intake = Intake(
             settings.checkpoint_dir / "intake",
             [self.connectors.observation_space, self.observation_space, *pieces],
@@ -125,6 +135,7 @@ class Learner:
         `store_buffer_in_checkpoints`); a mismatch either way is said in the log."""
         if ckpt is None:
             return None
+        assert isinstance(self.spec.algorithm, DQNConfig | SACConfig)  # asked in off-policy runs only
         keep = self.spec.algorithm.store_buffer_in_checkpoints
         if keep and ckpt.replay_buffer is None:
             log.warning("store_buffer_in_checkpoints: %s holds no replay buffer; it starts empty", ckpt.directory)
@@ -136,20 +147,24 @@ class Learner:
         """A multi-agent run: a MultiRLModule (a module per module id), its trainer, and an intake that decodes
         each agent's chunks in that agent's spaces and counts steps by count_steps_by."""
         settings, spec = self.settings, self.spec
-        agents = {a: (self.observation_space[a], self.action_space[a]) for a in self.observation_space.spaces}
+        assert spec.multi_agent is not None
+        agents = agent_spaces_of(self.observation_space, self.action_space)
         self.connectors = build_multi_agent_env_to_module(spec, agents, self.imports)
         if ckpt is not None and ckpt.connector_state:
             self.connectors.set_state(ckpt.connector_state)
+        assert isinstance(self.connectors.observation_space, gym.spaces.Dict)  # {module id: space}
+        assert isinstance(self.connectors.action_space, gym.spaces.Dict)
         modules = {
             m: (self.connectors.observation_space[m], self.connectors.action_space[m])
             for m in self.connectors.observation_space.spaces
         }
         module = build_multi_rl_module(spec, modules, self.imports)
         for module_id, weights in ((ckpt.module_weights or {}) if ckpt else {}).items():
+            assert ckpt is not None  # its weights
             with ckpt.loading_weights():
                 load_weights(module[module_id], weights)
         module.eval()
-        common = {
+        common: dict[str, Any] = {
             "trainable": modules_to_train(spec, list(modules)),
             "count_steps_by": spec.multi_agent.count_steps_by,
             "seed": spec.seed,
@@ -158,7 +173,7 @@ class Learner:
             "env_steps": ckpt.env_steps if ckpt else 0,
         }
         pipeline = build_multi_agent_learner_connector(spec, modules, self.imports)
-        if spec.algorithm.OFF_POLICY:
+        if isinstance(spec.algorithm, DQNConfig | SACConfig):  # OFF_POLICY
             state = ckpt.learner_state if ckpt else None
             self.trainer = OffPolicyTrainer(
                 module, pipeline, spec.algorithm, state=state, buffer_state=self._replay_buffer(ckpt), **common
@@ -253,9 +268,10 @@ class Learner:
         needs (none while an update runs without `overlap_sampling`); DQN's and SAC's, those that bring it to two
         calls' worth of updates ahead of the updates done (`off_policy_window`)."""
         algorithm = self.spec.algorithm
-        if algorithm.OFF_POLICY:
+        if isinstance(self.trainer, OffPolicyTrainer):  # OFF_POLICY
             ahead = self.trainer.steps_trained_for() + 2 * self.off_policy_window()
             return max(0, int(ahead) - self.env_steps_received())
+        assert isinstance(algorithm, PPOConfig)
         if self.updating_since is not None and not algorithm.overlap_sampling:
             return 0
         return max(0, algorithm.train_batch_size - self.intake.pending_steps)
@@ -264,6 +280,7 @@ class Learner:
         """DQN's and SAC's env steps per call of the trainer: those `broadcast_interval` updates earn, or one chunk
         from every sub-env of a client, if more (taking less would leave updates waiting on a client's chunks)."""
         algorithm, sampling = self.spec.algorithm, self.spec.sampling
+        assert isinstance(algorithm, DQNConfig | SACConfig)  # asked in off-policy runs only
         return max(
             algorithm.broadcast_interval * algorithm.steps_per_update(),
             sampling.rollout_fragment_length * self.spec.env.num_envs,
@@ -290,7 +307,11 @@ class Learner:
         try:
             while True:
                 async with self._published:
-                    await self._published.wait_for(lambda v=version: self.weights.version > v)
+
+                    def newer(v: int = version) -> bool:
+                        return self.weights.version > v
+
+                    await self._published.wait_for(newer)
                     weights = self.weights
                 version = weights.version
                 yield weights
@@ -318,11 +339,10 @@ class Learner:
     async def train_once(self) -> None:
         """Wait for a train batch (PPO: `train_batch_size` steps, dropping chunks too stale to train on; DQN, SAC:
         any steps, or updates owed), take it, update."""
-        if self.spec.algorithm.OFF_POLICY:
+        if isinstance(self.trainer, OffPolicyTrainer):  # OFF_POLICY
+            trainer = self.trainer
             async with self._intake_changed:
-                await self._intake_changed.wait_for(
-                    lambda: self.intake.pending_steps > 0 or self.trainer.owed_updates() > 0
-                )
+                await self._intake_changed.wait_for(lambda: self.intake.pending_steps > 0 or trainer.owed_updates() > 0)
                 episodes = self.intake.take(self.intake.pending_steps)
                 self._intake_changed.notify_all()
             await self._update(episodes)
@@ -427,16 +447,19 @@ class Learner:
             stale_chunks=covered.stale,
             partial_chunks=covered.partial,
             env_steps=self.trainer.env_steps,
-            module_versions=self.trainer.module_versions if multi_agent else None,
+            module_versions=self.trainer.module_versions
+            if multi_agent and not isinstance(self.trainer, Trainer)
+            else None,
             mean_return=mean_return,
             **self._off_policy_state(),
         )
 
     def _off_policy_state(self) -> dict[str, checkpoint.State]:
         """DQN's and SAC's parts of a checkpoint: the trainer's state, and the replay buffer's if the spec keeps it."""
-        if not self.spec.algorithm.OFF_POLICY:
+        if not isinstance(self.trainer, OffPolicyTrainer):  # OFF_POLICY
             return {}
         parts = {"learner_state": self.trainer.state()}
+        assert isinstance(self.spec.algorithm, DQNConfig | SACConfig)
         if self.spec.algorithm.store_buffer_in_checkpoints:
             parts["replay_buffer"] = self.trainer.buffer_state()
         return parts
@@ -475,7 +498,8 @@ class Learner:
         self.metrics.model_version.set(weights.version)
 
     def _weights_message(self) -> learner_pb2.Weights:
-        if self.spec.multi_agent:
+        per_module: dict[str, Any]
+        if self.spec.multi_agent and not isinstance(self.trainer, Trainer):  # a multi-agent trainer
             per_module = {"module_weights": self._module_weights(), "module_versions": self.trainer.module_versions}
         else:
             per_module = {"safetensors": weights_to_bytes(self.trainer.module)}

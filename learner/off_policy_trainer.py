@@ -106,6 +106,8 @@ class OffPolicyTrainer:
         self.count_steps_by = count_steps_by
         self.multi_agent = isinstance(module, MultiRLModule)
         pieces = tuple(type(piece) for piece in pipeline.connectors)
+        self.module_versions: dict[str, int] | None
+        self.parts: dict[str | None, Part]  # by module id (single-agent: None)
         if self.multi_agent:
             if pieces != MULTI_AGENT_PIECES:
                 raise SpecError(f"connectors.learner: multi-agent {config.name} takes no learner pieces of its own yet")
@@ -152,7 +154,7 @@ class OffPolicyTrainer:
     def oldest_version(self) -> int | dict[str, int]:
         """No steps are too old to replay."""
         oldest = -(2**62)
-        return {m: oldest for m in self.module_versions} if self.multi_agent else oldest
+        return {m: oldest for m in self.module_versions} if self.module_versions is not None else oldest  # multi-agent
 
     def steps(self, episodes: list[SingleAgentEpisode]) -> int:
         """The steps these chunks hold, counted by count_steps_by (multi-agent; single-agent: their length)."""
@@ -207,7 +209,8 @@ class OffPolicyTrainer:
         means = {m: {key: float(np.mean(v)) for key, v in stats.items()} for m, stats in parts.items() if stats}
         for module_id, part in self.parts.items():
             means.setdefault(module_id, {}).update(part.learner.explore(config))
-            if self.multi_agent and module_id in means:
+            if self.module_versions is not None and module_id in means:  # multi-agent: module ids
+                assert module_id is not None
                 self.module_versions[module_id] += 1
         keys = {key for stats in means.values() for key in stats}
         overall = {key: float(np.mean([s[key] for s in means.values() if key in s])) for key in sorted(keys)}
@@ -225,12 +228,14 @@ class OffPolicyTrainer:
     def _update_part(self, module_id: str | None, part: Part, config: OffPolicyConfig, stats: dict) -> None:
         """One update of one module on a batch of its transitions; its stats appended to `stats`."""
         batch, versions = self._batch(part)
-        values, td_error = part.learner.update(batch, config)
+        values, td_error = part.learner.update(batch, config)  # type: ignore[arg-type]  # learner and config: one algorithm's
         if isinstance(part.buffer, PrioritizedEpisodeReplayBuffer):
             part.buffer.update_priorities(td_error.cpu().numpy())
         self.replayed += self.config.train_batch_size
         if versions is not None:
-            version = self.module_versions[module_id] if self.multi_agent else self.version
+            version = self.version
+            if self.module_versions is not None and module_id is not None:  # multi-agent
+                version = self.module_versions[module_id]
             values["staleness"] = float(version - versions.mean())
         for key, value in values.items():
             stats.setdefault(key, []).append(value)
@@ -253,7 +258,7 @@ class OffPolicyTrainer:
     def _batch(self, part: Part) -> tuple[dict[str, Any], np.ndarray | None]:
         """A train batch from a part's replay buffer (tensors), and the model versions of its transitions if known."""
         config = self.config
-        sampling = {"n_step": config.n_step, "gamma": config.gamma, "include_extra_model_outputs": True}
+        sampling: dict[str, Any] = {"n_step": config.n_step, "gamma": config.gamma, "include_extra_model_outputs": True}
         if config.replay_buffer_config.type == "PrioritizedEpisodeReplayBuffer":
             sampling["beta"] = config.replay_buffer_config.beta
         if self.multi_agent or self._fast:
@@ -304,7 +309,8 @@ class OffPolicyTrainer:
 
     def buffer_state(self) -> State:
         """The replay buffers' steps (multi-agent: each module's under its id), for a checkpoint."""
-        arrays, meta = {}, {}
+        arrays: dict[str, Any] = {}
+        meta: dict[str, Any] = {}
         for module_id, part in self.parts.items():
             saved, meta[_prefix(module_id)] = part.buffer.get_state()
             arrays |= {f"{_prefix(module_id)}{key}": value for key, value in saved.items()}

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, cast
 
+import gymnasium as gym
 import torch
 from torch import nn
 
@@ -22,6 +23,7 @@ from rlgate.core.columns import Columns
 from rlgate.learner.adam import Adam
 from rlgate.learner.dqn import OFF_POLICY_ADAM_EPS, polyak, td_loss
 from rlgate.learner.episode_replay_buffer import N_STEP, WEIGHTS
+from rlgate.models.distributions import SquashedGaussian
 from rlgate.models.sac import Q_NETWORKS, SACModule
 from rlgate.spec.algorithm import SACConfig
 
@@ -46,9 +48,10 @@ class SACLearner:
         self.temperature = Temperature(config.initial_alpha)
         if config.target_entropy != "auto":
             self.target_entropy = float(config.target_entropy)
-        elif module.discrete:
+        elif isinstance(module.action_space, gym.spaces.Discrete):  # module.discrete
             self.target_entropy = DISCRETE_TARGET_ENTROPY_SCALE * math.log(module.action_space.n)
         else:
+            assert module.action_space.shape is not None  # a 1-D Box
             self.target_entropy = -float(module.action_space.shape[0])
         self._critic = [
             p for name in Q_NETWORKS if getattr(module, name) is not None for p in getattr(module, name).parameters()
@@ -91,7 +94,8 @@ class SACLearner:
         """Both critics' TD loss against `target` (q: their predictions), one optimizer step; stats, |TD error|."""
         losses = [(batch[WEIGHTS] * td_loss(prediction, target, config.td_error_loss_fn)).mean() for prediction in q]
         self._step("qf", 0.5 * sum(losses), config)
-        td_error = sum((prediction - target).detach().abs() for prediction in q) / len(q)
+        # A tensor: q holds one or two predictions.
+        td_error = cast(torch.Tensor, sum((prediction - target).detach().abs() for prediction in q) / len(q))
         first = q[0].detach()
         stats = {
             "qf_loss": losses[0].item(),
@@ -121,12 +125,16 @@ class SACLearner:
         obs, next_obs = batch[Columns.OBS], batch[Columns.NEXT_OBS]
         both = module.pi(module.pi_encoder(torch.cat([obs, next_obs])))
         logits, next_logits = both.split(len(obs))
-        actions, logp = dist_cls.from_logits(logits).rsample_and_logp()
+        dist = dist_cls.from_logits(logits)
+        assert isinstance(dist, SquashedGaussian)  # a Box SAC module's
+        actions, logp = dist.rsample_and_logp()
         alpha_loss = -(self.temperature.log_alpha * (logp.detach() + self.target_entropy)).mean()
         self._step("alpha", alpha_loss, config)
         alpha = self.temperature.log_alpha.detach().exp()
         with torch.no_grad():
-            next_actions, next_logp = dist_cls.from_logits(next_logits.detach()).sample_and_logp()
+            next_dist = dist_cls.from_logits(next_logits.detach())
+            assert isinstance(next_dist, SquashedGaussian)
+            next_actions, next_logp = next_dist.sample_and_logp()
             next_value = self._q(self.target, next_obs, next_actions) - alpha * next_logp
             target = self._bootstrap(batch, next_value, config)
         taken = batch[Columns.ACTIONS].float()

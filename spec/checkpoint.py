@@ -21,7 +21,7 @@ import importlib.metadata
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +115,7 @@ def save(
     observation_space: gym.Space,
     action_space: gym.Space,
     weights: bytes | dict[str, bytes],
-    optimizer: Optimizer | dict[str, Optimizer] | None = None,
+    optimizer: Optimizer | Mapping[str, Optimizer] | None = None,
     connector_state: dict[str, Any] | None = None,
     trained_chunks: list[str] | None = None,
     stale_chunks: list[str] | None = None,
@@ -160,11 +160,11 @@ def save(
             (folder / "weights.safetensors").write_bytes(module_weights)
             entry: dict[str, Any] = {"version": (module_versions or {}).get(module_id, 0)}
             metadata["modules"][module_id] = entry
-            if isinstance(optimizer, dict) and module_id in optimizer:
+            if isinstance(optimizer, Mapping) and module_id in optimizer:
                 tensors, entry["optimizer"] = optimizer_to_tensors(optimizer[module_id])
                 (folder / "optimizer.safetensors").write_bytes(save_torch(tensors))
     elif optimizer is not None:
-        assert not isinstance(optimizer, dict)  # optimizers by module come with weights by module
+        assert not isinstance(optimizer, Mapping)  # optimizers by module come with weights by module
         tensors, metadata["optimizer"] = optimizer_to_tensors(optimizer)
         (tmp / "optimizer.safetensors").write_bytes(save_torch(tensors))
     if learner_state is not None:
