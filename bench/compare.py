@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3, help="windows per measurement (their median)")
     args = parser.parse_args()
-    loads = [Load(*(int(n) for n in label.split("x"))) for label in args.loads]
+    loads = [Load(int(clients), int(envs)) for clients, envs in (label.split("x") for label in args.loads)]
     timing = Timing(args.warmup_s, args.window_s, args.repeats)
     checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
     backends = dict(zip(checkouts, args.backends, strict=True)) if args.backends else None

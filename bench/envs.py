@@ -20,7 +20,13 @@ from rlgate.spec.run import RunSpec
 
 BASELINE = "CartPole-v1"
 LOADS = ((1, 8), (4, 8))
-FIGURES = ("env_steps_per_s", "server_cpu_us_per_step", "bytes_out_per_step", "bytes_in_per_step", "mean_batch")
+FIGURES: tuple[str, ...] = (
+    "env_steps_per_s",
+    "server_cpu_us_per_step",
+    "bytes_out_per_step",
+    "bytes_in_per_step",
+    "mean_batch",
+)
 FIGURES += ("p50_ms", "p99_ms", "server_cpu", "client_cpu_peak", "limited_by", "stages_us")
 
 

@@ -15,6 +15,7 @@ import argparse
 import json
 import time
 
+import gymnasium as gym
 import numpy as np
 
 from rlgate.bench.cartpole import make_env
@@ -30,6 +31,7 @@ class InProcess:
     def __init__(self, envs: int, max_batch_size: int) -> None:
         sizes = [min(max_batch_size, envs - start) for start in range(0, envs, max_batch_size)]
         self.envs = [make_env(size, real=True) for size in sizes]
+        assert isinstance(self.envs[0], gym.vector.VectorEnv)  # real=True
         observation_space, action_space = self.envs[0].single_observation_space, self.envs[0].single_action_space
         self.core = ActingCore.build(RunSpec(), observation_space, action_space, seed=0)
         self.sessions = [

@@ -38,7 +38,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 
-from rlgate.bench.cartpole import make_env, spaces
+from rlgate.bench.cartpole import SyntheticCartPole, make_env, spaces
 from rlgate.client.connection import ClientStats
 from rlgate.client.env_client import EnvClient, hello_message, step_message
 from rlgate.core import codec
@@ -120,7 +120,7 @@ class LoadGenerator:
         def stepped(stats: ClientStats) -> None:
             if not last["steps"]:
                 self._first_answer()
-            self._answered(stats.env_steps - last["steps"], last["at"])
+            self._answered(stats.env_steps - int(last["steps"]), last["at"])
             last.update(steps=stats.env_steps, at=time.perf_counter())
 
         assert self.local_spool is not None
@@ -183,10 +183,18 @@ def _spec_envs(path: Path, envs: int) -> Callable[[], gym.vector.VectorEnv]:
     if envs < 2:
         raise SystemExit("--spec needs --envs 2 or more: a vector env")
     spec = RunSpec.load(path)
-    return functools.partial(make_spec_env, spec.env, ImportPolicy(spec.modules()), envs)
+    imports = ImportPolicy(spec.modules())
+
+    def make() -> gym.vector.VectorEnv:
+        env = make_spec_env(spec.env, imports, envs)
+        assert isinstance(env, gym.vector.VectorEnv)  # envs >= 2
+        return env
+
+    return make
 
 
-def _single_spaces(env: gym.vector.VectorEnv) -> tuple[gym.Space, gym.Space]:
+def _single_spaces(env: gym.vector.VectorEnv | SyntheticCartPole) -> tuple[gym.Space, gym.Space]:
+    assert isinstance(env, gym.vector.VectorEnv)  # a run spec's env (`_spec_envs`)
     try:
         return env.single_observation_space, env.single_action_space
     finally:

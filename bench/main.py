@@ -46,13 +46,35 @@ TRANSPORT = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step")
 B3_CLIENTS = 16
 B7_LOAD = (16, 32)
 # Figures every B1-B3 record carries, from rlgate's measurement.
-FIGURES = ("env_steps_per_s", "p50_ms", "p99_ms", "p999_ms", "mean_batch", "server_cpu_us_per_step", "client_cpu")
+FIGURES: tuple[str, ...] = (
+    "env_steps_per_s",
+    "p50_ms",
+    "p99_ms",
+    "p999_ms",
+    "mean_batch",
+    "server_cpu_us_per_step",
+    "client_cpu",
+)
 FIGURES += ("server_cpu", "client_cpu_peak", "limited_by")
 # Figures of the B7 record, from bench.handoff.
-HAND_OFF = ("shipped_per_s", "episodes_per_s", "bytes_per_s", "max_spool_bytes", "spool_limit_bytes", "unacked_batches")
+HAND_OFF: tuple[str, ...] = (
+    "shipped_per_s",
+    "episodes_per_s",
+    "bytes_per_s",
+    "max_spool_bytes",
+    "spool_limit_bytes",
+    "unacked_batches",
+)
 HAND_OFF += ("chunks", "steps_lost")
 # Figures of each placement in a B8 record, from bench.placement.
-PLACED = ("env_steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step", "server_cpu", "client_cpu_peak")
+PLACED: tuple[str, ...] = (
+    "env_steps_per_s",
+    "p50_ms",
+    "p99_ms",
+    "server_cpu_us_per_step",
+    "server_cpu",
+    "client_cpu_peak",
+)
 PLACED += ("limited_by", "trained_per_s", "updates_per_s", "staleness")
 MICRO = ("rlgate.bench.episodes_codec", "rlgate.bench.connectors_pipeline")
 # Share of one core used outside the bench during a run above which its figures are not to be trusted.
@@ -121,6 +143,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="rlgate-bench-") as scratch:
         logs = args.logs or Path(scratch)
         logs.mkdir(parents=True, exist_ok=True)
+        profiles: dict[str, Any]
         if args.env:
             records, profiles = envs.run(args.env, timing, logs), {}
         else:

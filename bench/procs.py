@@ -139,7 +139,9 @@ class ServerProcess(Child):
         while (found := _SERVING.search(self.log.read_text(errors="replace"))) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise self.failure(f"{self.proc.args[2]} did not start")
+                command = self.proc.args
+                assert isinstance(command, list)  # [python, -m, module, ...]
+                raise self.failure(f"{command[2]} did not start")
             time.sleep(0.05)
         self.target, self.http = found.group(1), found.group(2)
         return self

@@ -70,6 +70,7 @@ def _episodes(buffer, last_obs: np.ndarray, last_dones: np.ndarray) -> list[Sing
             logp = {Columns.ACTION_LOGP: np.float32(buffer.log_probs[t, env])}
             action = np.int64(buffer.actions[t, env, 0])
             episode.add_env_step(following, action, float(buffer.rewards[t, env]), extra_model_outputs=logp)
+        assert episode is not None  # the rollout has steps
         episode.is_terminated = bool(last_dones[env])
         episodes.append(episode)
     return [episode.to_numpy() for episode in episodes]
@@ -137,7 +138,8 @@ def compare(seed: int, steps: int, epochs: int) -> tuple[dict[str, float], dict[
         lr=LR,
         entropy_coeff=ENTROPY,
     )
-    ppo_update(module, Adam(module.parameters(), LR), batch, config, _Permutations(perms))  # the Trainer's Adam  # type: ignore[arg-type]
+    # The Trainer's Adam; _Permutations stands in for the Generator (ppo_update calls only its permutation).
+    ppo_update(module, Adam(module.parameters(), LR), batch, config, _Permutations(perms))  # type: ignore[arg-type]
     ours, theirs = module.state_dict(), sb3.policy.state_dict()
     weights = {
         name: (

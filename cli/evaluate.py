@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env_spec = policy.spec.env
     if args.env is not None:
         env_spec = env_spec.model_copy(update={"id": args.env, "kwargs": {}})
-    imports = ImportPolicy([*args.allow_import, *([env_spec.module()] if args.env and env_spec.module() else [])])
+    env_module = env_spec.module() if args.env else None  # an --env named by its module is imported from it
+    imports = ImportPolicy([*args.allow_import, *([env_module] if env_module else [])])
     if isinstance(policy, MultiAgentPolicy):
         result = _evaluate_multi_agent(policy, env_spec, imports, found, args)
     else:

@@ -79,6 +79,9 @@ def _settings_error(error: SettingsError) -> str:
 
 
 def _one_error(error: Any) -> str:
+    from rlgate.spec.run import algorithm_error  # here: the command line imports the spec only when it needs it
+
+    error = algorithm_error(error)
     message = " ".join(error["msg"].removeprefix("Value error, ").split())
     loc = error["loc"]
     if not loc:  # a check across fields: its message names the flags

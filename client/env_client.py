@@ -82,7 +82,8 @@ class EnvClient:
         if isinstance(env, list) or is_multi_agent_env(env):
             env = AgentEnvs(env if isinstance(env, list) else [env])
         elif not isinstance(env, gym.vector.VectorEnv):
-            env = gym.vector.SyncVectorEnv([lambda: env])
+            single = env  # the one sub-env, bound before `env` becomes the vector env
+            env = gym.vector.SyncVectorEnv([lambda: single])
         if isinstance(env, gym.vector.VectorEnv):
             mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
             if mode != gym.vector.AutoresetMode.NEXT_STEP:
@@ -206,6 +207,7 @@ class EnvClient:
 
     async def _agents_loop(self, call: grpc.aio.StreamStreamCall, max_steps: int) -> None:
         """A multi-agent stream after its welcome: every sub-env's agents' step, then their actions, until done."""
+        assert isinstance(self.env, AgentEnvs)  # a multi-agent env's stream
         steps = self.env.reset(seed=self.seed)
         self.seed = None
         returns = [0.0 for _ in steps]  # per sub-env: its episode's return so far, every agent's rewards summed

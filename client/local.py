@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import grpc
+import gymnasium as gym
 import numpy as np
 
 from rlgate.client.connection import RETRYABLE, ServerRefused, Tally, no_model_yet
@@ -79,6 +80,7 @@ async def act_locally(client: EnvClient, max_steps: int) -> None:
 async def _act(client: EnvClient, link: ServerLink, core: ActingCore, max_steps: int) -> None:
     """The step loop: observe into the session, act, record (shipping the chunks due), step the env."""
     env, explore = client.env, client.explore
+    assert isinstance(env, gym.vector.VectorEnv)  # inference local takes single-agent envs (EnvClient checks)
     n = env.num_envs
     sampling = core.spec.sampling
     session = Session(
@@ -176,6 +178,7 @@ class ServerLink:
         imports = ImportPolicy(client.allow_import)
         core = await asyncio.to_thread(core_from_weights, weights, spec, imports, seed=client.seed)
         env = client.env
+        assert isinstance(env, gym.vector.VectorEnv)  # inference local takes single-agent envs (EnvClient checks)
         differences = space_differences(
             core.observation_space, env.single_observation_space, "observation_space"
         ) + space_differences(core.action_space, env.single_action_space, "action_space")

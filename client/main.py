@@ -114,7 +114,7 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
     def report(stats: ClientStats, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - reported["at"] >= REPORT_EVERY_S:
-            fresh = stats.episodes - reported["episodes"]
+            fresh = stats.episodes - int(reported["episodes"])
             recent = list(stats.returns)[-fresh:] if fresh else []
             reports.put((index, stats.env_steps, recent, stats.model_version, None))
             reported.update(at=now, episodes=stats.episodes)

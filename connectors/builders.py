@@ -21,6 +21,7 @@ from rlgate.connectors.connector_pipeline_v2 import ConnectorPipelineV2
 from rlgate.connectors.connector_v2 import ConnectorV2
 from rlgate.connectors.learner import (
     AddColumnsFromEpisodesToTrainBatch,
+    AddNextObservationsFromEpisodesToTrainBatch,
     AddOneTsToEpisodesAndTruncate,
     GeneralAdvantageEstimation,
 )
@@ -39,17 +40,18 @@ ModuleSpaces = dict[str, tuple[gym.Space, gym.Space]]
 
 
 def _user_pieces(
-    hook: ConnectorHook | None, observation_space: gym.Space, action_space: gym.Space
+    hook: ConnectorHook | None, observation_space: gym.Space | None, action_space: gym.Space | None
 ) -> list[ConnectorV2]:
     if hook is None:
         return []
+    assert observation_space is not None and action_space is not None  # a hook builds pieces for the env's spaces
     pieces = hook(observation_space, action_space)
     return list(pieces) if isinstance(pieces, list | tuple) else [pieces]
 
 
 def build_env_to_module_pipeline(
-    observation_space: gym.Space,
-    action_space: gym.Space,
+    observation_space: gym.Space | None,
+    action_space: gym.Space | None,
     *,
     env_to_module_connector: ConnectorHook | None = None,
     add_default_connectors: bool = True,
@@ -79,8 +81,8 @@ def build_env_to_module_pipeline(
 
 
 def build_module_to_env_pipeline(
-    observation_space: gym.Space,
-    action_space: gym.Space,
+    observation_space: gym.Space | None,
+    action_space: gym.Space | None,
     *,
     module_to_env_connector: ConnectorHook | None = None,
     add_default_connectors: bool = True,
@@ -111,13 +113,14 @@ def build_module_to_env_pipeline(
 
 
 def build_learner_pipeline(
-    observation_space: gym.Space,
-    action_space: gym.Space,
+    observation_space: gym.Space | None,
+    action_space: gym.Space | None,
     *,
     learner_connector: ConnectorHook | None = None,
     add_default_connectors: bool = True,
     device: torch.device | str = "cpu",
     gae: tuple[float, float] | None = None,
+    next_observations: bool = False,
     module_spaces: ModuleSpaces | None = None,
 ) -> ConnectorPipelineV2:
     """[user pieces] -> AddObservationsFromEpisodesToBatch -> AddColumnsFromEpisodesToTrainBatch ->
@@ -127,7 +130,9 @@ def build_learner_pipeline(
     Multi-agent (`module_spaces`): the batch becomes `{module id: {column: tensor}}` and GAE runs per module.
 
     `gae=(gamma, lambda_)` adds PPO's pieces (with the defaults): AddOneTsToEpisodesAndTruncate first
-    and GeneralAdvantageEstimation(gamma, lambda_) last. The spaces are the env-to-module pipeline's
+    and GeneralAdvantageEstimation(gamma, lambda_) last. `next_observations` adds DQN's and SAC's
+    AddNextObservationsFromEpisodesToTrainBatch right after AddObservationsFromEpisodesToBatch (where RLlib's
+    DQNLearner inserts it). The spaces are the env-to-module pipeline's
     output spaces (what the episodes hold after its pieces wrote back).
     """
     pipeline = ConnectorPipelineV2(
@@ -137,6 +142,8 @@ def build_learner_pipeline(
     )
     if add_default_connectors:
         pipeline.append(AddObservationsFromEpisodesToBatch(as_learner_connector=True))
+        if next_observations:
+            pipeline.append(AddNextObservationsFromEpisodesToTrainBatch())
         pipeline.append(AddColumnsFromEpisodesToTrainBatch())
         pipeline.append(AddTimeDimToBatchAndZeroPad(as_learner_connector=True))
         pipeline.append(AddStatesFromEpisodesToBatch(as_learner_connector=True))

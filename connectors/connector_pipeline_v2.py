@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -62,7 +62,7 @@ class ConnectorPipelineV2(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
@@ -81,7 +81,7 @@ class ConnectorPipelineV2(ConnectorV2):
                 metrics=metrics,
                 **kwargs,
             )
-            if timed:
+            if metrics is not None:
                 metrics[connector.name] = metrics.get(connector.name, 0.0) + time.perf_counter() - start
             if not isinstance(batch, dict):
                 raise ValueError(

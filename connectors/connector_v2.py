@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import gymnasium as gym
 import numpy as np
@@ -14,6 +14,8 @@ from rlgate.core.tree import map_structure, unbatch
 from rlgate.episodes.multi_agent_episode import MultiAgentEpisode
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
     from rlgate.episodes import SingleAgentEpisode
     from rlgate.models import RLModule
 
@@ -25,7 +27,7 @@ def episode_key(episode: SingleAgentEpisode) -> tuple:
     return (episode.id_,)
 
 
-def is_multi_agent(episodes: Any) -> bool:
+def is_multi_agent(episodes: Any) -> TypeIs[Sequence[MultiAgentEpisode]]:
     """Whether `episodes` are MultiAgentEpisodes (checked on a list's first item; the server's column-stored
     single-agent rows, `EpisodeRows`, are never multi-agent and are not asked, which would build an episode)."""
     return isinstance(episodes, list | tuple) and bool(episodes) and isinstance(episodes[0], MultiAgentEpisode)
@@ -37,7 +39,7 @@ def is_multi_rl_module(rl_module: Any) -> bool:
     return isinstance(rl_module, Mapping)
 
 
-def make_episode_keys_unique(episodes: list[SingleAgentEpisode | MultiAgentEpisode]) -> None:
+def make_episode_keys_unique(episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode]) -> None:
     """Append `_<position>` to the id of each (agent's) single-agent episode whose id has no "_" yet (RLlib
     2.60's rule).
 
@@ -57,7 +59,8 @@ def make_episode_keys_unique(episodes: list[SingleAgentEpisode | MultiAgentEpiso
     for position, episode in enumerate(ConnectorV2.single_agent_episode_iterator(episodes, False)):
         if "_" not in episode.id_:
             episode.id_ = f"{episode.id_}_{position}"
-        if bare_agents and episode.agent_id is not None and "_" not in episode.multi_agent_episode_id:
+        ma_id = episode.multi_agent_episode_id
+        if bare_agents and episode.agent_id is not None and ma_id is not None and "_" not in ma_id:
             episode.multi_agent_episode_id = f"{episode.multi_agent_episode_id}_{position}"
 
 
@@ -174,13 +177,17 @@ class ConnectorV2(abc.ABC):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[Any],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Transform `batch` (in place or into a new dict) and return it.
+
+        `episodes` are SingleAgentEpisodes (a list, or the server's column-stored EpisodeRows), or
+        MultiAgentEpisodes in a multi-agent pipeline (pieces see their agents through
+        `single_agent_episode_iterator`).
 
         `shared_data` passes context between pieces and from env-to-module to module-to-env;
         `metrics` is a plain dict that pipelines add per-piece seconds to.
@@ -212,9 +219,34 @@ class ConnectorV2(abc.ABC):
 
     # --- helpers for per-episode pieces -----------------------------------------------------------------
 
+    @overload
     @staticmethod
     def single_agent_episode_iterator(
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
+        agents_that_stepped_only: bool = True,
+        zip_with_batch_column: None = None,
+    ) -> Iterator[SingleAgentEpisode]: ...
+
+    @overload
+    @staticmethod
+    def single_agent_episode_iterator(
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
+        agents_that_stepped_only: bool,
+        zip_with_batch_column: Any,
+    ) -> Iterator[tuple[SingleAgentEpisode, Any]]: ...
+
+    @overload
+    @staticmethod
+    def single_agent_episode_iterator(
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
+        agents_that_stepped_only: bool = True,
+        *,
+        zip_with_batch_column: Any,
+    ) -> Iterator[tuple[SingleAgentEpisode, Any]]: ...
+
+    @staticmethod
+    def single_agent_episode_iterator(
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
         agents_that_stepped_only: bool = True,
         zip_with_batch_column: Any = None,
     ) -> Iterator[SingleAgentEpisode | tuple[SingleAgentEpisode, Any]]:

@@ -30,7 +30,7 @@ MAX_DIMS = 32
 MAX_SPACES = 1 << 14
 
 #: Wire dtype code -> numpy dtype (little-endian).
-DTYPES: dict[int, np.dtype] = {
+DTYPES: dict[pb.DType.ValueType, np.dtype] = {
     pb.DTYPE_BOOL: np.dtype("bool"),
     pb.DTYPE_INT8: np.dtype("<i1"),
     pb.DTYPE_INT16: np.dtype("<i2"),
@@ -45,7 +45,7 @@ DTYPES: dict[int, np.dtype] = {
     pb.DTYPE_FLOAT64: np.dtype("<f8"),
 }
 # Keyed by the native-order dtype (what numpy hands us); big-endian input is byte-swapped on encode.
-_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in DTYPES.items()}
+_CODES: dict[np.dtype, pb.DType.ValueType] = {dt.newbyteorder("="): code for code, dt in DTYPES.items()}
 
 
 class CodecError(ValueError):
@@ -77,7 +77,7 @@ class UnencodableSpace(CodecError, UserError):
 # --- tensors ---------------------------------------------------------------------------------------
 
 
-def wire_code(dtype: np.dtype) -> int:
+def wire_code(dtype: np.dtype) -> pb.DType.ValueType:
     """The wire code of a numpy dtype (either byte order); CodecError when it has none."""
     code = _CODES.get(dtype)  # a native-order dtype (nearly always): spares building the "=" one per call
     if code is None:
@@ -160,9 +160,9 @@ def fill_value(value: pb.Value, data: Any) -> None:
         if not data:
             value.dict.SetInParent()
     elif isinstance(data, tuple | list):
-        items = value.tuple.items
+        elements = value.tuple.items
         for item in data:
-            fill_value(items.add(), item)
+            fill_value(elements.add(), item)
         if not data:
             value.tuple.SetInParent()
     else:

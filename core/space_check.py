@@ -153,9 +153,11 @@ class _Leaf:
         self._space = space
         self.dtype = np.dtype(space.dtype)
         self._code = wire_code(self.dtype)
+        assert space.shape is not None  # every leaf space (Box, Discrete, MultiDiscrete, MultiBinary) has a shape
         self._shape = tuple(space.shape)
         self._row_size = int(np.prod(self._shape, dtype=np.int64))
         self._float = self.dtype.kind == "f"
+        kinds: str
         if self._float or self.dtype.kind == "b":
             kinds = self.dtype.kind
         elif isinstance(space, gym.spaces.MultiBinary):
@@ -293,7 +295,7 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
-def _wire_name(code: int) -> str:
+def _wire_name(code: pb.DType.ValueType) -> str:
     dtype = DTYPES.get(code)
     if dtype is not None:
         return dtype.name

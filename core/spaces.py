@@ -41,6 +41,7 @@ def fill_for_space(
     def leaf(sub: gym.Space) -> np.ndarray:
         if one_hot_discrete and isinstance(sub, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
             return np.full((*lead, _one_hot_depth(sub)), fill, dtype=np.float32)
+        assert sub.shape is not None  # a leaf space has a shape
         return np.full((*lead, *sub.shape), fill, dtype=sub.dtype)
 
     return map_structure(leaf, space_struct(space))

@@ -435,7 +435,9 @@ def _rows(column: Any, path: str) -> int:
     lengths = {leaf.shape[0] if leaf.ndim else None for leaf in flatten(column)}
     if len(lengths) != 1 or None in lengths:
         raise CodecError(f"{path}: arrays need one common leading (time) axis, got lengths {lengths}")
-    return lengths.pop()
+    (length,) = lengths
+    assert length is not None  # refused just above
+    return length
 
 
 def _holds_empty(column: Any) -> bool:

@@ -36,6 +36,9 @@ _MIN_CAPACITY = 16
 class InfiniteLookbackBuffer:
     """One column of an episode: `lookback` items of history followed by the episode's own items."""
 
+    _items: list | None  # list mode's items (None once finalized)
+    _store: Any  # finalized mode's struct of arrays, `_capacity` rows, the first `_n` in use
+
     def __init__(self, data: list | Any | None = None, lookback: int = 0, space: gym.Space | None = None):
         self.space = space
         self.data = [] if data is None else data

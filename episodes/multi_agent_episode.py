@@ -50,6 +50,7 @@ Deliberate differences from RLlib 2.60, where it loses data or contradicts itsel
 
 from __future__ import annotations
 
+import builtins
 import copy
 import time
 import uuid
@@ -148,7 +149,8 @@ class MultiAgentEpisode:
         self.is_truncated = False
         self.agent_episodes: dict[AgentID, SingleAgentEpisode] = dict(agent_episodes or {})
         for agent_id, episode in self.agent_episodes.items():
-            self._agent_to_module_mapping.setdefault(agent_id, episode.module_id)
+            if episode.module_id is not None:  # else mapped when first asked (`module_for`)
+                self._agent_to_module_mapping.setdefault(agent_id, episode.module_id)
             self.agent_t_started[agent_id] = episode.t_started
         self.custom_data: dict[str, Any] = {}
         self._start_time: float | None = None
@@ -163,7 +165,7 @@ class MultiAgentEpisode:
             raise ValueError("give observations (RLlib's per-env-step lists) or agent_episodes, not both")
         self.env_t_started = self.env_t = 0  # recorded from the reset on, then moved to `env_t_started`
         self._record_lists(observations, infos, actions, rewards, extra_model_outputs, *final)
-        lookback = len(rewards or []) if len_lookback_buffer == "auto" else len_lookback_buffer
+        lookback = len(rewards or []) if isinstance(len_lookback_buffer, str) else len_lookback_buffer  # "auto"
         self._split_lookback(min(lookback, len(observations) - 1), env_t_started or 0, agent_t_started or {})
         for agent_id, episode_id in (agent_episode_ids or {}).items():
             if agent_id in self.agent_episodes:
@@ -388,6 +390,7 @@ class MultiAgentEpisode:
         if terminated or truncated:
             if hanging is None:  # never acted: not part of this episode
                 return _AgentStep(agent_id, "forget")
+            assert episode is not None  # it acted, so it observed (case 3)
             if truncated:
                 raise MultiAgentEnvError(
                     f"agent {agent_id!r} acted and was truncated without a last observation (needed to bootstrap)"
@@ -450,6 +453,7 @@ class MultiAgentEpisode:
         elif step.kind == "hang":
             self._hanging_actions_end[agent_id] = step.action
             self._hanging_rewards_end[agent_id] = step.reward
+            assert step.outputs is not None  # a "hang" step always carries its outputs (a dict)
             self._hanging_extra_model_outputs_end[agent_id] = step.outputs
         elif step.kind == "reward_begin":
             self._hanging_rewards_begin[agent_id] = step.reward
@@ -572,7 +576,8 @@ class MultiAgentEpisode:
             if mine is None:
                 self.agent_episodes[agent_id] = theirs
                 self.agent_t_started[agent_id] = theirs.t_started
-                self._agent_to_module_mapping.setdefault(agent_id, theirs.module_id)
+                if theirs.module_id is not None:
+                    self._agent_to_module_mapping.setdefault(agent_id, theirs.module_id)
                 self.env_t_to_agent_t[agent_id] = self._skipped_until_now(tail)
             elif mine.is_done:
                 continue
@@ -650,7 +655,7 @@ class MultiAgentEpisode:
         sliced.is_terminated, sliced.is_truncated = self.is_terminated and ends, self.is_truncated and ends
         return sliced
 
-    def __getitem__(self, item: slice) -> MultiAgentEpisode:
+    def __getitem__(self, item: builtins.slice) -> MultiAgentEpisode:
         """`episode[a:b]` is `episode.slice(slice(a, b))`; only slices are supported."""
         if not isinstance(item, slice):
             raise NotImplementedError(f"MultiAgentEpisode supports only slices (episode[a:b]), got {item!r}")
@@ -666,7 +671,7 @@ class MultiAgentEpisode:
     def agent_episode_ids(self) -> dict[AgentID, str]:
         return {agent_id: episode.id_ for agent_id, episode in self.agent_episodes.items()}
 
-    def module_for(self, agent_id: AgentID) -> ModuleID | None:
+    def module_for(self, agent_id: AgentID) -> ModuleID:
         """The agent's module (mapped once, when first asked, by `agent_to_module_mapping_fn`)."""
         if agent_id not in self._agent_to_module_mapping:
             self._agent_to_module_mapping[agent_id] = self.agent_to_module_mapping_fn(agent_id, self)
@@ -862,7 +867,7 @@ class MultiAgentEpisode:
         length = len(next(iter(rows.values())))
         return [{a: items[i] for a, items in rows.items() if items[i] is not _SKIP} for i in range(length)]
 
-    def _buffer(self, what: str, key: str | None, agent_id: AgentID) -> InfiniteLookbackBuffer | None:
+    def _buffer(self, what: str, key: str | None, agent_id: AgentID) -> InfiniteLookbackBuffer | _DictBuffer | None:
         """The agent's buffer of `what`, with its hanging value appended (actions, rewards, outputs)."""
         episode = self.agent_episodes[agent_id]
         if what == "extra_model_outputs":
@@ -1077,7 +1082,7 @@ _SKIP = _Skip()
 class _DictBuffer:
     """Several buffers read as one: each item is a dict of the buffers' items (all extra model outputs)."""
 
-    def __init__(self, buffers: dict[str, InfiniteLookbackBuffer]) -> None:
+    def __init__(self, buffers: dict[str, Any]) -> None:  # each an InfiniteLookbackBuffer
         self.buffers = buffers
         first = next(iter(buffers.values()))
         self.lookback, self.finalized = first.lookback, first.finalized

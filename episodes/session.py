@@ -64,7 +64,7 @@ class Session:
         rollout_fragment_length: int | None,
         lookback: int,
         ships: bool = True,
-        observation_spaces: Sequence[gym.Space] = (),
+        observation_spaces: Sequence[gym.Space | None] = (),
     ) -> None:
         """`rollout_fragment_length`: cut running episodes every this many steps; None: never (whole episodes).
         `ships=False` (nothing takes this session's chunks: no episode files, and no learner or a greedy
@@ -73,7 +73,7 @@ class Session:
         output), for what a piece written RLlib's way writes into an episode without saying its space."""
         self.id = uuid.uuid4().hex
         self.spec = spec
-        self.observation_space = spec.observation_space  # what episodes hold: changed by write-backs
+        self.observation_space: gym.Space | None = spec.observation_space  # what episodes hold: changed by write-backs
         self._observation_spaces = observation_spaces
         self._fragment = rollout_fragment_length or np.iinfo(np.int64).max // 4
         self._lookback = lookback
@@ -275,6 +275,7 @@ class Session:
         In list mode, as RLlib's env runners hold a running episode: a piece may write an observation of
         another shape (or structure) over the latest one, which a numpy'd episode refuses."""
         t, table, pending = self._row, self._table, self._pending
+        assert pending is not None  # asked for by connector pieces while a step is pending
         first, start = int(self._lookback_start[i]), int(self._start[i])
         stepped = first < t  # the episode has steps (actions, outputs) before the pending one
 
@@ -307,7 +308,8 @@ class Session:
             return said
         if self.observation_space is not None and has_form_of(self.observation_space, observation):
             return self.observation_space
-        return next((space for space in self._observation_spaces if has_form_of(space, observation)), said)
+        spaces = self._observation_spaces
+        return next((space for space in spaces if space is not None and has_form_of(space, observation)), said)
 
     def _ends(self, i: int, end: int, truncated: bool) -> tuple[bool, bool]:
         """(terminated, truncated) of sub-env i's chunk up to row `end`: its flags if it ended at the newest row."""

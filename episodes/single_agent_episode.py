@@ -21,6 +21,7 @@ space checks (call `validate()` or check the data where it enters, off the per-s
 
 from __future__ import annotations
 
+import builtins
 import copy
 import time
 import uuid
@@ -98,7 +99,7 @@ class SingleAgentEpisode:
         self.session_closed = False
 
         len_rewards = _count(rewards)
-        if len_lookback_buffer == "auto" or len_lookback_buffer > len_rewards:
+        if isinstance(len_lookback_buffer, str) or len_lookback_buffer > len_rewards:  # "auto"
             len_lookback_buffer = len_rewards
         if not isinstance(infos, InfiniteLookbackBuffer) and not infos:
             infos = [{} for _ in range(_count(observations))]
@@ -303,7 +304,7 @@ class SingleAgentEpisode:
         episode.session_closed = self.session_closed and keep_done
         return episode
 
-    def __getitem__(self, item: slice) -> SingleAgentEpisode:
+    def __getitem__(self, item: builtins.slice) -> SingleAgentEpisode:
         """`episode[a:b]` is `episode.slice(slice(a, b))`; only slices are supported."""
         if not isinstance(item, slice):
             raise NotImplementedError(f"SingleAgentEpisode supports only slices (episode[a:b]), got {item!r}")

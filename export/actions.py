@@ -64,6 +64,9 @@ class ActionSelection(nn.Module):
     (`clip_actions`), in float64 as `unsquash_action` computes, then the space's dtype.
     """
 
+    low: torch.Tensor  # a Box's bounds (buffers)
+    high: torch.Tensor
+
     def __init__(
         self,
         module: RLModule,
@@ -85,12 +88,14 @@ class ActionSelection(nn.Module):
                 f"the module's exploration distribution {self.dist_cls.__name__} cannot sample in an ONNX graph "
                 "(Categorical, MultiCategorical and DiagGaussian can): export without --explore"
             )
+        self.noise_kind: str | None
+        self.greedy_noise: float | None
         self.noise_kind, self.greedy_noise = NOISE[family] if family else (None, None)
         self.space = action_space
         box = isinstance(action_space, gym.spaces.Box)
-        self.unsquash = box and normalize and action_space.is_bounded("both")
+        self.unsquash = isinstance(action_space, gym.spaces.Box) and normalize and action_space.is_bounded("both")
         self.clip = box and not normalize and clip
-        if box:
+        if isinstance(action_space, gym.spaces.Box):
             self.register_buffer("low", torch.from_numpy(action_space.low.astype(np.float64)))
             self.register_buffer("high", torch.from_numpy(action_space.high.astype(np.float64)))
 

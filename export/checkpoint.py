@@ -58,7 +58,7 @@ def export_checkpoint(
     found = checkpoint.load(path)
     imports = ImportPolicy(allow_import)
     spaces = found.observation_space, found.action_space
-    options = {"explore": explore, "module_only": module_only}
+    options: dict[str, Any] = {"explore": explore, "module_only": module_only}
     with found.loading_weights():
         if found.module_weights is None:
             if module_id not in (None, DEFAULT_MODULE_ID):
@@ -86,6 +86,7 @@ def export_checkpoint(
             if module_id not in modules:
                 choose = "choose one with --module" if module_id is None else f"no module {module_id!r} in it"
                 raise UserError(f"the checkpoint in {found.directory} has modules {', '.join(modules)}: {choose}")
+            assert module_id is not None  # one of the modules
             agent = _agent_of(found.spec, agent_spaces, built_ma.env_to_module, module_id, imports)
             spaces = agent_spaces[agent]
             module = built_ma.module[module_id]

@@ -106,7 +106,7 @@ class PolicyGraph(nn.Module):
             results[contract.ACTION_LOGP] = logp
         results[contract.ACTION_DIST_INPUTS] = dist_inputs
         for piece, state in zip(self.folded, states, strict=True):
-            results.update({contract.STATE_OUT + n: v for n, v in piece.after_actions(state, actions).items()})
+            results.update({contract.STATE_OUT + n: v for n, v in piece.after_actions(state, actions).items()})  # type: ignore[operator]  # a Folded: nn.ModuleList yields Modules
         if self.stateful:
             module_out = _flat_state(out[Columns.STATE_OUT])
             results.update({contract.STATE_OUT + n: module_out[n] for n in self.module_state_paths})
@@ -129,11 +129,13 @@ class PolicyGraph(nn.Module):
 
 def _leaf_space(space: gym.Space, path: tuple) -> gym.Space:
     for key in path:
+        assert isinstance(space, gym.spaces.Dict | gym.spaces.Tuple)  # a path leads through Dicts and Tuples
         space = space[key]
     return space
 
 
 def _leaf_shape(space: gym.Space) -> tuple[int, ...]:
+    assert space.shape is not None  # a leaf space
     return tuple(int(n) for n in space.shape)
 
 

@@ -48,7 +48,7 @@ def to_onnx(graph: PolicyGraph, contract: dict[str, Any], *, fold_constants: boo
         torch.onnx.export(
             graph,
             example,
-            buffer,
+            buffer,  # type: ignore[arg-type]  # the TorchScript exporter (dynamo=False) writes a file object too
             dynamo=False,
             input_names=names[0],
             output_names=names[1],

@@ -147,6 +147,7 @@ class OnnxPolicy:
         return dict(zip([spec.name for spec in self.outputs], self.session.run(None, feeds), strict=True))
 
     def _noise(self, rows: int, explore: bool, given: np.ndarray | None) -> np.ndarray:
+        assert self.noise is not None  # asked only of a graph with a noise input
         shape = (rows, *self.noise.shape[1:])
         if given is not None:
             return np.asarray(given, np.float32).reshape(shape)

@@ -15,18 +15,18 @@ from typing import Any
 import torch
 
 BETAS = (0.9, 0.999)  # torch's, SB3's and RLlib's defaults
-EPS = 1e-5  # SB3's and RLlib's (torch's default is 1e-8)
+EPS = 1e-5  # SB3's PPO's and RLlib's (torch's default is 1e-8, which SB3's DQN and SAC keep)
 
 
 class Adam:
     """Adam without weight decay or amsgrad over one group of parameters (`param_groups[0]["lr"]` may change)."""
 
-    def __init__(self, parameters: Iterable[torch.nn.Parameter], lr: float) -> None:
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], lr: float, eps: float = EPS) -> None:
         # torch.optim.Adam(fused=True)'s group settings, so that its load_state_dict takes our state dict as it is.
         settings = {"weight_decay": 0.0, "amsgrad": False, "maximize": False, "foreach": None, "capturable": False}
         settings |= {"differentiable": False, "fused": True, "decoupled_weight_decay": False}
         self.param_groups: list[dict[str, Any]] = [
-            {"params": list(parameters), "lr": lr, "betas": BETAS, "eps": EPS, **settings}
+            {"params": list(parameters), "lr": lr, "betas": BETAS, "eps": eps, **settings}
         ]
         self.state: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
 

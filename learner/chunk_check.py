@@ -1,5 +1,5 @@
 """What a chunk must hold for the learner to train on it, beyond decoding: finite values, data of its spaces,
-PPO's outputs.
+the model outputs its algorithm needs.
 
 A non-finite reward or model output poisons the update it is batched into. A chunk that decodes can still
 break every update it is batched into (observations of another shape, a Discrete action of 5 for 2 actions,
@@ -22,6 +22,8 @@ from rlgate.core.columns import RECORDED_OUTPUTS, Columns
 from rlgate.core.spaces import space_struct
 from rlgate.core.tree import flatten
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.models import RLModule
+from rlgate.models.outputs import output_shapes
 
 
 def misfit(
@@ -37,9 +39,10 @@ def misfit(
     """Why the chunk (or the table of chunks) with these columns cannot be trained on, or None.
 
     The columns are arrays with a row per step (lookback included; nested for Dict and Tuple spaces).
-    Checked: model outputs only of those servers record (`RECORDED_OUTPUTS`), with action_logp, model versions
-    and each recorded one of `output_shapes` (each output's shape per step, as the learner's module makes them:
-    `models.outputs.output_shapes`) there, of those shapes (model versions one per step); every reward and model
+    Checked: model outputs only of those servers record (`RECORDED_OUTPUTS`), with model versions and each recorded
+    one of `output_shapes` there (each output's shape per step the learner's algorithm needs: its module's sampling
+    outputs, `models.outputs.output_shapes`, and PPO's action_logp, `learner_output_shapes`), of those shapes (model
+    versions one per step); every reward and model
     output finite (observations too, if `finite_observations`) and of a float dtype (model versions int64);
     observations and actions of `spaces` (observation space, action space: those they were decoded in). Each
     check is of all rows at once, so a table passes only if each of its chunks would.
@@ -58,15 +61,24 @@ def misfit(
     if not _fits(actions, action_space, _action_fits):
         return "actions not of the action space"
     # An update batches every chunk's outputs as columns: one chunk without a column the others have breaks it.
-    required = (Columns.ACTION_LOGP, Columns.MODEL_VERSION, *(k for k in output_shapes if k in RECORDED_OUTPUTS))
+    required = (*(k for k in output_shapes if k in RECORDED_OUTPUTS), Columns.MODEL_VERSION)
     for key in required:
         if key not in outputs:
             return f"no {key}"
-    for key, shape in {Columns.ACTION_LOGP: (), Columns.MODEL_VERSION: (), **output_shapes}.items():
+    for key, shape in {Columns.MODEL_VERSION: (), **output_shapes}.items():
         output = outputs.get(key)
         if output is not None and any(leaf.shape[1:] != shape for leaf in flatten(output)):
             return f"{key} of another shape"
     return None
+
+
+def learner_output_shapes(module: RLModule, algorithm: str) -> dict[str, tuple[int, ...]]:
+    """The recorded outputs (and their shapes per step) a chunk must hold for `algorithm` to train on it: PPO's
+    are its module's sampling outputs and the behaviour policy's action_logp (GetActions'); DQN and SAC replay
+    observations, actions and rewards alone, so chunks of greedy sessions (no action_logp) train too."""
+    if algorithm != "PPO":
+        return {}
+    return {Columns.ACTION_LOGP: (), **output_shapes(module)}
 
 
 def episode_misfit(
@@ -117,12 +129,14 @@ def _fits(data: Any, space: gym.Space | None, leaf_fits: Any) -> bool:
         return True
     struct = space_struct(space)
     if isinstance(struct, dict):
+        assert isinstance(space, gym.spaces.Dict)  # a Dict's struct
         return (
             isinstance(data, dict)
             and list(data) == list(struct)
             and all(_fits(data[key], space[key], leaf_fits) for key in struct)
         )
     if isinstance(struct, tuple):
+        assert isinstance(space, gym.spaces.Tuple)  # a Tuple's struct
         return (
             isinstance(data, tuple)
             and len(data) == len(struct)

@@ -40,12 +40,45 @@ COLUMNS: dict[str, str | None] = {
     "lr": "train/lr",
     "clip_param": "train/clip_param",
     "entropy_coeff": "train/entropy_coeff",
+    "qf_loss": "loss/qf",
+    "qf_twin_loss": "loss/qf_twin",
+    "alpha_loss": "loss/alpha",
+    "qf_mean": "train/qf_mean",
+    "qf_min": "train/qf_min",
+    "qf_max": "train/qf_max",
+    "td_error_mean": "train/td_error_mean",
+    "alpha": "train/alpha",
+    "epsilon": "train/epsilon",
+    "actor_lr": "train/actor_lr",
+    "critic_lr": "train/critic_lr",
+    "alpha_lr": "train/alpha_lr",
+    "updates": "train/updates",
+    "updates_total": "train/updates_total",
+    "buffer_size": "data/buffer_size",
+    "replay_ratio": "data/replay_ratio",
     "train_steps": "data/train_steps",
     "staleness": "data/staleness",
     "stale_steps": "data/stale_steps",
     "stale_steps_total": "data/stale_steps_total",
     "steps_in_during_update": "data/steps_in_during_update",
 }
+
+# The columns only some algorithms' updates have (the others' rows leave them blank); the rest every update has.
+ALGORITHM_COLUMNS: dict[str, tuple[str, ...]] = {
+    "PPO": (
+        "policy_loss", "vf_loss", "entropy", "kl", "clip_fraction", "explained_variance", "lr", "clip_param",
+        "entropy_coeff",
+    ),
+    "DQN": (
+        "qf_loss", "qf_mean", "qf_min", "qf_max", "td_error_mean", "lr", "epsilon", "updates", "updates_total",
+        "buffer_size", "replay_ratio",
+    ),
+    "SAC": (
+        "qf_loss", "qf_twin_loss", "policy_loss", "alpha_loss", "alpha", "entropy", "qf_mean", "qf_min", "qf_max",
+        "td_error_mean", "actor_lr", "critic_lr", "alpha_lr", "updates", "updates_total", "buffer_size",
+        "replay_ratio",
+    ),
+}  # fmt: skip
 
 PROGRESS = "progress.csv"
 

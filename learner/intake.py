@@ -184,7 +184,10 @@ class Intake:
         one per module id, each chunk held to its module's); their steps."""
 
         def is_stale(chunk: SingleAgentEpisode) -> bool:
-            floor = min_version if isinstance(min_version, int) else min_version[chunk.module_id]
+            if isinstance(min_version, int):
+                return _newest_version(chunk) < min_version
+            assert chunk.module_id is not None  # a multi-agent chunk names its module
+            floor = min_version[chunk.module_id]
             return _newest_version(chunk) < floor
 
         highest = min_version if isinstance(min_version, int) else max(min_version.values(), default=0)

@@ -11,22 +11,27 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+
 from rlgate.core import codec
 from rlgate.learner.best_checkpoint import BestCheckpoint
+from rlgate.learner.chunk_check import learner_output_shapes
 from rlgate.learner.intake import RETURN_WINDOW, Covered, Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
+from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.progress import Progress
 from rlgate.learner.servers import Servers
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
-from rlgate.models.outputs import output_shapes
 from rlgate.policy.published import MAX_VERSION
 from rlgate.spec import checkpoint
+from rlgate.spec.algorithm import DQNConfig, PPOConfig, SACConfig
 from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import (
+    agent_spaces_of,
     build_multi_agent_env_to_module,
     build_multi_agent_learner_connector,
     build_multi_rl_module,
@@ -48,6 +53,8 @@ class Learner:
     a time on the trainer thread.
     """
 
+    trainer: Trainer | MultiAgentTrainer | OffPolicyTrainer
+
     def __init__(self, settings: LearnerSettings) -> None:
         self.settings = settings
         self.metrics = LearnerMetrics()
@@ -58,6 +65,7 @@ class Learner:
         self.imports = ImportPolicy([*settings.allow_import, *(given.modules() if given else ())])
         if ckpt is not None:
             log.info("resuming from checkpoint %s version=%d", found, ckpt.version)
+            assert found is not None  # ckpt's directory
             self.observation_space, self.action_space = ckpt.observation_space, ckpt.action_space
             self.spec = ckpt.spec if given is None else resumable(ckpt, given, self.imports, found)
         elif given is None:
@@ -74,23 +82,39 @@ class Learner:
         self.connectors = build_env_to_module(self.spec, self.observation_space, self.action_space, self.imports)
         if ckpt is not None and ckpt.connector_state:
             self.connectors.set_state(ckpt.connector_state)
+        assert self.connectors.observation_space is not None  # built on the env's space
         module = build_rl_module(self.spec, self.connectors.observation_space, self.action_space, self.imports)
         if ckpt is not None:
             with ckpt.loading_weights():
                 load_weights(module, ckpt.weights)
         module.eval()
-        self.trainer = Trainer(
-            module,
-            build_learner_connector(self.spec, module.observation_space, module.action_space, self.imports),
-            self.spec.algorithm,
-            max_staleness=settings.max_staleness,
-            seed=self.spec.seed,
-            version=ckpt.version if ckpt else 0,
-            optimizer_state=ckpt.optimizer_state if ckpt else None,
-            env_steps=ckpt.env_steps if ckpt else 0,
-        )
+        pipeline = build_learner_connector(self.spec, module.observation_space, module.action_space, self.imports)
+        if isinstance(self.spec.algorithm, DQNConfig | SACConfig):  # OFF_POLICY
+            self.trainer = OffPolicyTrainer(
+                module,
+                pipeline,
+                self.spec.algorithm,
+                seed=self.spec.seed,
+                version=ckpt.version if ckpt else 0,
+                env_steps=ckpt.env_steps if ckpt else 0,
+                state=ckpt.learner_state if ckpt else None,
+                buffer_state=self._replay_buffer(ckpt),
+            )
+        else:
+            self.trainer = Trainer(
+                module,
+                pipeline,
+                self.spec.algorithm,
+                max_staleness=settings.max_staleness,
+                seed=self.spec.seed,
+                version=ckpt.version if ckpt else 0,
+                optimizer_state=ckpt.optimizer_state if ckpt else None,
+                env_steps=ckpt.env_steps if ckpt else 0,
+            )
         # Chunks hold observations as the servers' write-back pieces left them: the env's, or some piece's output.
-        pieces = [piece.observation_space for piece in self.connectors.connectors]
+        pieces = [
+            piece.observation_space for piece in self.connectors.connectors if piece.observation_space is not None
+        ]
         self.intake = Intake(
             settings.checkpoint_dir / "intake",
             [self.connectors.observation_space, self.observation_space, *pieces],
@@ -102,40 +126,67 @@ class Learner:
             lookback=self.spec.sampling.episode_lookback_horizon,
             allow_nonfinite_obs=self.spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
-            output_shapes={None: output_shapes(module)},
+            output_shapes={None: learner_output_shapes(module, self.spec.algorithm.name)},
         )
         self._init_service()
+
+    def _replay_buffer(self, ckpt: checkpoint.Checkpoint | None) -> checkpoint.State | None:
+        """The checkpoint's replay buffer to go on with, where the spec keeps buffers in checkpoints (RLlib's
+        `store_buffer_in_checkpoints`); a mismatch either way is said in the log."""
+        if ckpt is None:
+            return None
+        assert isinstance(self.spec.algorithm, DQNConfig | SACConfig)  # asked in off-policy runs only
+        keep = self.spec.algorithm.store_buffer_in_checkpoints
+        if keep and ckpt.replay_buffer is None:
+            log.warning("store_buffer_in_checkpoints: %s holds no replay buffer; it starts empty", ckpt.directory)
+        if not keep and ckpt.replay_buffer is not None:
+            log.warning("%s holds a replay buffer, left unread: store_buffer_in_checkpoints is off", ckpt.directory)
+        return ckpt.replay_buffer if keep else None
 
     def _init_multi_agent(self, ckpt: checkpoint.Checkpoint | None) -> None:
         """A multi-agent run: a MultiRLModule (a module per module id), its trainer, and an intake that decodes
         each agent's chunks in that agent's spaces and counts steps by count_steps_by."""
         settings, spec = self.settings, self.spec
-        agents = {a: (self.observation_space[a], self.action_space[a]) for a in self.observation_space.spaces}
+        assert spec.multi_agent is not None
+        agents = agent_spaces_of(self.observation_space, self.action_space)
         self.connectors = build_multi_agent_env_to_module(spec, agents, self.imports)
         if ckpt is not None and ckpt.connector_state:
             self.connectors.set_state(ckpt.connector_state)
+        assert isinstance(self.connectors.observation_space, gym.spaces.Dict)  # {module id: space}
+        assert isinstance(self.connectors.action_space, gym.spaces.Dict)
         modules = {
             m: (self.connectors.observation_space[m], self.connectors.action_space[m])
             for m in self.connectors.observation_space.spaces
         }
         module = build_multi_rl_module(spec, modules, self.imports)
         for module_id, weights in ((ckpt.module_weights or {}) if ckpt else {}).items():
+            assert ckpt is not None  # its weights
             with ckpt.loading_weights():
                 load_weights(module[module_id], weights)
         module.eval()
-        self.trainer = MultiAgentTrainer(
-            module,
-            build_multi_agent_learner_connector(spec, modules, self.imports),
-            spec.algorithm,
-            trainable=modules_to_train(spec, list(modules)),
-            count_steps_by=spec.multi_agent.count_steps_by,
-            max_staleness=settings.max_staleness,
-            seed=spec.seed,
-            version=ckpt.version if ckpt else 0,
-            module_versions=ckpt.module_versions if ckpt else None,
-            optimizer_states=ckpt.module_optimizer_states if ckpt else None,
-            env_steps=ckpt.env_steps if ckpt else 0,
-        )
+        common: dict[str, Any] = {
+            "trainable": modules_to_train(spec, list(modules)),
+            "count_steps_by": spec.multi_agent.count_steps_by,
+            "seed": spec.seed,
+            "version": ckpt.version if ckpt else 0,
+            "module_versions": ckpt.module_versions if ckpt else None,
+            "env_steps": ckpt.env_steps if ckpt else 0,
+        }
+        pipeline = build_multi_agent_learner_connector(spec, modules, self.imports)
+        if isinstance(spec.algorithm, DQNConfig | SACConfig):  # OFF_POLICY
+            state = ckpt.learner_state if ckpt else None
+            self.trainer = OffPolicyTrainer(
+                module, pipeline, spec.algorithm, state=state, buffer_state=self._replay_buffer(ckpt), **common
+            )
+        else:
+            self.trainer = MultiAgentTrainer(
+                module,
+                pipeline,
+                spec.algorithm,
+                max_staleness=settings.max_staleness,
+                optimizer_states=ckpt.module_optimizer_states if ckpt else None,
+                **common,
+            )
         self.intake = Intake(
             settings.checkpoint_dir / "intake",
             [self.connectors.observation_space],
@@ -149,7 +200,7 @@ class Learner:
             module_spaces=episode_module_spaces(spec, agents, self.connectors, self.imports),
             agents=frozenset(agents),
             count=self.trainer.steps,
-            output_shapes={module_id: output_shapes(module[module_id]) for module_id in modules},
+            output_shapes={m: learner_output_shapes(module[m], spec.algorithm.name) for m in modules},
         )
         self._init_service()
 
@@ -213,10 +264,27 @@ class Learner:
         return ack
 
     def _room(self) -> int:
-        """Env steps the next update still needs; none while an update runs without `overlap_sampling`."""
-        if self.updating_since is not None and not self.spec.algorithm.overlap_sampling:
+        """Env steps the learner takes in before it holds the next update's: PPO's, the steps the next update still
+        needs (none while an update runs without `overlap_sampling`); DQN's and SAC's, those that bring it to two
+        calls' worth of updates ahead of the updates done (`off_policy_window`)."""
+        algorithm = self.spec.algorithm
+        if isinstance(self.trainer, OffPolicyTrainer):  # OFF_POLICY
+            ahead = self.trainer.steps_trained_for() + 2 * self.off_policy_window()
+            return max(0, int(ahead) - self.env_steps_received())
+        assert isinstance(algorithm, PPOConfig)
+        if self.updating_since is not None and not algorithm.overlap_sampling:
             return 0
-        return max(0, self.spec.algorithm.train_batch_size - self.intake.pending_steps)
+        return max(0, algorithm.train_batch_size - self.intake.pending_steps)
+
+    def off_policy_window(self) -> float:
+        """DQN's and SAC's env steps per call of the trainer: those `broadcast_interval` updates earn, or one chunk
+        from every sub-env of a client, if more (taking less would leave updates waiting on a client's chunks)."""
+        algorithm, sampling = self.spec.algorithm, self.spec.sampling
+        assert isinstance(algorithm, DQNConfig | SACConfig)  # asked in off-policy runs only
+        return max(
+            algorithm.broadcast_interval * algorithm.steps_per_update(),
+            sampling.rollout_fragment_length * self.spec.env.num_envs,
+        )
 
     def weights_after(self, version: int, server_id: str) -> AsyncIterator[learner_pb2.Weights]:
         """Every version newer than `version`, as it is published (the newest first, if newer already).
@@ -239,7 +307,11 @@ class Learner:
         try:
             while True:
                 async with self._published:
-                    await self._published.wait_for(lambda v=version: self.weights.version > v)
+
+                    def newer(v: int = version) -> bool:
+                        return self.weights.version > v
+
+                    await self._published.wait_for(newer)
                     weights = self.weights
                 version = weights.version
                 yield weights
@@ -265,7 +337,16 @@ class Learner:
             await self.train_once()
 
     async def train_once(self) -> None:
-        """Wait for a train batch (dropping chunks too stale to train on), take exactly it, update."""
+        """Wait for a train batch (PPO: `train_batch_size` steps, dropping chunks too stale to train on; DQN, SAC:
+        any steps, or updates owed), take it, update."""
+        if isinstance(self.trainer, OffPolicyTrainer):  # OFF_POLICY
+            trainer = self.trainer
+            async with self._intake_changed:
+                await self._intake_changed.wait_for(lambda: self.intake.pending_steps > 0 or trainer.owed_updates() > 0)
+                episodes = self.intake.take(self.intake.pending_steps)
+                self._intake_changed.notify_all()
+            await self._update(episodes)
+            return
         size = self.spec.algorithm.train_batch_size
         async with self._intake_changed:
             while True:
@@ -280,6 +361,10 @@ class Learner:
                 await self._intake_changed.wait()
             episodes = self.intake.take(size)
             self._intake_changed.notify_all()  # room for the next batch, sampled while this one trains
+        await self._update(episodes)
+
+    async def _update(self, episodes: list[Any]) -> None:
+        """One call of the trainer on these chunks (on its thread); publish and checkpoint a new version."""
         self.metrics.pending_steps.set(self.intake.pending_steps)
         started = time.perf_counter()
         self.updating_since, self._steps_in_while_updating = time.time(), 0
@@ -295,6 +380,9 @@ class Learner:
             async with self._intake_changed:  # room again, where overlap_sampling withheld it
                 self._intake_changed.notify_all()
         self.failed_updates_in_a_row = 0
+        if stats.get("updates") == 0:  # off-policy: steps into the replay buffer, no update earned yet
+            self.metrics.env_steps.inc(stats["env_steps"])
+            return
         seconds = time.perf_counter() - started
         # With overlap_sampling, the next batch's sampling overlapping this update; 0 without (nothing is taken).
         stats["steps_in_during_update"] = self._steps_in_while_updating
@@ -314,12 +402,13 @@ class Learner:
         if self._checkpoint_due():
             await self.save_checkpoint()
         by_module = " ".join(f"{m}={r:.3g}" for m, r in self.module_mean_returns().items())
+        loss = f"qf_loss={stats['qf_loss']:.4g}" if "qf_loss" in stats else f"kl={stats.get('kl', 0.0):.4f}"
         log.info(
-            "update version=%d env_steps=%d mean_return=%s kl=%.4f%s",
+            "update version=%d env_steps=%d mean_return=%s %s%s",
             self.trainer.version,
             stats["env_steps"],
             self.mean_return(),
-            stats.get("kl", 0.0),
+            loss,
             f" module_mean_returns: {by_module}" if by_module else "",
         )
 
@@ -344,7 +433,7 @@ class Learner:
         )
 
     def _write_checkpoint(self, covered: Covered, mean_return: float | None) -> Path:
-        multi_agent = isinstance(self.trainer, MultiAgentTrainer)
+        multi_agent = bool(self.spec.multi_agent)
         return checkpoint.save(
             self.settings.checkpoint_dir,
             version=self.trainer.version,
@@ -358,9 +447,22 @@ class Learner:
             stale_chunks=covered.stale,
             partial_chunks=covered.partial,
             env_steps=self.trainer.env_steps,
-            module_versions=self.trainer.module_versions if multi_agent else None,
+            module_versions=self.trainer.module_versions
+            if multi_agent and not isinstance(self.trainer, Trainer)
+            else None,
             mean_return=mean_return,
+            **self._off_policy_state(),
         )
+
+    def _off_policy_state(self) -> dict[str, checkpoint.State]:
+        """DQN's and SAC's parts of a checkpoint: the trainer's state, and the replay buffer's if the spec keeps it."""
+        if not isinstance(self.trainer, OffPolicyTrainer):  # OFF_POLICY
+            return {}
+        parts = {"learner_state": self.trainer.state()}
+        assert isinstance(self.spec.algorithm, DQNConfig | SACConfig)
+        if self.spec.algorithm.store_buffer_in_checkpoints:
+            parts["replay_buffer"] = self.trainer.buffer_state()
+        return parts
 
     def _module_weights(self) -> dict[str, bytes]:
         return {module_id: weights_to_bytes(module) for module_id, module in self.trainer.module.items()}
@@ -396,7 +498,8 @@ class Learner:
         self.metrics.model_version.set(weights.version)
 
     def _weights_message(self) -> learner_pb2.Weights:
-        if isinstance(self.trainer, MultiAgentTrainer):
+        per_module: dict[str, Any]
+        if self.spec.multi_agent and not isinstance(self.trainer, Trainer):  # a multi-agent trainer
             per_module = {"module_weights": self._module_weights(), "module_versions": self.trainer.module_versions}
         else:
             per_module = {"safetensors": weights_to_bytes(self.trainer.module)}
@@ -421,6 +524,12 @@ class Learner:
             (m.vf_loss, "vf_loss"),
             (m.entropy, "entropy"),
             (m.kl, "kl"),
+            (m.qf_loss, "qf_loss"),
+            (m.td_error, "td_error_mean"),
+            (m.alpha, "alpha"),
+            (m.epsilon, "epsilon"),
+            (m.buffer_size, "buffer_size"),
+            (m.replay_ratio, "replay_ratio"),
         ):
             if key in stats:
                 gauge.set(stats[key])
@@ -500,6 +609,11 @@ def resumable(ckpt: checkpoint.Checkpoint, given: RunSpec, imports: ImportPolicy
             f"{where} holds a run of {mine} (observations {ckpt.observation_space}, actions "
             f"{ckpt.action_space}); the run spec given is {theirs} (observations {spaces[0]}, actions "
             f"{spaces[1]}): pass another --checkpoint-dir, or --no-resume to start afresh"
+        )
+    if ckpt.spec.algorithm.name != given.algorithm.name:
+        raise SpecError(
+            f"{where} holds a {ckpt.spec.algorithm.name} run; the run spec given is {given.algorithm.name}'s "
+            "(algorithm.name): pass another --checkpoint-dir, or --no-resume to start afresh"
         )
     for part in ("model", "connectors.env_to_module"):
         old, new = (_part(s, part) for s in (ckpt.spec, given))

@@ -41,6 +41,18 @@ class LearnerMetrics:
         self.vf_loss = Gauge("rlgate_learner_vf_loss", "Value loss, last update.", registry=r)
         self.entropy = Gauge("rlgate_learner_entropy", "Mean policy entropy, last update.", registry=r)
         self.kl = Gauge("rlgate_learner_kl", "Mean KL(old || new) over the last update.", registry=r)
+        self.qf_loss = Gauge(
+            "rlgate_learner_qf_loss", "DQN, SAC: Q loss, mean over the last version's updates.", registry=r
+        )
+        self.td_error = Gauge("rlgate_learner_td_error", "DQN, SAC: mean absolute TD error, last version.", registry=r)
+        self.alpha = Gauge("rlgate_learner_alpha", "SAC: the entropy temperature alpha, last version.", registry=r)
+        self.epsilon = Gauge("rlgate_learner_epsilon", "DQN: the servers' exploration epsilon now.", registry=r)
+        self.buffer_size = Gauge(
+            "rlgate_learner_replay_buffer_steps", "DQN, SAC: env steps in the replay buffer.", registry=r
+        )
+        self.replay_ratio = Gauge(
+            "rlgate_learner_replay_ratio", "DQN, SAC: transitions replayed per env step sampled, so far.", registry=r
+        )
         self.rejected = Counter(
             "rlgate_learner_rejected_chunks",
             "Chunks refused at intake, by reason (malformed, non-finite rewards, observations, model outputs).",

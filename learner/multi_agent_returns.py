@@ -64,6 +64,7 @@ class MultiAgentReturns:
         """Count an agent's chunk (each only once: the intake drops re-delivered ones); its multi-agent episode's
         figures if this chunk made it whole (and its env, not its session's end, ended it), else None."""
         episode_id = chunk.multi_agent_episode_id
+        assert episode_id is not None and chunk.module_id is not None  # an agent's chunk names both
         episode = self.open.pop(episode_id, None) or _Open()
         reward = chunk.get_return()
         episode.chunks += 1

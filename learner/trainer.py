@@ -19,7 +19,7 @@ from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.adam import Adam
 from rlgate.learner.ppo import ppo_update
 from rlgate.models import RLModule
-from rlgate.spec.algorithm import SCHEDULED, PPOConfig
+from rlgate.spec.algorithm import PPOConfig
 
 
 class Trainer:
@@ -93,28 +93,33 @@ class Trainer:
         return {**stats, **scheduled_values(config), **counts}
 
 
-def scheduled_values(config: PPOConfig) -> dict[str, float]:
-    """One update's values of the scheduled hyper-parameters, for its stats (lr, clip_param, entropy_coeff)."""
-    return {name: getattr(config, name) for name in SCHEDULED}
+def scheduled_values(config: Any) -> dict[str, float]:
+    """One update's values of its algorithm's scheduled hyper-parameters (PPO's lr, clip_param, entropy_coeff), for
+    its stats."""
+    return {name: getattr(config, name) for name in config.SCHEDULED}
 
 
 class Snapshot:
-    """A module's weights and its optimizer's state before an update, to put back if the update left a
-    non-finite value in either (shared by the single- and multi-agent trainers)."""
+    """A module's weights and its optimizers' states before an update, to put back if the update left a
+    non-finite value in any (shared by every trainer)."""
 
-    def __init__(self, module: torch.nn.Module, optimizer: Adam) -> None:
-        self.module, self.optimizer = module, optimizer
+    def __init__(self, module: torch.nn.Module, *optimizers: Adam) -> None:
+        self.module, self.optimizers = module, optimizers
         # The state dicts' tensors are the live ones: cloned (new dicts around them), a tenth of a deepcopy's cost.
         self._weights = map_structure(_copy, module.state_dict())
-        self._optimizer_state = map_structure(_copy, optimizer.state_dict())
+        self._optimizer_states = [map_structure(_copy, optimizer.state_dict()) for optimizer in optimizers]
 
     def nonfinite_now(self) -> list[str]:
-        """Names of the tensors the module and optimizer hold now that are +-inf or NaN."""
-        return nonfinite_tensors(self.module.state_dict()) + nonfinite_tensors(self.optimizer.state_dict()["state"])
+        """Names of the tensors the module and optimizers hold now that are +-inf or NaN."""
+        found = nonfinite_tensors(self.module.state_dict())
+        for optimizer in self.optimizers:
+            found += nonfinite_tensors(optimizer.state_dict()["state"])
+        return found
 
     def restore(self) -> None:
         self.module.load_state_dict(self._weights)
-        self.optimizer.load_state_dict(self._optimizer_state)
+        for optimizer, state in zip(self.optimizers, self._optimizer_states, strict=True):
+            optimizer.load_state_dict(state)
 
 
 def _copy(value: Any) -> Any:

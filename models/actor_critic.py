@@ -10,7 +10,7 @@ from rlgate.core.columns import Columns
 from rlgate.models.catalog import MAX_PARAMETERS, UnsupportedSpace, action_distribution, build_encoder
 from rlgate.models.config import ModelConfig
 from rlgate.models.distributions import DiagGaussian, Distribution
-from rlgate.models.networks import MLP, LSTMEncoder, run_layers
+from rlgate.models.networks import MLP, LSTMEncoder, run_layers, torch_default_init
 from rlgate.models.rl_module import RLModule
 
 
@@ -46,11 +46,11 @@ class ActorCriticModule(RLModule):
         # encoder is an MLP: no nn.Module call per submodule (as RLlib's forward_exploration, it runs no
         # hooks; the train forward goes through the submodules' calls).
         stateless_mlp = not self._stateful and isinstance(self.encoder, MLP)
-        self._sampling_layers = (*self.encoder.layers, *self.pi.layers) if stateless_mlp else None
+        self._sampling_layers = (
+            (*self.encoder.layers, *self.pi.layers) if stateless_mlp and isinstance(self.encoder, MLP) else None
+        )
         if not model_config.ortho_init:
-            for layer in self.modules():
-                if isinstance(layer, nn.Linear | nn.Conv2d | nn.LSTM | nn.LSTMCell):
-                    layer.reset_parameters()
+            torch_default_init(self)
 
     def _action_dist_inputs(self, logits: torch.Tensor) -> torch.Tensor:
         """ACTION_DIST_INPUTS from the policy head's output (Box actions: the log std appended, clamped)."""
@@ -103,6 +103,7 @@ class ActorCriticModule(RLModule):
     def get_initial_state(self) -> dict[str, torch.Tensor]:
         if not self._stateful:
             return {}
+        assert self.vf.out is not None  # the value head has its output layer
         zeros = torch.zeros(self.encoder.out_dim, device=self.vf.out.weight.device)
         return {"h": zeros, "c": zeros.clone()}
 

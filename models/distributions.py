@@ -11,6 +11,7 @@ takes the noise as an input and runs `sample_from`, so an engine that draws the 
 
 import abc
 import math
+from typing import Self
 
 import torch
 
@@ -23,7 +24,7 @@ class Distribution(abc.ABC):
 
     @classmethod
     def from_logits(cls, logits: torch.Tensor) -> "Distribution":
-        return cls(logits)
+        return cls(logits)  # type: ignore[call-arg]  # each concrete distribution takes its logits
 
     @abc.abstractmethod
     def sample(self) -> torch.Tensor: ...
@@ -35,7 +36,7 @@ class Distribution(abc.ABC):
     def entropy(self) -> torch.Tensor: ...
 
     @abc.abstractmethod
-    def kl(self, other: "Distribution") -> torch.Tensor: ...
+    def kl(self, other: Self) -> torch.Tensor: ...
 
     @abc.abstractmethod
     def to_deterministic(self) -> "Deterministic":
@@ -148,13 +149,13 @@ class MultiCategorical(Distribution):
         return torch.stack([cat.sample_from(part) for cat, part in zip(self._cats, parts, strict=True)], dim=-1)
 
     def logp(self, actions: torch.Tensor) -> torch.Tensor:
-        return sum(cat.logp(a) for cat, a in zip(self._cats, actions.unbind(-1), strict=True))
+        return sum(cat.logp(a) for cat, a in zip(self._cats, actions.unbind(-1), strict=True))  # type: ignore[return-value]  # of one tensor or more: never sum's 0
 
     def entropy(self) -> torch.Tensor:
-        return sum(cat.entropy() for cat in self._cats)
+        return sum(cat.entropy() for cat in self._cats)  # type: ignore[return-value]  # of one tensor or more: never sum's 0
 
     def kl(self, other: "MultiCategorical") -> torch.Tensor:
-        return sum(cat.kl(o) for cat, o in zip(self._cats, other._cats, strict=True))
+        return sum(cat.kl(o) for cat, o in zip(self._cats, other._cats, strict=True))  # type: ignore[return-value]  # of one tensor or more: never sum's 0
 
     def to_deterministic(self) -> Deterministic:
         return Deterministic(torch.stack([cat.logits.argmax(-1) for cat in self._cats], dim=-1), 1)
@@ -195,3 +196,52 @@ class DiagGaussian(Distribution):
 
     def to_deterministic(self) -> Deterministic:
         return Deterministic(self.mean, 1)
+
+
+#: The range a SquashedGaussian's log std is clamped to (RLlib's MIN_LOG_NN_OUTPUT, MAX_LOG_NN_OUTPUT).
+SQUASHED_LOG_STD_RANGE = (-5.0, 2.0)
+_ATANH_LIMIT = 1.0 - 1e-6  # RLlib's SMALL_NUMBER off +-1: atanh stays finite for actions at the bounds
+
+
+class SquashedGaussian(DiagGaussian):
+    """Box actions in [-1, 1]: tanh of a Gaussian (SAC's policy; RLlib's TorchSquashedGaussian with low -1, high 1).
+
+    logits = concat(mean, log_std) [..., 2d], the log std clamped to SQUASHED_LOG_STD_RANGE. The module-to-env
+    pipeline's NormalizeAndClipActions maps the actions from [-1, 1] to the env's bounds, as for RLlib's SAC.
+    `rsample_and_logp` (reparameterised, for the actor loss) and `sample_and_logp` give the exact log-probability of
+    the pre-squash sample; `logp` of given actions takes their atanh first.
+    """
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__(logits)
+        self.log_std = self.log_std.clamp(*SQUASHED_LOG_STD_RANGE)
+        self.std = self.log_std.exp()
+
+    def sample(self) -> torch.Tensor:
+        return torch.tanh(super().sample())
+
+    def rsample_and_logp(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised sample (gradients flow into mean and log std) and its log-probability."""
+        unsquashed = self.mean + self.std * torch.randn_like(self.mean)
+        return torch.tanh(unsquashed), self._squashed_logp(unsquashed)
+
+    def sample_and_logp(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return self.rsample_and_logp()
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        return self._squashed_logp(torch.atanh(actions.clamp(-_ATANH_LIMIT, _ATANH_LIMIT)))
+
+    def _squashed_logp(self, unsquashed: torch.Tensor) -> torch.Tensor:
+        """log N(u) - sum log(1 - tanh(u)^2), the latter as 2 (log 2 - u - softplus(-2u)) (stable, RLlib's)."""
+        log_det = 2.0 * (math.log(2.0) - unsquashed - torch.nn.functional.softplus(-2.0 * unsquashed))
+        return super().logp(unsquashed) - log_det.sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        raise NotImplementedError("a SquashedGaussian has no closed-form entropy (as RLlib's); use -logp of samples")
+
+    def kl(self, other: Distribution) -> torch.Tensor:
+        raise NotImplementedError("a SquashedGaussian has no closed-form KL (as RLlib's)")
+
+    def to_deterministic(self) -> Deterministic:
+        return Deterministic(torch.tanh(self.mean), 1)

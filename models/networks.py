@@ -7,6 +7,7 @@ The forwards call torch functions directly instead of one nn.Module per layer: o
 import math
 from collections.abc import Callable, Sequence
 from itertools import pairwise
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,12 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _init(layer: nn.Module, gain: float) -> nn.Module:
+_Layer = TypeVar("_Layer", nn.Linear, nn.Conv2d)
+
+
+def _init(layer: _Layer, gain: float) -> _Layer:
     nn.init.orthogonal_(layer.weight, gain)
+    assert layer.bias is not None  # built with one
     nn.init.zeros_(layer.bias)
     return layer
 
@@ -67,7 +72,7 @@ class MLP(nn.Module):
 
 
 #: One linear layer of `MLP.layers`: its parameters dict ("weight", "bias") and the activation after it, if any.
-Layer = tuple[dict[str, nn.Parameter | None], Callable[[torch.Tensor], torch.Tensor] | None]
+Layer = tuple[dict[str, Any], Callable[[torch.Tensor], torch.Tensor] | None]
 
 
 def run_layers(layers: Sequence[Layer], x: torch.Tensor) -> torch.Tensor:
@@ -81,6 +86,14 @@ def run_layers(layers: Sequence[Layer], x: torch.Tensor) -> torch.Tensor:
         if act is not None:
             x = act(x)
     return x
+
+
+def torch_default_init(module: nn.Module) -> None:
+    """Give every layer of `module` torch's own initialisation again, in place of cleanrl's orthogonal one (SB3's
+    off-policy algorithms and a ModelConfig with `ortho_init = false`)."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear | nn.Conv2d | nn.LSTM | nn.LSTMCell):
+            layer.reset_parameters()
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:

@@ -138,9 +138,7 @@ class ActingCore:
         if spec.multi_agent is not None:
             if isinstance(weights, bytes):
                 raise SpecError("a multi-agent run takes one set of weights per module id, not one set")
-            agent_spaces = {
-                agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces
-            }
+            agent_spaces = agent_spaces_of(observation_space, action_space)
             built_ma = build_multi_agent_policy(
                 spec, agent_spaces, imports, module_weights=weights, connector_state=connector_state, device=device
             )
@@ -189,7 +187,8 @@ class ActingCore:
         Multi-agent (MultiAgentEpisodes): per column one {agent id: value} dict per episode, for the agents
         that act now (none in an episode that just ended); MODEL_VERSION is each agent's module's version.
         """
-        module, shared = self.module, {}
+        module = self.module
+        shared: dict[str, Any] = {}
         batch, (env_to_module, module_to_env) = self._start(observations)
         # One inference_mode for all three stages: torch ops in the pipelines (to tensors, sampling, logp)
         # then skip autograd's dispatch too, not only the forward's.

@@ -52,8 +52,9 @@ def evaluate(
         reward, total, length, done = 0.0, 0.0, 0, False
         while not done:
             action = policy.compute_action(observation, episode, reward=reward, explore=explore)
-            observation, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
+            observation, step_reward, terminated, truncated, _ = env.step(action)
+            reward = float(step_reward)
+            total += reward
             length += 1
             done = terminated or truncated
         result.returns.append(total)

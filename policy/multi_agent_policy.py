@@ -108,6 +108,7 @@ class MultiAgentPolicy(TrainedPolicy):
             )
         )
         self.agent_spaces = self.core.agent_spaces
+        assert self.core.mapping_fn is not None  # a multi-agent core's
         self.mapping_fn = self.core.mapping_fn
 
     @classmethod

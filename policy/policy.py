@@ -111,7 +111,7 @@ class Policy(TrainedPolicy):
         self.action_space = action_space
 
     @classmethod
-    def load(
+    def load(  # type: ignore[override]  # by design: an exported .onnx file loads as an OnnxPolicy (same calls)
         cls, path: str | Path, *, allow_import: Iterable[str] = (), device: str = "cpu", seed: int | None = None
     ) -> Policy | OnnxPolicy:
         """The policy in a checkpoint directory (see TrainedPolicy.load), or in a file `rlgate export` wrote

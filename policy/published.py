@@ -67,7 +67,7 @@ def weights_message(core: ActingCore, max_unacked_steps: int = 0) -> learner_pb2
     """`core`'s policy as a learner would publish it: its spec, env spaces, weights, connector state and version
     (call it between batches)."""
     if core.multi_agent:
-        per_module = {
+        per_module: dict[str, Any] = {
             "module_weights": {m: weights_to_bytes(module) for m, module in core.module.items()},
             "module_versions": core.module_versions,
         }

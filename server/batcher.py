@@ -23,11 +23,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from rlgate.core.tree import map_structure
+from rlgate.episodes.multi_agent_episode import MultiAgentEpisode
 from rlgate.episodes.rows import EpisodeRows
 from rlgate.policy.acting import ActingCore
 from rlgate.server.metrics import ServerMetrics
@@ -37,10 +38,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Rows:
-    """One session's step: its observations (rows = sub-envs) and the episodes they belong to."""
+    """One session's step: its observations (rows = sub-envs) and the episodes they belong to (a multi-agent
+    session's: its sub-envs' MultiAgentEpisodes)."""
 
     obs: Any
-    episodes: EpisodeRows
+    episodes: EpisodeRows | list[MultiAgentEpisode]
     explore: bool
 
 
@@ -98,7 +100,9 @@ class Batcher:
             self._executor.shutdown(wait=True)
             self._executor = None  # no batch runs any more: `between_batches` is any time now
 
-    async def compute(self, obs: Any, episodes: EpisodeRows, explore: bool, *, alone: bool = False) -> dict[str, Any]:
+    async def compute(
+        self, obs: Any, episodes: EpisodeRows | list[MultiAgentEpisode], explore: bool, *, alone: bool = False
+    ) -> dict[str, Any]:
         """Actions and extra outputs for these rows (same row order), from the next batch.
 
         `alone`: no other session is open, so no other request could join this one's batch. With nothing
@@ -232,5 +236,7 @@ class Batcher:
         """The core's outputs for these requests' rows, concatenated in order, and the number of rows."""
         parts = [request.obs for request in requests]
         obs = parts[0] if len(parts) == 1 else map_structure(lambda *rows: np.concatenate(rows), *parts)
-        episodes = requests[0].episodes if len(requests) == 1 else EpisodeRows.concat([r.episodes for r in requests])
+        # Single-agent rows (EpisodeRows): MultiAgentBatcher has its own _forward.
+        episode_parts = [cast(EpisodeRows, request.episodes) for request in requests]
+        episodes = episode_parts[0] if len(episode_parts) == 1 else EpisodeRows.concat(episode_parts)
         return self.core.act(episodes, explore, obs), len(episodes)

@@ -102,6 +102,7 @@ class PolicyHost:
                 )
             await self._serve_own(core)
         elif self.spec is not None and "env" in self.spec.model_fields_set:
+            spaces: tuple[gym.Space, gym.Space]
             if self.spec.multi_agent:
                 spaces = spaces_by_agent(agent_spaces(self.spec.env, self.imports))
             else:
@@ -134,6 +135,7 @@ class PolicyHost:
 
     def _fresh_spaces(self, session: SessionSpec | MultiAgentSessionSpec) -> tuple[gym.Space, gym.Space]:
         """The env spaces a session's hello declares, each at most --max-fresh-space-size values when flattened."""
+        spaces: tuple[gym.Space, gym.Space]
         if isinstance(session, MultiAgentSessionSpec):
             spaces = spaces_by_agent(session.agent_spaces)
         else:
@@ -296,7 +298,10 @@ def _learners_spec(s: ServerSettings, given: RunSpec | None) -> RunSpec:
     built alike here and in the learner from the spec's seed, so this server serves it at once instead of
     waiting for the learner's first weights, which then must come with the same spec (else it refuses them).
     A spec without a seed would give the two other weights: SpecError."""
-    spec = given or RunSpec.load(s.config)
+    if given is None:
+        assert s.config is not None  # the caller has a spec or a --config
+        given = RunSpec.load(s.config)
+    spec = given
     if spec.seed is None:
         raise SpecError(
             "--config with --learner: the run spec needs a seed, so that this server's version 0 is the "

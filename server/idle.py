@@ -37,10 +37,10 @@ class IdleWatch:
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
+    ) -> None:
         if self._check_handle is not None:
             self._check_handle.cancel()
-        return await self._timeout.__aexit__(exc_type, exc, tb)
+        await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError, or lets the exception through
 
     def _check(self) -> None:
         now, since = self._loop.time(), self.waiting_since

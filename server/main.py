@@ -76,6 +76,7 @@ class InferenceServer:
 
     def _link(self) -> LearnerLink:
         s, host = self.settings, self.host
+        assert s.learner is not None  # linked only with a learner
         link = LearnerLink(
             s.learner,
             s.spool_dir / s.server_id,

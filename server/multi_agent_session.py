@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 
@@ -88,6 +88,7 @@ class MultiAgentSession:
             raise RuntimeError("observe() twice: record() the previous step's outputs first")
         checked = [self._check(i, step) for i, step in enumerate(steps)]
         completed = 0
+        episode: MultiAgentEpisode | None
         for i, (step, env_step) in enumerate(zip(steps, checked, strict=True)):
             if env_step is None:  # a reset observation starts the sub-env's next episode
                 episode = self._episodes[i] = self._new_episode(i)
@@ -96,6 +97,7 @@ class MultiAgentSession:
                 episode.add_env_reset(observations=step.observations, infos=step.infos)
                 continue
             episode = self._episodes[i]
+            assert episode is not None  # a step that is no reset continues its sub-env's episode (_check)
             before = episode.agent_steps()
             env_step.record()
             completed += episode.agent_steps() - before if self._agent_steps else 1
@@ -104,7 +106,7 @@ class MultiAgentSession:
         self._actions, self._outputs = [{} for _ in steps], [{} for _ in steps]  # record() fills them in
         self._pending = True
         # The list itself, not a copy: a flush() before the batch runs swaps in the successor chunks.
-        return self._episodes, completed
+        return cast("list[MultiAgentEpisode]", self._episodes), completed  # each sub-env has one now
 
     def _check(self, i: int, step: AgentsStep) -> CheckedEnvStep | None:
         """Sub-env i's step checked against its episode's rules (CodecError), recording nothing; None for a reset
@@ -156,7 +158,7 @@ class MultiAgentSession:
         running = [i for i, e in enumerate(self._episodes) if e is not None and not e.is_done and len(e)]
         done, self._done = self._done, []
         if self._pending:
-            self._write_back([*done, *(self._episodes[i] for i in running)])
+            self._write_back([*done, *(self._episodes[i] for i in running)])  # type: ignore[list-item]  # running ones
         return [chunk for episode in done for chunk in self._agent_chunks(episode)] + [
             chunk for i in running for chunk in self._cut(i)
         ]
@@ -186,6 +188,7 @@ class MultiAgentSession:
 
     def _cut(self, i: int) -> list[Chunk]:
         episode = self._episodes[i]
+        assert episode is not None  # a running one
         self._episodes[i] = episode.cut(len_lookback_buffer=self._lookback)
         return self._agent_chunks(episode)
 

@@ -42,9 +42,11 @@ class WeightsRelay:
         try:
             while True:
                 async with self._published:
-                    await self._published.wait_for(
-                        lambda v=version: self.weights is not None and self.weights.version > v
-                    )
+
+                    def newer(v: int = version) -> bool:
+                        return self.weights is not None and self.weights.version > v
+
+                    await self._published.wait_for(newer)
                     weights = self.weights
                 assert weights is not None
                 version = weights.version

@@ -345,10 +345,16 @@ class PolicyService:
         return session, batcher, decoder
 
     async def _step(
-        self, session: Session, batcher: Batcher, decoder: StepDecoder, step: pb.Step, arrived_cpu: float
+        self,
+        session: Session | MultiAgentSession,
+        batcher: Batcher,
+        decoder: StepDecoder,
+        step: pb.Step,
+        arrived_cpu: float,
     ) -> pb.ServerMessage:
         """Decode, append, wait for the batch, record, answer; the stage counters take this thread's CPU time
         (not wall time, which would count other threads' turns on the same core too)."""
+        assert isinstance(session, Session)  # opened with its StepDecoder
         obs, rewards, terminateds, truncateds, infos = decoder.decode(step, session.resets_only)
         decoded = time.thread_time()
         episodes, steps = session.observe(obs, rewards, terminateds, truncateds, infos)
@@ -401,6 +407,7 @@ class PolicyService:
                     + (f"spaces {served}, the client {spaces}" if served else f"no such agent (agents: {known})"),
                 )
         sampling, multi_agent = policy.spec.sampling, policy.spec.multi_agent
+        assert multi_agent is not None and policy.mapping_fn is not None  # a multi-agent policy's
         session = MultiAgentSession(
             spec,
             mapping_fn=policy.mapping_fn,
@@ -422,9 +429,10 @@ class PolicyService:
         return session, batcher, decoder
 
     async def _multi_agent_step(
-        self, session: MultiAgentSession, batcher: Batcher, decoder: AgentsStepDecoder, step: pb.Step
+        self, session: Session | MultiAgentSession, batcher: Batcher, decoder: AgentsStepDecoder, step: pb.Step
     ) -> pb.ServerMessage:
         """Decode the sub-envs' agent steps, record them, wait for the batch, answer the acting agents."""
+        assert isinstance(session, MultiAgentSession)  # opened with its AgentsStepDecoder
         steps = decoder.decode(step)
         episodes, completed = session.observe(steps)
         outputs = await batcher.compute(None, episodes, session.spec.explore, alone=self._lone_session())

@@ -76,6 +76,7 @@ class DirectorySink:
     def _describe(self, chunk: Chunk) -> None:
         """Make sure the directory's metadata.json describes this chunk's data (the first chunk writes it)."""
         spec, env_space = self._context()
+        assert chunk.observation_space is not None and chunk.action_space is not None  # a session's chunks have both
         recording = Recording(chunk.observation_space, chunk.action_space, env_space, spec)
         if self._recording is not None and self._recording.same_data(recording):
             return

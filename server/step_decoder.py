@@ -80,7 +80,7 @@ class StepDecoder:
             ("terminated", self._terminated, self._no_flags),
             ("truncated", self._truncated, self._no_flags),
         ):
-            if step.HasField(name):
+            if step.HasField(name):  # type: ignore[arg-type]  # name: one of the literal field names above
                 columns.append(check.decode_tensor(getattr(step, name), n))
             elif resets_only():
                 columns.append(absent)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.resources
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -68,8 +68,9 @@ def read_page(package: str) -> str:
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn that leaves signals alone: the service that embeds it handles SIGTERM and Ctrl-C."""
 
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class HttpServer:

@@ -1,7 +1,9 @@
 """Checkpoints on disk: everything needed to resume training, or to serve the policy with no learner.
 
 Layout of `DIR/v000042/`: `spec.json` (the run spec: pass it back with `--config`),
-`weights.safetensors` (the module), `optimizer.safetensors` (Adam's moment tensors), `connector_state.pb`
+`weights.safetensors` (the module), `optimizer.safetensors` (PPO's Adam moment tensors; DQN's and SAC's
+optimizers, target networks and alpha are in `learner_state.safetensors`, and with `store_buffer_in_checkpoints`
+their replay buffer in `replay_buffer.safetensors`), `connector_state.pb`
 (e.g. MeanStdFilter statistics, as an `rlgate.v1.Value`: the wire codec's nested arrays) and
 `metadata.json` (plain JSON a person can read: version, env id, seed, the env's spaces, the rlgate version
 that wrote it, optimizer hyper-parameters, the ids of trained episode chunks and of those dropped as too stale
@@ -19,16 +21,19 @@ import importlib.metadata
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import gymnasium as gym
+import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load as load_numpy
+from safetensors.numpy import save as save_numpy
 from safetensors.torch import load as load_torch
 from safetensors.torch import save as save_torch
 
@@ -39,6 +44,10 @@ from rlgate.spec.run import RunSpec
 from rlgate.v1 import tensor_pb2
 
 LATEST = "latest"
+
+
+#: Tensors (or numpy arrays) by name and the plain JSON data beside them: a learner's state or a replay buffer's.
+State = tuple[dict[str, Any], dict[str, Any]]
 
 
 class Optimizer(Protocol):
@@ -81,6 +90,8 @@ class Checkpoint:
     module_optimizer_states: dict[str, dict[str, Any]] | None = None
     stale_chunks: list[str] = field(default_factory=list)  # dropped as too stale to train (bar a split one's head)
     mean_return: float | None = None  # the learner's mean return of its last episodes when it wrote this one
+    learner_state: State | None = None  # DQN, SAC: the trainer's optimizers, target networks, alpha, counters
+    replay_buffer: State | None = None  # DQN, SAC with store_buffer_in_checkpoints: the replay buffer's steps
 
     @contextmanager
     def loading_weights(self) -> Iterator[None]:
@@ -104,7 +115,7 @@ def save(
     observation_space: gym.Space,
     action_space: gym.Space,
     weights: bytes | dict[str, bytes],
-    optimizer: Optimizer | dict[str, Optimizer] | None = None,
+    optimizer: Optimizer | Mapping[str, Optimizer] | None = None,
     connector_state: dict[str, Any] | None = None,
     trained_chunks: list[str] | None = None,
     stale_chunks: list[str] | None = None,
@@ -112,9 +123,13 @@ def save(
     env_steps: int = 0,
     module_versions: dict[str, int] | None = None,
     mean_return: float | None = None,
+    learner_state: State | None = None,
+    replay_buffer: State | None = None,
 ) -> Path:
     """Write checkpoint `version` atomically (temp dir, then rename) and point `latest` at it. Multi-agent:
-    `weights` and `optimizer` by module id, with `module_versions`."""
+    `weights` and `optimizer` by module id, with `module_versions`. DQN and SAC: `learner_state` (torch tensors and
+    JSON data: `learner_state.safetensors`) and optionally `replay_buffer` (numpy arrays and JSON data:
+    `replay_buffer.safetensors`)."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"v{version:06d}"
     tmp = directory / f".tmp-v{version:06d}"
@@ -143,13 +158,23 @@ def save(
             folder = tmp / "modules" / module_id
             folder.mkdir(parents=True)
             (folder / "weights.safetensors").write_bytes(module_weights)
-            entry = metadata["modules"][module_id] = {"version": (module_versions or {}).get(module_id, 0)}
-            if isinstance(optimizer, dict) and module_id in optimizer:
-                tensors, entry["optimizer"] = _optimizer_to_tensors(optimizer[module_id])
+            entry: dict[str, Any] = {"version": (module_versions or {}).get(module_id, 0)}
+            metadata["modules"][module_id] = entry
+            if isinstance(optimizer, Mapping) and module_id in optimizer:
+                tensors, entry["optimizer"] = optimizer_to_tensors(optimizer[module_id])
                 (folder / "optimizer.safetensors").write_bytes(save_torch(tensors))
     elif optimizer is not None:
-        tensors, metadata["optimizer"] = _optimizer_to_tensors(optimizer)
+        assert not isinstance(optimizer, Mapping)  # optimizers by module come with weights by module
+        tensors, metadata["optimizer"] = optimizer_to_tensors(optimizer)
         (tmp / "optimizer.safetensors").write_bytes(save_torch(tensors))
+    if learner_state is not None:
+        tensors, metadata["learner_state"] = learner_state
+        (tmp / "learner_state.safetensors").write_bytes(save_torch({k: v.contiguous() for k, v in tensors.items()}))
+    if replay_buffer is not None:
+        arrays, metadata["replay_buffer"] = replay_buffer
+        (tmp / "replay_buffer.safetensors").write_bytes(
+            save_numpy({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+        )
     (tmp / "metadata.json").write_text(json.dumps(metadata))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -204,7 +229,7 @@ def _weights(file: Path) -> bytes:
 
 def _optimizer(file: Path, meta: dict[str, Any]) -> dict[str, Any]:
     with _reading(file):
-        return _optimizer_from_tensors(load_torch(file.read_bytes()), meta)
+        return optimizer_from_tensors(load_torch(file.read_bytes()), meta)
 
 
 def load(path: Path) -> Checkpoint:
@@ -218,7 +243,7 @@ def load(path: Path) -> Checkpoint:
     with _reading(metadata_file):
         metadata = json.loads(metadata_file.read_text())
         modules = metadata.get("modules")
-        fields = {
+        fields: dict[str, Any] = {  # Checkpoint's fields read from the metadata, checked by their conversions
             "version": int(metadata["version"]),
             "observation_space": codec.space_from_json(metadata["observation_space"]),
             "action_space": codec.space_from_json(metadata["action_space"]),
@@ -250,11 +275,21 @@ def load(path: Path) -> Checkpoint:
         optimizer_state=_optimizer(found / "optimizer.safetensors", metadata["optimizer"])
         if "optimizer" in metadata
         else None,
+        learner_state=_state(found / "learner_state.safetensors", metadata, "learner_state", load_torch),
+        replay_buffer=_state(found / "replay_buffer.safetensors", metadata, "replay_buffer", load_numpy),
         **fields,
     )
 
 
-def _optimizer_to_tensors(optimizer: Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _state(file: Path, metadata: dict[str, Any], key: str, load: Any) -> State | None:
+    """A learner's or replay buffer's file and its JSON part in metadata.json, if the checkpoint has them."""
+    if key not in metadata:
+        return None
+    with _reading(file):
+        return load(file.read_bytes()), metadata[key]
+
+
+def optimizer_to_tensors(optimizer: Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Split an optimizer state dict into tensors (safetensors) and plain values (JSON)."""
     state = optimizer.state_dict()
     tensors = {}
@@ -268,7 +303,7 @@ def _optimizer_to_tensors(optimizer: Optimizer) -> tuple[dict[str, torch.Tensor]
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         param_id, key = name.split("/", 1)

@@ -23,7 +23,7 @@ from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, de
 from rlgate.models import ModelConfig, MultiRLModule, load_weights, parameter_count
 from rlgate.models.catalog import MAX_PARAMETERS, UnsupportedSpace, encodes
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_pieces, build_rl_module, output_space, seeded
+from rlgate.spec.policy import algorithm_pieces, build_pieces, build_rl_module, output_space, seeded
 from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
 
 #: agent id -> (observation space, action space), as the env declares them.
@@ -37,6 +37,7 @@ def _per_agent(agent_id: str, episode: MultiAgentEpisode) -> str:
 
 def agent_to_module_mapping_fn(spec: RunSpec, imports: ImportPolicy) -> MappingFn:
     """The spec's mapping: built-in (shared, per_agent) or the user's function by import path."""
+    assert spec.multi_agent is not None  # a multi-agent run's spec
     path = spec.multi_agent.policy_mapping_fn
     if path == SHARED:
         return default_agent_to_module_mapping_fn
@@ -60,7 +61,9 @@ def agent_to_module_mapping_fn(spec: RunSpec, imports: ImportPolicy) -> MappingF
     return checked
 
 
-def module_spaces(spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolicy) -> dict[str, tuple]:
+def module_spaces(
+    spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolicy
+) -> dict[str, tuple[gym.Space, gym.Space]]:
     """module id -> (observation space, action space), as RLlib 2.60's `get_multi_agent_setup` infers them.
 
     When every agent has the same spaces, every module in `policies` gets them: a mapping function of the
@@ -70,12 +73,13 @@ def module_spaces(spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolic
     spaces, when an agent maps to a module not in `policies`, or when a module in `policies` gets no agent
     (its spaces are unknown).
     """
+    assert spec.multi_agent is not None  # a multi-agent run's spec
     mapping, declared = agent_to_module_mapping_fn(spec, imports), spec.multi_agent.policies
     every = list(agent_spaces.values())
     builtin = spec.multi_agent.policy_mapping_fn in (SHARED, PER_AGENT)  # they ignore the episode: probed exactly
     if declared and not builtin and all(spaces == every[0] for spaces in every):
         return {module_id: every[0] for module_id in declared}
-    found: dict[str, tuple] = {}
+    found: dict[str, tuple[gym.Space, gym.Space]] = {}
     owner: dict[str, str] = {}
     for agent_id, spaces in agent_spaces.items():
         module_id = mapping(agent_id, MultiAgentEpisode())
@@ -99,6 +103,7 @@ def module_spaces(spec: RunSpec, agent_spaces: AgentSpaces, imports: ImportPolic
 
 def modules_to_train(spec: RunSpec, module_ids: list[str]) -> list[str]:
     """The modules the learner updates (policies_to_train, default all)."""
+    assert spec.multi_agent is not None  # a multi-agent run's spec
     wanted = spec.multi_agent.policies_to_train
     return [m for m in module_ids if wanted is None or m in wanted]
 
@@ -112,8 +117,9 @@ def spaces_by_agent(agent_spaces: AgentSpaces) -> tuple[gym.spaces.Dict, gym.spa
     )
 
 
-def agent_spaces_of(observation_space: gym.spaces.Dict, action_space: gym.spaces.Dict) -> AgentSpaces:
+def agent_spaces_of(observation_space: gym.Space, action_space: gym.Space) -> AgentSpaces:
     """Two Dict spaces by agent id as agent id -> (observation space, action space): `spaces_by_agent`'s inverse."""
+    assert isinstance(observation_space, gym.spaces.Dict) and isinstance(action_space, gym.spaces.Dict)
     return {agent: (observation_space[agent], action_space[agent]) for agent in observation_space.spaces}
 
 
@@ -131,6 +137,7 @@ def build_multi_agent_env_to_module(
     observation_space, action_space = spaces_by_agent(agent_spaces)
     user = build_pieces(spec.connectors.env_to_module, imports, "env_to_module", multi_agent=True)
     output = output_space(user, observation_space, action_space)
+    assert isinstance(output, gym.spaces.Dict)  # multi-agent pieces keep {agent id: space}
     _check_after_frame_stacking(user)
     if spec.model.module_class is None:
         flat = [a for a, space in output.spaces.items() if not encodes(space)]
@@ -143,6 +150,7 @@ def build_multi_agent_env_to_module(
                 )
             user.append(FlattenObservations(multi_agent=True, agent_ids=flat))
             output = output_space(user, observation_space, action_space)
+            assert isinstance(output, gym.spaces.Dict)
     modules = module_spaces(spec, {a: (output[a], agent_spaces[a][1]) for a in agent_spaces}, imports)
     return build_env_to_module_pipeline(
         observation_space,
@@ -171,17 +179,20 @@ def _check_after_frame_stacking(pieces: list[ConnectorV2]) -> None:
 
 def episode_module_spaces(
     spec: RunSpec, agent_spaces: AgentSpaces, env_to_module: ConnectorPipelineV2, imports: ImportPolicy
-) -> dict[str, tuple]:
+) -> dict[str, tuple[gym.Space, gym.Space]]:
     """module id -> the spaces of its agents' episodes after `env_to_module` (the spec's) ran over them: what
     their chunks hold. The modules' own spaces, but for a FrameStackingEnvToModule's frames, which it stacks
     into the batch only (the pieces after it change no observations: `_check_after_frame_stacking`)."""
     stacking = next((piece for piece in env_to_module.connectors if isinstance(piece, FrameStacking)), None)
+    assert isinstance(env_to_module.observation_space, gym.spaces.Dict)  # {module id: space}
+    assert isinstance(env_to_module.action_space, gym.spaces.Dict)
     if stacking is None:
         return {
             m: (env_to_module.observation_space[m], env_to_module.action_space[m])
             for m in env_to_module.observation_space.spaces
         }
     frames = stacking.input_observation_space
+    assert isinstance(frames, gym.spaces.Dict)  # {agent id: space}
     return module_spaces(spec, {a: (frames[a], agent_spaces[a][1]) for a in agent_spaces}, imports)
 
 
@@ -199,21 +210,22 @@ def build_multi_agent_module_to_env(
 
 
 def build_multi_agent_learner_connector(
-    spec: RunSpec, modules: dict[str, tuple], imports: ImportPolicy, device: str = "cpu"
+    spec: RunSpec, modules: dict[str, tuple[gym.Space, gym.Space]], imports: ImportPolicy, device: str = "cpu"
 ) -> ConnectorPipelineV2:
-    """The spec's learner pipeline with PPO's pieces, ending in per-module batches (GAE per module)."""
-    algorithm = spec.algorithm
+    """The spec's learner pipeline with its algorithm's pieces, ending in per-module batches (GAE per module)."""
     return build_learner_pipeline(
         gym.spaces.Dict({m: spaces[0] for m, spaces in modules.items()}),
         gym.spaces.Dict({m: spaces[1] for m, spaces in modules.items()}),
         learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner", multi_agent=True),
         device=device,
-        gae=(algorithm.gamma, algorithm.lambda_),
         module_spaces=modules,
+        **algorithm_pieces(spec),
     )
 
 
-def build_multi_rl_module(spec: RunSpec, modules: dict[str, tuple], imports: ImportPolicy) -> MultiRLModule:
+def build_multi_rl_module(
+    spec: RunSpec, modules: dict[str, tuple[gym.Space, gym.Space]], imports: ImportPolicy
+) -> MultiRLModule:
     """One module of the spec's model per module id, for its (env-to-module output) spaces; seeded once.
 
     The default model's modules hold at most MAX_PARAMETERS in all, as one default model does (UnsupportedSpace,
@@ -258,6 +270,8 @@ def build_multi_agent_policy(
     env_to_module = build_multi_agent_env_to_module(spec, agent_spaces, imports, device=device)
     if connector_state:
         env_to_module.set_state(connector_state)
+    assert isinstance(env_to_module.observation_space, gym.spaces.Dict)  # {module id: space}
+    assert isinstance(env_to_module.action_space, gym.spaces.Dict)
     modules = {
         m: (env_to_module.observation_space[m], env_to_module.action_space[m])
         for m in env_to_module.observation_space.spaces

@@ -24,6 +24,9 @@ from rlgate.connectors.builders import (
 from rlgate.connectors.env_to_module import FlattenObservations
 from rlgate.models import ModelConfig, RLModule, build_module, dist_inputs_misfit, load_weights, missing_outputs
 from rlgate.models.catalog import check_flattenable, encodes
+from rlgate.models.dqn import DQNModule
+from rlgate.models.sac import SACModule
+from rlgate.spec.algorithm import scheduled
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.run import PieceSpec, RunSpec
 
@@ -109,9 +112,11 @@ def output_space(pieces: list[ConnectorV2], observation_space: gym.Space, action
     """The observation space after a spec's env-to-module `pieces`; SpecError (in one line) for a space one of
     them cannot take (FrameStacking a Discrete observation)."""
     try:
-        return ConnectorPipelineV2(observation_space, action_space, connectors=list(pieces)).observation_space
+        output = ConnectorPipelineV2(observation_space, action_space, connectors=list(pieces)).observation_space
     except ValueError as exc:
         raise SpecError(f"connectors.env_to_module: {exc}") from exc
+    assert output is not None  # a pipeline built on a space has an output space
+    return output
 
 
 def build_env_to_module(
@@ -151,15 +156,23 @@ def build_module_to_env(
 def build_learner_connector(
     spec: RunSpec, observation_space: gym.Space, action_space: gym.Space, imports: ImportPolicy, device: str = "cpu"
 ) -> ConnectorPipelineV2:
-    """The spec's learner pipeline with PPO's pieces (GAE); the spaces are the module's."""
-    algorithm = spec.algorithm
+    """The spec's learner pipeline with its algorithm's pieces (`algorithm_pieces`); the spaces are the module's."""
     return build_learner_pipeline(
         observation_space,
         action_space,
         learner_connector=lambda _o, _a: build_pieces(spec.connectors.learner, imports, "learner", multi_agent=False),
         device=device,
-        gae=(algorithm.gamma, algorithm.lambda_),
+        **algorithm_pieces(spec),
     )
+
+
+def algorithm_pieces(spec: RunSpec) -> dict[str, Any]:
+    """`build_learner_pipeline`'s options for the spec's algorithm: PPO's GAE (with AddOneTsToEpisodesAndTruncate),
+    or DQN's and SAC's AddNextObservationsFromEpisodesToTrainBatch."""
+    algorithm = spec.algorithm
+    if algorithm.name == "PPO":
+        return {"gae": (algorithm.gamma, algorithm.lambda_)}
+    return {"next_observations": True}
 
 
 @contextmanager
@@ -184,15 +197,40 @@ def build_rl_module(
     """The spec's module for these (env-to-module output) spaces, seeded with spec.seed when set."""
     with seeded(spec.seed):
         if spec.model.module_class is None:
-            return build_module(observation_space, action_space, ModelConfig.from_dict(spec.model.config))
+            return default_module(spec, observation_space, action_space)
         cls = imports.load(spec.model.module_class, "model.module_class")
         if not (isinstance(cls, type) and issubclass(cls, RLModule)):
             raise SpecError(f"model.module_class: {spec.model.module_class!r} is not an rlgate RLModule subclass")
+        base = {"DQN": DQNModule, "SAC": SACModule}.get(spec.algorithm.name)
+        if base is not None and not issubclass(cls, base):  # their learners call its Q networks by name
+            raise SpecError(
+                f"model.module_class: {spec.algorithm.name} trains a subclass of rlgate.models.{base.__name__}; "
+                f"{spec.model.module_class!r} is not one"
+            )
         module = cls(observation_space, action_space, dict(spec.model.config))
         misfit = missing_outputs(module) or dist_inputs_misfit(module)
         if misfit is not None:  # it would give no actions, or actions outside the space, which the env then refuses
             raise SpecError(f"model.module_class: {spec.model.module_class!r}: {misfit}")
         return module
+
+
+def default_module(spec: RunSpec, observation_space: gym.Space, action_space: gym.Space) -> RLModule:
+    """rlgate's module for the spec's algorithm: PPO's actor-critic, DQN's Q network (its dueling heads and
+    initial epsilon from the algorithm's fields, as RLlib's model_config auto-includes them) or SAC's policy and Q
+    networks. Action spaces the algorithm does not take are a SpecError naming algorithm.name."""
+    config, algorithm = ModelConfig.from_dict(spec.model.config), spec.algorithm
+    if algorithm.name == "PPO":
+        return build_module(observation_space, action_space, config)
+    cls = DQNModule if algorithm.name == "DQN" else SACModule
+    misfit = cls.action_space_misfit(action_space)
+    if misfit:
+        raise SpecError(f"algorithm.name: {misfit}")
+    if config.use_lstm:  # the replay buffer samples single transitions, with no state to run a sequence from
+        raise SpecError(f"model.config.use_lstm: {algorithm.name} takes stateless modules (no LSTM)")
+    if algorithm.name == "DQN":
+        epsilon = scheduled(algorithm.epsilon, 0)
+        return DQNModule(observation_space, action_space, config, dueling=algorithm.dueling, epsilon=epsilon)
+    return SACModule(observation_space, action_space, config, twin_q=algorithm.twin_q)
 
 
 @dataclass
@@ -220,6 +258,7 @@ def build_policy(
     env_to_module = build_env_to_module(spec, observation_space, action_space, imports, device=device)
     if connector_state:
         env_to_module.set_state(connector_state)
+    assert env_to_module.observation_space is not None  # built on a space
     module = build_rl_module(spec, env_to_module.observation_space, action_space, imports)
     if weights is not None:
         load_weights(module, weights)

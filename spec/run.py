@@ -16,7 +16,8 @@ A TOML, YAML or JSON file, or built in Python::
     [sampling]
     rollout_fragment_length = 32
 
-    [algorithm]                    # PPO's hyper-parameters
+    [algorithm]                    # "PPO" (the default), "DQN" or "SAC", and its hyper-parameters
+    name = "PPO"
     lr = 0.001
 
     [multi_agent]                  # only for a multi-agent (PettingZoo) env
@@ -48,7 +49,7 @@ from pydantic import (
 )
 
 from rlgate.models.config import ModelConfig
-from rlgate.spec.algorithm import PPOConfig
+from rlgate.spec.algorithm import ALGORITHMS, AlgorithmConfig, PPOConfig
 from rlgate.spec.imports import SpecError, split_path
 
 
@@ -263,11 +264,21 @@ class RunSpec(_Section):
     model: ModelSpec = Field(default_factory=ModelSpec)
     connectors: ConnectorsSpec = Field(default_factory=ConnectorsSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    algorithm: PPOConfig = Field(default_factory=PPOConfig)
+    algorithm: AlgorithmConfig = Field(
+        default_factory=PPOConfig, description='The algorithm (name = "PPO", "DQN" or "SAC") and its hyper-parameters.'
+    )
     multi_agent: MultiAgentSpec | None = Field(
         None, description="Present for a multi-agent env (PettingZoo); absent: a single-agent gymnasium env."
     )
     seed: int | None = Field(None, ge=0, description="Seed of the initial weights, sampling and the envs.")
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _ppo_unless_named(cls, value: Any) -> Any:
+        """An `[algorithm]` without a name is PPO's (specs from before there were others)."""
+        if isinstance(value, dict) and "name" not in value:
+            return {**value, "name": "PPO"}
+        return value
 
     @model_validator(mode="after")
     def _wrappers_single_agent(self) -> RunSpec:
@@ -289,9 +300,7 @@ class RunSpec(_Section):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in error['loc']) or 'spec'}: {error['msg']}" for error in exc.errors()
-            )
+            problems = "; ".join(_problem(error) for error in exc.errors())
             raise SpecError(f"{source}: {problems}") from None
 
     def to_json(self) -> str:
@@ -357,6 +366,8 @@ def unknown_keys(data: dict[str, Any], model: type[BaseModel], section: tuple[st
         if key in keys:
             inner = _section_model(model, keys[key], data) if isinstance(value, dict) else None
             problems += unknown_keys(value, inner, (*section, key)) if inner is not None else []
+        elif section == ("algorithm",) and any(key in config.model_fields for config in ALGORITHMS.values()):
+            continue  # another algorithm's field: pydantic's error says whose (algorithm_error)
         elif model.model_config.get("extra") == "forbid":
             table = not section and isinstance(value, dict)  # `[algoritm]`: a section of its own
             close = [f"[{c}]" if table else c for c in difflib.get_close_matches(key, keys, n=3)]
@@ -393,6 +404,34 @@ def _section_model(model: type[BaseModel], name: str, data: dict[str, Any]) -> t
 def _types(annotation: Any) -> list[Any]:
     """An annotation and every type inside it (unions, Annotated, generics' arguments)."""
     return [annotation, *(inner for arg in get_args(annotation) for inner in _types(arg))]
+
+
+def _problem(error: Any) -> str:
+    """One validation error as `field.path: message`."""
+    error = algorithm_error(error)
+    return f"{'.'.join(str(p) for p in error['loc']) or 'spec'}: {error['msg']}"
+
+
+def algorithm_error(error: Any) -> Any:
+    """A pydantic error about `[algorithm]` said for a person: its fields named without the algorithm's tag that
+    pydantic puts in their path (algorithm.lr, not algorithm.PPO.lr), a field of another algorithm saying whose it
+    is, an unknown algorithm name which there are. Other errors are returned as they are."""
+    loc = list(error["loc"])
+    at = loc.index("algorithm") if "algorithm" in loc else -1
+    if at < 0:
+        return error
+    message = error["msg"]
+    if error["type"] == "union_tag_invalid":
+        loc.insert(at + 1, "name")
+        tag = error.get("ctx", {}).get("tag")
+        message = f"no algorithm {tag!r}: the algorithms are {', '.join(ALGORITHMS)}"
+    elif len(loc) > at + 1 and loc[at + 1] in ALGORITHMS:
+        name = loc.pop(at + 1)
+        field = loc[at + 1] if len(loc) == at + 2 else None
+        owners = [other for other, config in ALGORITHMS.items() if field in config.model_fields and other != name]
+        if error["type"] == "extra_forbidden" and owners:
+            message = f"not a field of {name} (it is {' and '.join(owners)}'s): drop it, or set algorithm.name"
+    return {**error, "loc": tuple(loc), "msg": message}
 
 
 def _parse_error(error: Exception) -> str:

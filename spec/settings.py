@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
-from rlgate.spec.presets import preset, preset_for
+from rlgate.spec.presets import ALGORITHM, preset, preset_for
 from rlgate.spec.run import RunSpec, read_spec_file
 
 
@@ -28,7 +28,11 @@ class SpecSettings(BaseSettings):
     (under the preset, the file and the flags).
     """
 
-    SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {"env": ("env", "id"), "seed": ("seed",)}
+    SHORTHANDS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "env": ("env", "id"),
+        "seed": ("seed",),
+        "algo": ("algorithm", "name"),
+    }
     DEFAULT_SPEC: ClassVar[dict[str, Any]] = {}
 
     config: Path | None = Field(
@@ -37,12 +41,14 @@ class SpecSettings(BaseSettings):
         "Code it names may be imported by this process: it is its operator's choice.",
     )
     env: str | None = Field(None, description="Shorthand for --spec.env.id: the env to run (see the spec's env.id).")
+    algo: str | None = Field(None, description="Shorthand for --spec.algorithm.name: PPO (the default), DQN or SAC.")
     preset: str = Field(
         "auto",
-        description="Run spec the file and flags start from: 'auto' (the env's preset if it has one: tuned PPO "
-        "settings for CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MountainCar-v0, "
-        "MountainCarContinuous-v0, MiniGrid-Empty-5x5-v0 and, as 'ALE', every ALE/ game), one of those names, or "
-        "'none'.",
+        description="Run spec the file and flags start from: 'auto' (the preset of the env and algorithm if there is "
+        "one: tuned PPO settings for CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MountainCar-v0, "
+        "MountainCarContinuous-v0, MiniGrid-Empty-5x5-v0 and, as 'ALE', every ALE/ game; DQN for CartPole-v1, "
+        "Acrobot-v1, LunarLander-v3; SAC for Pendulum-v1, LunarLanderContinuous-v3, MountainCarContinuous-v0), one "
+        "of those names, or 'none'.",
     )  # once read: the preset that applied, or "none"
     seed: int | None = Field(None, description="Shorthand for --spec.seed.")
     spec: RunSpec = Field(
@@ -64,11 +70,15 @@ class SpecSettings(BaseSettings):
                 overrides = _deep_merge(_nested(path, data[field]), overrides)
         file = read_spec_file(Path(data["config"])) if data.get("config") else {}
         name = data.get("preset", "auto")
-        if name == "auto":  # the preset of the env named (by a flag, the file or this command's default)
-            env_id = _deep_merge(_deep_merge(cls.DEFAULT_SPEC, file), overrides).get("env", {}).get("id")
-            name = (preset_for(env_id) if isinstance(env_id, str) else None) or "none"
+        # The env and algorithm named (by a flag, the file or this command's default) choose the preset.
+        named = _deep_merge(_deep_merge(cls.DEFAULT_SPEC, file), overrides)
+        given = named.get("algorithm")
+        algorithm = given.get("name", ALGORITHM) if isinstance(given, dict) else ALGORITHM
+        if name == "auto":
+            env_id = (named.get("env") or {}).get("id")
+            name = (preset_for(env_id, algorithm) if isinstance(env_id, str) else None) or "none"
         merged: dict[str, Any] = {}
-        for layer in (cls.DEFAULT_SPEC, preset(name) if name != "none" else {}, file, overrides):
+        for layer in (cls.DEFAULT_SPEC, preset(name, algorithm) if name != "none" else {}, file, overrides):
             merged = _deep_merge(merged, layer)
         return {**data, "preset": name, "spec": merged}
 
@@ -84,7 +94,9 @@ class SpecSettings(BaseSettings):
 
     def spec_given(self) -> bool:
         """Whether anything said what the run is (a file, a shorthand or a spec field), beyond the defaults."""
-        return self.config is not None or self.spec != RunSpec.model_validate(self._file_under_flags({})["spec"])
+        # model_validator's descriptor hides the classmethod from mypy (it is callable at run time).
+        defaults = self._file_under_flags({})["spec"]  # type: ignore[operator]
+        return self.config is not None or self.spec != RunSpec.model_validate(defaults)
 
 
 def _nested(path: tuple[str, ...], value: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,7 +37,7 @@ class AddTimeDimToBatchAndZeroPad(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
@@ -44,6 +45,7 @@ class AddTimeDimToBatchAndZeroPad(ConnectorV2):
     ) -> dict[str, Any]:
         if rl_module is None or not rl_module.is_stateful() or Columns.STATE_IN in batch:
             return batch
+        assert shared_data is not None  # pipelines always pass one
         if self._as_learner_connector:
             self._zero_pad(rl_module, batch, episodes, shared_data)
         else:
@@ -63,7 +65,7 @@ class AddTimeDimToBatchAndZeroPad(ConnectorV2):
         return batch
 
     def _zero_pad(
-        self, rl_module: RLModule, batch: dict[str, Any], episodes: list[SingleAgentEpisode], shared_data: dict
+        self, rl_module: RLModule, batch: dict[str, Any], episodes: Sequence[SingleAgentEpisode], shared_data: dict
     ) -> None:
         def module(module_id: str | None) -> RLModule:
             return rl_module[module_id] if is_multi_rl_module(rl_module) else rl_module

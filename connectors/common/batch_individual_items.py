@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -46,7 +47,7 @@ class BatchIndividualItems(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
@@ -74,6 +75,7 @@ class BatchIndividualItems(ConnectorV2):
                     f"{fast_path_rows}: per-episode pieces must add exactly one item per episode"
                 )
             if column == Columns.OBS and isinstance(data, dict):
+                assert shared_data is not None  # pipelines always pass one
                 shared_data["memorized_map_structure"] = [
                     key[0] for key, items in data.items() for item in items for _ in range(_item_rows(item))
                 ]

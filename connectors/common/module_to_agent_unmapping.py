@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_agent
@@ -23,7 +24,7 @@ class ModuleToAgentUnmapping(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[MultiAgentEpisode],
+        episodes: Sequence[MultiAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -63,6 +64,7 @@ class FlattenObservations(ConnectorV2):
         self, input_observation_space: gym.Space, input_action_space: gym.Space | None
     ) -> gym.Space:
         if self.multi_agent:
+            assert isinstance(input_observation_space, gym.spaces.Dict)  # multi-agent: {agent id: space}
             return gym.spaces.Dict(
                 {
                     agent_id: self._flat_space(space) if self._flattens(agent_id) else space
@@ -85,7 +87,7 @@ class FlattenObservations(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
@@ -94,6 +96,8 @@ class FlattenObservations(ConnectorV2):
         if self._as_learner_connector:
             return self._add_flat_observations(batch, episodes)
         if self.multi_agent:
+            assert isinstance(self.input_observation_space, gym.spaces.Dict)  # multi-agent: {agent id: space}
+            assert isinstance(self.observation_space, gym.spaces.Dict)
             for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
                 if not self._flattens(episode.agent_id):
                     continue
@@ -106,21 +110,24 @@ class FlattenObservations(ConnectorV2):
                 episode.observation_space = flat_space
             return batch
         if episodes:
+            assert self.input_observation_space is not None  # set by the pipeline before episodes come
             flat = flatten_batch(get_latest_observations(batch, episodes), self.input_observation_space)
             set_latest_observations(batch, episodes, flat, self.observation_space)
         return batch
 
-    def _add_flat_observations(self, batch: dict[str, Any], episodes: list[SingleAgentEpisode]) -> dict[str, Any]:
+    def _add_flat_observations(self, batch: dict[str, Any], episodes: Sequence[SingleAgentEpisode]) -> dict[str, Any]:
         if Columns.OBS in batch:
             raise ValueError(
                 "FlattenObservations(as_learner_connector=True) adds OBS but the batch has it already: "
                 "place it before the piece that adds OBS"
             )
         make_episode_keys_unique(episodes)
+        assert self.input_observation_space is not None and self.observation_space is not None  # set by then
         for episode in episodes:
             n = len(episode)
             observations = episode.get_observations(slice(0, n))
             if n == 0:
+                assert self.observation_space.shape is not None  # flat: a Box
                 flat = np.zeros((0, *self.observation_space.shape), np.float32)
             else:
                 if isinstance(observations, list):  # a list-mode episode

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from rlgate.episodes import SingleAgentEpisode
 
 
-def get_latest_observations(batch: dict[str, Any], episodes: list[SingleAgentEpisode]) -> Any:
+def get_latest_observations(batch: dict[str, Any], episodes: Sequence[SingleAgentEpisode]) -> Any:
     """The latest observation of each episode as one [B, ...] batch: the batched OBS column of the fast
     path as it is, or else gathered from the episodes."""
     observations = batch.get(Columns.OBS)
@@ -26,7 +27,7 @@ def get_latest_observations(batch: dict[str, Any], episodes: list[SingleAgentEpi
 
 def set_latest_observations(
     batch: dict[str, Any],
-    episodes: list[SingleAgentEpisode],
+    episodes: Sequence[SingleAgentEpisode],
     observations: Any,
     observation_space: gym.Space | None,
 ) -> None:

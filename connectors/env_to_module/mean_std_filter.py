@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -215,6 +215,7 @@ class MeanStdFilter(ConnectorV2):
             return _space_from_struct(map_structure(output, space_struct(space)))
 
         if self.multi_agent:
+            assert isinstance(input_observation_space, gym.spaces.Dict)  # multi-agent: {agent id: space}
             return gym.spaces.Dict(
                 {
                     agent_id: normalised(space) if self._filters(agent_id) else space
@@ -231,7 +232,7 @@ class MeanStdFilter(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
@@ -252,10 +253,12 @@ class MeanStdFilter(ConnectorV2):
         set_latest_observations(batch, episodes, filtered, self.observation_space)
         return batch
 
-    def _normalise_agents(self, episodes: list[MultiAgentEpisode]) -> None:
+    def _normalise_agents(self, episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode]) -> None:
         """Each agent's latest observations (of the agents that observed last), with its own statistics; an
         observation this piece made (see `_made`), or a later piece made of it, is left as it is."""
         by_agent: dict[Any, list[SingleAgentEpisode]] = {}
+        assert isinstance(self.input_observation_space, gym.spaces.Dict)  # multi-agent: {agent id: space}
+        assert isinstance(self.observation_space, gym.spaces.Dict)
         for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
             agent_id, latest = episode.agent_id, episode.get_observations(-1)
             # Not this piece's output, nor what a later piece made of it (FlattenObservations' flat array).
@@ -287,9 +290,11 @@ class MeanStdFilter(ConnectorV2):
 
     def reset_state(self) -> None:
         space = self.input_observation_space
+        assert space is not None  # set by the pipeline before statistics are asked for
         if not self.multi_agent:
             self._stats = {None: BoxStats(space)}
         else:
+            assert isinstance(space, gym.spaces.Dict)  # multi-agent: {agent id: space}
             self._stats = {agent: BoxStats(sub) for agent, sub in space.spaces.items() if self._filters(agent)}
 
     def check_state(self, state: Any) -> None:
@@ -321,6 +326,7 @@ class MeanStdFilter(ConnectorV2):
         (the pipeline sets the space after the piece is built)."""
         if self._stats is None:
             self.reset_state()
+        assert self._stats is not None  # made by reset_state
         return self._stats
 
     def _per_agent(self, state: Any) -> Any:

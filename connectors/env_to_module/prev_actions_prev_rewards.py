@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -69,6 +70,8 @@ class PrevActionsPrevRewards(ConnectorV2):
         if input_action_space is None:
             return input_observation_space
         if self.multi_agent:
+            assert isinstance(input_observation_space, gym.spaces.Dict)  # multi-agent: {agent id: space}
+            assert isinstance(input_action_space, gym.spaces.Dict)
             return gym.spaces.Dict(
                 {
                     agent_id: self._augmented_space(space, input_action_space[agent_id])
@@ -85,10 +88,12 @@ class PrevActionsPrevRewards(ConnectorV2):
     def _augmented_space(self, observation_space: gym.Space, action_space: gym.Space) -> gym.spaces.Dict:
         spaces = {self.ORIG_OBS_KEY: observation_space}
         if self.n_prev_actions:
-            if isinstance(action_space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
-                size = int(np.sum(getattr(action_space, "nvec", action_space.n)))
-                low, high = 0.0, 1.0
+            if isinstance(action_space, gym.spaces.MultiDiscrete):  # one-hot per sub-action
+                size, low, high = int(np.sum(action_space.nvec)), 0.0, 1.0
+            elif isinstance(action_space, gym.spaces.Discrete):
+                size, low, high = int(action_space.n), 0.0, 1.0
             else:
+                assert action_space.shape is not None  # a Box or MultiBinary action space
                 size, low, high = int(np.prod(action_space.shape)), -np.inf, np.inf
             spaces[self.PREV_ACTIONS_KEY] = gym.spaces.Box(low, high, (self.n_prev_actions * size,), np.float32)
         if self.n_prev_rewards:
@@ -100,13 +105,14 @@ class PrevActionsPrevRewards(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
         if self.multi_agent:
+            assert isinstance(self.input_observation_space, gym.spaces.Dict)  # multi-agent: {agent id: space}
             for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=True):
                 space = self.input_observation_space[episode.agent_id]
                 if self._augments(episode.agent_id) and has_form_of(space, episode.get_observations(-1)):
@@ -124,9 +130,10 @@ class PrevActionsPrevRewards(ConnectorV2):
         augmented = {self.ORIG_OBS_KEY: episode.get_observations(-1)}
         augmented.update((key, rows[0]) for key, rows in self._previous([episode]).items())
         episode.set_observations(new_data=augmented, at_indices=-1)
+        assert isinstance(self.observation_space, gym.spaces.Dict)  # multi-agent: {agent id: space}
         episode.observation_space = self.observation_space[episode.agent_id]
 
-    def _previous(self, episodes: list[SingleAgentEpisode]) -> dict[str, list[np.ndarray]]:
+    def _previous(self, episodes: Sequence[SingleAgentEpisode]) -> dict[str, list[np.ndarray]]:
         """The added keys, each with one row per episode: its previous actions and rewards (where asked for)."""
         previous = {}
         if self.n_prev_actions:

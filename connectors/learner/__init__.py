@@ -1,6 +1,9 @@
-"""Learner pieces: from finished episodes to a train batch (PPO's advantages included)."""
+"""Learner pieces: from finished episodes to a train batch (PPO's advantages, DQN's and SAC's next observations)."""
 
 from rlgate.connectors.learner.add_columns_from_episodes_to_train_batch import AddColumnsFromEpisodesToTrainBatch
+from rlgate.connectors.learner.add_next_observations_from_episodes_to_train_batch import (
+    AddNextObservationsFromEpisodesToTrainBatch,
+)
 from rlgate.connectors.learner.add_one_ts_to_episodes_and_truncate import (
     AddOneTsToEpisodesAndTruncate,
     remove_last_ts_from_episodes_and_restore_truncateds,
@@ -15,6 +18,7 @@ from rlgate.connectors.learner.normalize_rewards import NormalizeRewards
 
 __all__ = [
     "AddColumnsFromEpisodesToTrainBatch",
+    "AddNextObservationsFromEpisodesToTrainBatch",
     "AddOneTsToEpisodesAndTruncate",
     "FrameStackingLearner",
     "GeneralAdvantageEstimation",

@@ -3,6 +3,7 @@ can be computed in the same forward pass as the others (PPO's bootstrap value)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_agent
 from rlgate.core.columns import Columns
 
 if TYPE_CHECKING:
-    from rlgate.episodes import SingleAgentEpisode
+    from rlgate.episodes import MultiAgentEpisode, SingleAgentEpisode
     from rlgate.models import RLModule
 
 
@@ -39,15 +40,16 @@ class AddOneTsToEpisodesAndTruncate(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode] | Sequence[MultiAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
+        assert shared_data is not None  # pipelines always pass one
         orig_truncateds = []
         bare_agents = not is_multi_agent(episodes)
-        if not bare_agents:
+        if is_multi_agent(episodes):
             for index, ma_episode in enumerate(episodes):
                 ma_episode.id_ = f"{ma_episode.id_}_{index}"
                 for agent_episode in ma_episode.agent_episodes.values():

@@ -3,6 +3,7 @@ corrected for steps sampled by a model more than one version behind)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -107,12 +108,13 @@ class GeneralAdvantageEstimation(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
+        assert rl_module is not None  # the learner's module
         shared_data = shared_data or {}
         sa_episodes = list(self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False))
         if is_multi_rl_module(rl_module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlgate.connectors.connector_v2 import ConnectorV2, is_multi_rl_module
@@ -29,12 +30,13 @@ class GetActions(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
+        assert rl_module is not None  # module-to-env runs after the module's forward
         if is_multi_rl_module(rl_module):
             for module_id, module_outputs in batch.items():
                 _get_actions(module_outputs, rl_module[module_id], explore)

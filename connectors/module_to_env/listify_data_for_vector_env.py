@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlgate.connectors.batching import batch_items, is_batched
@@ -26,7 +27,7 @@ class ListifyDataForVectorEnv(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,

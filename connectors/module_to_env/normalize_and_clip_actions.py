@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -79,7 +80,7 @@ class NormalizeAndClipActions(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
@@ -106,7 +107,11 @@ class NormalizeAndClipActions(ConnectorV2):
 
     def _for_env(self, action: Any, key: tuple = ()) -> Any:
         """The action for the env; multi-agent keys (eps id, agent id, module id) take the agent's space."""
-        space = self.action_space[key[1]] if len(key) == 3 else self.action_space
+        space = self.action_space
+        if len(key) == 3:
+            assert isinstance(space, gym.spaces.Dict)  # multi-agent: {agent id: space}
+            space = space[key[1]]
+        assert space is not None  # set by the pipeline before actions come
         if self.normalize_actions:
             return unsquash_action(action, space)
         return clip_action(action, space)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,7 @@ class RemoveSingleTsTimeRankFromBatch(ConnectorV2):
         *,
         rl_module: RLModule | None,
         batch: dict[str, Any],
-        episodes: list[SingleAgentEpisode],
+        episodes: Sequence[SingleAgentEpisode],
         explore: bool | None = None,
         shared_data: dict | None = None,
         metrics: dict | None = None,
@@ -43,7 +44,7 @@ class RemoveSingleTsTimeRankFromBatch(ConnectorV2):
             else:
 
                 def squeeze_time(item: Any, eps_id: Any, agent_id: Any, module_id: Any) -> Any:
-                    if module_id is not None and not rl_module[module_id].is_stateful():
+                    if module_id is not None and rl_module is not None and not rl_module[module_id].is_stateful():
                         return item  # a multi-agent batch's stateless module never got the time axis
                     return map_structure(lambda a: np.squeeze(a, axis=0), item)
 

@@ -43,11 +43,13 @@ class FoldedMeanStdFilter(Folded):
             if not isinstance(space, gym.spaces.Box):
                 return leaf
             i = next(boxes)
+            mean, scale = self._buffers[f"mean{i}"], self._buffers[f"scale{i}"]
+            assert mean is not None and scale is not None  # registered for each Box leaf
             out = leaf.double()
             if self.de_mean:
-                out = out - self._buffers[f"mean{i}"]
+                out = out - mean
             if self.de_std:
-                out = out / self._buffers[f"scale{i}"]
+                out = out / scale
             if self.clip is not None:
                 out = out.clamp(-self.clip, self.clip)
             return out.to(torch_dtype(space.dtype))

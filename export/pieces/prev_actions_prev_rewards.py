@@ -39,6 +39,7 @@ class FoldedPrevActionsPrevRewards(Folded):
         if self.n_actions:
             parts[actions_key] = state["prev_n_actions"]
         if self.n_rewards:
+            assert reward is not None  # uses_reward: the graph passes it
             state["prev_n_rewards"] = torch.cat([state["prev_n_rewards"][:, 1:], reward.unsqueeze(1)], dim=1)
             parts[rewards_key] = state["prev_n_rewards"]
         return {key: parts[key] for key in self.output_space.spaces}, state  # the Dict space's key order

@@ -141,6 +141,13 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("up", "--config", str(my), *in_tmp): in_my,
         ("serve", "--config", str(my), *free): in_my,
         ("env", "--config", str(my)): in_my,
+        ("learn", "--algo", "A2C", *free): "--spec.algorithm.name: no algorithm 'A2C': the algorithms are PPO, DQN,",
+        ("learn", "--algo", "DQN", "--spec.algorithm.clip-param", "0.1", *free): (
+            "--spec.algorithm.clip-param: not a field of DQN (it is PPO's): drop it, or set algorithm.name"
+        ),
+        ("learn", "--env", "Pendulum-v1", "--algo", "DQN", *free, "--checkpoint-dir", str(tmp_path / "dqn")): (
+            "algorithm.name: DQN takes Discrete actions (starting at 0); the env's are Box(-2.0, 2.0, (1,), float32)"
+        ),
         ("learn", "--spec", "{bad", *free): "--spec: not valid JSON: Expecting property name enclosed in double quotes",
         ("learn", "--spec.env.kwargs", "notjson", *free): "--spec.env.kwargs: not valid JSON, nor key=value pairs",
         ("eval", "--checkpoint", str(nowhere), "--bogus"): "rlgate: unrecognized arguments: --bogus",

@@ -302,6 +302,23 @@ def test_prev_actions_prev_rewards_zero_fills_before_the_first_step(make_episode
     np.testing.assert_array_equal(running.get_observations(-1)[piece.PREV_REWARDS_KEY], [2.5, 3])
 
 
+def test_prev_actions_one_hot_a_multi_discrete_action_per_sub_action():
+    """The space of a MultiDiscrete action's one-hots is sum(nvec) wide (it read a Discrete's `n`, and failed)."""
+    obs_space, act_space = gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.MultiDiscrete([3, 2])
+    piece = PrevActionsPrevRewards(obs_space, act_space, n_prev_actions=1, n_prev_rewards=0)
+    assert piece.observation_space[piece.PREV_ACTIONS_KEY].shape == (5,)
+    episode = SingleAgentEpisode(
+        observations=[obs_space.sample(), obs_space.sample()],
+        actions=[np.array([2, 1])],
+        rewards=[1.0],
+        observation_space=obs_space,
+        action_space=act_space,
+        len_lookback_buffer=0,
+    )
+    piece(rl_module=None, batch={}, episodes=[episode])
+    np.testing.assert_array_equal(episode.get_observations(-1)[piece.PREV_ACTIONS_KEY], [0, 0, 1, 0, 1])
+
+
 def test_frame_stacking_env_to_module_matches_the_learner_stacks(make_episode, obs_space):
     episode = make_episode(7, steps=3)
     env_piece = FrameStackingEnvToModule(obs_space, num_frames=3)

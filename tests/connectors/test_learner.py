@@ -7,6 +7,7 @@ import torch
 from rlgate.connectors import Columns
 from rlgate.connectors.builders import build_learner_pipeline
 from rlgate.connectors.learner import (
+    AddNextObservationsFromEpisodesToTrainBatch,
     AddOneTsToEpisodesAndTruncate,
     compute_value_targets,
     remove_last_ts_from_episodes_and_restore_truncateds,
@@ -199,3 +200,20 @@ def test_vtrace_targets_are_gae_targets_on_policy_and_cut_by_truncated_ratios_of
     assert off[2] == pytest.approx(values[2], abs=1e-4)  # no correction from a step it would not take
     np.testing.assert_allclose(off[5:], gae[5:], rtol=1e-5)  # the next episode is untouched
     assert not np.allclose(off[:2], gae[:2])  # the trace is cut at step 2 for the steps before it
+
+
+def test_next_observations_are_each_steps_following_observation(make_episode, module, obs_space, act_space):
+    """RLlib's doctest of AddNextObservationsFromEpisodesToTrainBatch: all but each episode's first observation."""
+    episodes = [make_episode(0, steps=5, size=5), make_episode(1, steps=2)]  # terminated; unfinished
+    pieces = AddNextObservationsFromEpisodesToTrainBatch()(rl_module=None, batch={}, episodes=episodes)
+    for episode in episodes:
+        items = pieces[Columns.NEXT_OBS][(episode.id_,)]  # list-mode episodes: one item per step
+        np.testing.assert_array_equal(items, episode.get_observations(slice(1, len(episode) + 1)))
+    batch = build_learner_pipeline(obs_space, act_space, next_observations=True)(
+        rl_module=module, batch={}, episodes=episodes
+    )
+    assert batch[Columns.NEXT_OBS][:, 1].tolist() == [1, 2, 3, 4, 5, 1, 2]
+    assert batch[Columns.OBS][:, 1].tolist() == [0, 1, 2, 3, 4, 0, 1]
+    given = {Columns.NEXT_OBS: np.zeros((7, 2), np.float32)}  # a batch that has them (the replay fast path)
+    assert AddNextObservationsFromEpisodesToTrainBatch()(rl_module=None, batch=given, episodes=episodes) is given
+    assert not given[Columns.NEXT_OBS].any()

@@ -13,7 +13,7 @@ import torch
 from rlgate.core.columns import Columns
 from rlgate.learner.adam import EPS, Adam
 from rlgate.models import build_module
-from rlgate.spec.checkpoint import _optimizer_from_tensors, _optimizer_to_tensors
+from rlgate.spec.checkpoint import optimizer_from_tensors, optimizer_to_tensors
 
 OBSERVATION_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = gym.spaces.Discrete(2)
@@ -52,9 +52,9 @@ def test_state_dicts_load_either_way_and_through_a_checkpoint():
     torchs = torch.optim.Adam(trained.parameters(), lr=1e-3, eps=EPS)  # the earlier learner's optimizer
     sgd_steps(trained, torchs, 5, seed=2)
     twin.load_state_dict(trained.state_dict())
-    tensors, meta = _optimizer_to_tensors(torchs)
+    tensors, meta = optimizer_to_tensors(torchs)
     ours = Adam(twin.parameters(), lr=1e-3)
-    ours.load_state_dict(_optimizer_from_tensors(tensors, meta))  # as a resumed learner does
+    ours.load_state_dict(optimizer_from_tensors(tensors, meta))  # as a resumed learner does
     sgd_steps(trained, torchs, 4, seed=3)
     sgd_steps(twin, ours, 4, seed=3)
     for mine, other in zip(twin.parameters(), trained.parameters(), strict=True):

@@ -11,6 +11,7 @@ from support.batches import episode_batch
 from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
+from rlgate.learner.chunk_check import learner_output_shapes
 from rlgate.learner.intake import Intake
 from rlgate.models import ModelConfig, build_module
 from rlgate.models.outputs import output_shapes
@@ -72,7 +73,9 @@ def test_a_chunk_that_does_not_fit_is_refused_and_the_rest_of_its_batch_taken(
     good, bad, later = cartpole_chunks(60)[:3]
     change(bad)
     module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
-    intake = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes={None: output_shapes(module)})
+    intake = Intake(
+        tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes={None: learner_output_shapes(module, "PPO")}
+    )
     ack = intake.accept(episode_batch([good, bad, later], tables=tables))
     assert (ack.accepted, ack.rejected) == (2, 1)
     assert intake.rejected == {reason: 1}
@@ -144,7 +147,9 @@ def test_a_chunk_whose_columns_have_other_dtypes_is_refused_and_the_next_batch_t
 ):
     bad, *good = cartpole_chunks(60)[:3]
     module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
-    intake = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes={None: output_shapes(module)})
+    intake = Intake(
+        tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes={None: learner_output_shapes(module, "PPO")}
+    )
     batch = episode_batch([bad], tables=tables)
     change(batch)
     ack = intake.accept(batch)
@@ -174,7 +179,7 @@ def test_a_multi_agent_chunk_is_held_to_its_own_modules_outputs(tmp_path, cartpo
     dist_inputs_of_width(3)(chunks[1])
     three = gym.spaces.Discrete(3)
     spaces = {"m0": (OBSERVATION_SPACE, ACTION_SPACE), "m1": (OBSERVATION_SPACE, three)}
-    shapes = {m: output_shapes(build_module(OBSERVATION_SPACE, spaces[m][1])) for m in spaces}
+    shapes = {m: learner_output_shapes(build_module(OBSERVATION_SPACE, spaces[m][1]), "PPO") for m in spaces}
     intake = Intake(tmp_path, [], ACTION_SPACE, module_spaces=spaces, agents=frozenset({"a0"}), output_shapes=shapes)
     ack = intake.accept(episode_batch(chunks))
     assert (ack.accepted, ack.rejected) == (2, 1)

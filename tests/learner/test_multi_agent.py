@@ -223,3 +223,51 @@ async def test_a_multi_agent_policy_from_a_running_learner_has_its_published_mod
     actions = policy.compute_actions(observations)
     assert actions.keys() == observations.keys()
     assert all(env.action_space(agent).contains(action) for agent, action in actions.items())
+
+
+DQN_CARTPOLES = {
+    "env": {"id": "examples.multi_agent_cartpole:MultiAgentCartPole", "num_envs": 2},
+    "multi_agent": {"policy_mapping_fn": "per_agent", "count_steps_by": "agent_steps"},
+    "model": {"config": {"fcnet_hiddens": [32]}},
+    "algorithm": {
+        "name": "DQN",
+        "train_batch_size": 16,
+        "training_intensity": 8.0,
+        "num_steps_sampled_before_learning_starts": 64,
+        "broadcast_interval": 4,
+        "store_buffer_in_checkpoints": True,
+    },
+}
+
+
+async def test_multi_agent_dqn_keeps_a_replay_buffer_and_learner_per_module(learner_settings, server_factory, tmp_path):
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+
+    learner = LearnerServer(learner_settings(env=None, spec=DQN_CARTPOLES))
+    await learner.start()
+    trainer = learner.learner.trainer
+    try:
+        server = await server_factory(learner=f"127.0.0.1:{learner.port}")
+        envs = [MultiAgentCartPole() for _ in range(2)]
+        async with running_client(EnvClient(envs, target(server), seed=0)):
+            await until(lambda: learner.learner.weights.version >= 3, timeout=90)
+        weights = learner.learner.weights
+        assert weights.module_versions["agent_0"] == weights.module_versions["agent_1"] == weights.version
+        row = learner.learner.progress.updates.page(0)["rows"][-1]
+        assert set(row["modules"]) == {"agent_0", "agent_1"} and row["updates"] >= 1
+    finally:
+        await learner.stop()
+    buffers = {m: trainer.parts[m].buffer for m in ("agent_0", "agent_1")}
+    assert sum(len(b) for b in buffers.values()) == trainer.env_steps  # agent steps, each in its agent's buffer
+    assert all(len(b) for b in buffers.values()) and not set(buffers["agent_0"].episodes) & set(
+        buffers["agent_1"].episodes
+    )
+    assert trainer.updates <= (trainer.env_steps - 64) / 2  # 16 / 8: an update of every module per 2 agent steps
+    resumed = LearnerServer(learner_settings(env=None, spec=DQN_CARTPOLES))
+    resumed.learner.progress.close()  # never started: only its state is looked at
+    again = resumed.learner.trainer
+    for module_id, buffer in buffers.items():
+        part = again.parts[module_id]
+        assert list(part.buffer.episodes) == list(buffer.episodes)
+        assert weights_to_bytes(part.learner.target) == weights_to_bytes(trainer.parts[module_id].learner.target)
+    assert again.module_versions == trainer.module_versions and again.updates == trainer.updates

@@ -13,13 +13,17 @@ from rlgate.spec.presets import preset, preset_for, preset_names
 from rlgate.spec.run import RunSpec
 
 
-@pytest.mark.parametrize("name", preset_names())
-def test_every_preset_is_a_valid_spec_for_its_env_and_says_where_its_values_come_from(name: str) -> None:
-    spec = RunSpec.parse(preset(name), name)
-    assert preset_for(spec.env.id) == name  # its own env's, or (ALE) its namespace's
+@pytest.mark.parametrize(("algorithm", "name"), [(a, name) for a in ("PPO", "DQN", "SAC") for name in preset_names(a)])
+def test_every_preset_is_a_valid_spec_for_its_env_and_says_where_its_values_come_from(
+    algorithm: str, name: str
+) -> None:
+    spec = RunSpec.parse(preset(name, algorithm), name)
+    assert preset_for(spec.env.id, algorithm) == name and spec.algorithm.name == algorithm  # (ALE) its namespace's
     from importlib import resources
 
-    assert "rl-baselines3-zoo" in (resources.files("rlgate.spec") / "presets" / f"{name}.toml").read_text()
+    folder = resources.files("rlgate.spec") / "presets"
+    text = (folder / f"{name}.toml" if algorithm == "PPO" else folder / algorithm / f"{name}.toml").read_text()
+    assert "rl-baselines3-zoo" in text
     needs = {"LunarLander": ("Box2D", "box2d"), "ALE": ("ale_py", "atari"), "MiniGrid": ("minigrid", "minigrid")}
     for prefix, (module, extra) in needs.items():
         if name.startswith(prefix):
@@ -62,6 +66,16 @@ def test_the_start_up_log_says_which_preset_applied_or_that_none_did() -> None:
     )
 
 
+def test_the_algorithm_named_picks_its_presets_and_an_env_without_one_starts_from_the_defaults() -> None:
+    dqn = UpSettings(_cli_parse_args=["--algo", "DQN"]).spec  # up's CartPole
+    assert dqn.algorithm.name == "DQN" and dqn.model.config["fcnet_hiddens"] == [256, 256]
+    assert LearnerSettings(env="Pendulum-v1", algo="SAC").spec.algorithm.actor_lr == 1e-3
+    assert LearnerSettings(env="Acrobot-v1", algo="DQN").spec.algorithm.target_network_update_freq == 250
+    bare = LearnerSettings(env="MountainCar-v0", algo="DQN").spec  # no DQN preset: DQN's defaults, not PPO's preset
+    assert bare.algorithm.name == "DQN" and bare.algorithm.train_batch_size == 32 and not bare.connectors.learner
+    assert LearnerSettings(env="Pendulum-v1", algo="SAC", preset="MountainCarContinuous-v0").spec.algorithm.tau == 0.01
+
+
 def test_every_ale_game_starts_from_the_atari_preset() -> None:
     """`--env ALE/Breakout-v5` takes the ALE preset (RLlib's Atari recipe) with its own id; `--preset ALE` alone
     is Pong."""
@@ -98,15 +112,20 @@ def test_one_updates_config_holds_each_schedules_value_then() -> None:
             PPOConfig(entropy_coeff=bad)
 
 
-@pytest.mark.parametrize("name", preset_names())
-def test_no_preset_schedule_reaches_0_so_a_learner_that_never_stops_keeps_learning(name: str) -> None:
+@pytest.mark.parametrize(("algorithm", "name"), [(a, name) for a in ("PPO", "DQN", "SAC") for name in preset_names(a)])
+def test_no_preset_schedule_reaches_0_so_a_learner_that_never_stops_keeps_learning(algorithm: str, name: str) -> None:
     """A schedule that ends at 0 freezes the policy for good, whatever it is then: a service runs on for days.
-    Until it flattens out, CartPole's is rl-zoo's (lin_0.001 and lin_0.2 over 100k env steps) value for value."""
-    algorithm = RunSpec.parse(preset(name), name).algorithm
+    Until it flattens out, CartPole's is rl-zoo's (lin_0.001 and lin_0.2 over 100k env steps) value for value.
+    (A fixed 0 is a choice, not a schedule: SAC's alpha_lr 0 holds alpha.)"""
+    config = RunSpec.parse(preset(name, algorithm), name).algorithm
+    for field in config.SCHEDULED:
+        schedule = getattr(config, field)
+        assert not isinstance(schedule, list) or schedule[-1][1] > 0, (name, field)
     for step in (0, 10**5, 10**9):
-        config = algorithm.at(step)
-        assert config.lr > 0 and config.clip_param > 0, (name, step)
-    if name == "CartPole-v1":
+        now = config.at(step)
+        rates = [getattr(now, f) for f in ("lr", "clip_param", "actor_lr", "critic_lr") if hasattr(now, f)]
+        assert rates and all(rate > 0 for rate in rates), (name, step)
+    if (algorithm, name) == ("PPO", "CartPole-v1"):
         for step in (0, 25_000, 50_000, 90_000):
-            assert algorithm.at(step).lr == pytest.approx(1e-3 * (1 - step / 1e5))
-            assert algorithm.at(step).clip_param == pytest.approx(0.2 * (1 - step / 1e5))
+            assert config.at(step).lr == pytest.approx(1e-3 * (1 - step / 1e5))
+            assert config.at(step).clip_param == pytest.approx(0.2 * (1 - step / 1e5))

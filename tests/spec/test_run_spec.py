@@ -66,6 +66,11 @@ def test_toml_yaml_and_json_files_read_into_the_same_spec(tmp_path: Path) -> Non
     [
         ("[algorithm]\nlr = -1\n", "algorithm.lr: Value error, must be greater than 0"),
         ("[algorithm]\nlearning_rate = 0.1\n", "[algorithm] learning_rate: unknown key (it takes: "),
+        ("[algorithm]\nname = 'A3C'\n", "algorithm.name: no algorithm 'A3C': the algorithms are PPO, DQN, SAC"),
+        ("[algorithm]\nname = 'SAC'\nclip_param = 0.1\n", "algorithm.clip_param: not a field of SAC (it is PPO's)"),
+        ("[algorithm]\nname = 'PPO'\nepsilon = 0.1\n", "algorithm.epsilon: not a field of PPO (it is DQN's)"),
+        ("[algorithm]\nname = 'DQN'\nn_step = [3, 2]\n", "algorithm.n_step: Value error, must be at least 1"),
+        ("[algorithm]\nname = 'DQN'\nreplay_buffer_config = { type = 'Reservoir' }\n", "replay_buffer_config.type"),
         ("[model.config]\nfcnet_hidens = [8]\n", "model.config"),
         ("[sampling]\nbatch_mode = 'whole'\n", "sampling.batch_mode"),
         ("[env\nid = 1\n", "not valid TOML"),
@@ -277,3 +282,34 @@ def test_every_example_spec_builds_its_policy(path: Path, examples_importable) -
     pipeline = build_env_to_module(spec, observation_space, action_space, imports)
     module = build_rl_module(spec, pipeline.observation_space, action_space, imports)
     build_learner_connector(spec, module.observation_space, module.action_space, imports)
+
+
+def test_the_algorithm_chooses_the_default_module_and_its_learner_pieces() -> None:
+    from rlgate.connectors.learner import AddNextObservationsFromEpisodesToTrainBatch, GeneralAdvantageEstimation
+    from rlgate.models import ActorCriticModule, DQNModule, SACModule
+
+    obs, actions = CARTPOLE.observation_space, CARTPOLE.action_space
+    box = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    cases = {"PPO": (actions, ActorCriticModule), "DQN": (actions, DQNModule), "SAC": (box, SACModule)}
+    for name, (space, cls) in cases.items():
+        spec = RunSpec.parse({"algorithm": {"name": name}, "seed": 0}, name)
+        module = build_rl_module(spec, obs, space, ImportPolicy())
+        assert type(module) is cls
+        pieces = [type(p) for p in build_learner_connector(spec, obs, space, ImportPolicy()).connectors]
+        assert (GeneralAdvantageEstimation in pieces) == (name == "PPO")
+        assert (AddNextObservationsFromEpisodesToTrainBatch in pieces) == (name != "PPO")
+    dqn = RunSpec.parse({"algorithm": {"name": "DQN", "epsilon": [[0, 0.7], [100, 0.1]], "dueling": False}}, "x")
+    module = build_rl_module(dqn, obs, actions, ImportPolicy())
+    assert float(module.epsilon) == pytest.approx(0.7) and module.vf is None  # the schedule's start, no dueling
+    with pytest.raises(SpecError, match=r"^algorithm.name: DQN takes Discrete actions"):
+        build_rl_module(dqn, obs, box, ImportPolicy())
+    lstm = RunSpec.parse({"algorithm": {"name": "SAC"}, "model": {"config": {"use_lstm": True}}}, "x")
+    with pytest.raises(SpecError, match=r"^model.config.use_lstm: SAC takes stateless modules"):
+        build_rl_module(lstm, obs, box, ImportPolicy())
+    assert RunSpec.parse({"algorithm": {"lr": 1e-4}}, "old").algorithm.name == "PPO"  # specs from before: PPO
+    actor_critic = {
+        "algorithm": {"name": "DQN"},
+        "model": {"module_class": "support.rllib_style_module:RLlibStyleModule"},
+    }
+    with pytest.raises(SpecError, match=r"^model.module_class: DQN trains a subclass of rlgate.models.DQNModule"):
+        build_rl_module(RunSpec.parse(actor_critic, "x"), obs, actions, ImportPolicy(["support"]))
