@@ -72,7 +72,8 @@ async def train(learner_settings, server_factory, spec: dict, versions: int) -> 
         def check() -> bool:
             nonlocal highest
             highest = max(highest, learner.env_steps_received() - learner.trainer.steps_trained_for())
-            return learner.trainer.version >= versions and server.host.core is not None and server.host.core.version >= 2
+            core = server.host.core
+            return learner.trainer.version >= versions and core is not None and core.version >= 2
 
         await until(check, timeout=240)
     # Pacing: never more than two calls' worth of steps ahead of the updates, plus what one batch brings past it.
