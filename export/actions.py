@@ -103,8 +103,7 @@ class ActionSelection(nn.Module):
         dist = self.dist_cls.from_logits(dist_inputs)
         if not self.explore:
             return dist.to_deterministic().sample(), None
-        actions = dist.sample_from(noise)
-        return actions, dist.logp(actions)
+        return dist.sample_and_logp_from(noise)
 
     def for_env(self, actions: torch.Tensor) -> torch.Tensor:
         space = self.space

@@ -21,7 +21,8 @@ from rlgate.models import RLModule
 
 
 class PolicyGraph(nn.Module):
-    """obs leaves [, reward] [, state_in.*] [, noise] -> actions [, action_logp], action_dist_inputs [, state_out.*].
+    """obs leaves [, reward] [, state_in.*] [, noise] -> actions [, action_logp] [, action_dist_inputs] [, state_out.*]
+    (action_dist_inputs where the module returns them: DQN's module returns its greedy actions instead).
 
     `observation_space`: what the graph's observation inputs hold (the env's, or with `module_only` the module's);
     `folded`: the env-to-module pieces from those observations to the module's (none with `module_only`). With
@@ -95,16 +96,18 @@ class PolicyGraph(nn.Module):
                 [named[contract.STATE_IN + n] for n in self.module_state_paths], list(self.module_state_paths.values())
             )
         out = self.module.forward_exploration(batch) if self.selection.explore else self.module.forward_inference(batch)
-        if Columns.ACTION_DIST_INPUTS not in out:
-            raise NotExportable("the module returns no action_dist_inputs (it chooses actions itself): not exportable")
-        dist_inputs = out[Columns.ACTION_DIST_INPUTS]
-        if self.stateful:
-            dist_inputs = dist_inputs.squeeze(1)
-        actions, logp = self.selection(dist_inputs, named.get(contract.NOISE))
+        dist_inputs, logp = out.get(Columns.ACTION_DIST_INPUTS), None
+        if dist_inputs is None:  # a module that chooses its actions itself (DQN's argmax of Q), as GetActions keeps
+            actions = self._own_actions(out)
+        else:
+            if self.stateful:
+                dist_inputs = dist_inputs.squeeze(1)
+            actions, logp = self.selection(dist_inputs, named.get(contract.NOISE))
         results = {contract.ACTIONS: actions if self.module_only else self.selection.for_env(actions)}
         if logp is not None:
             results[contract.ACTION_LOGP] = logp
-        results[contract.ACTION_DIST_INPUTS] = dist_inputs
+        if dist_inputs is not None:
+            results[contract.ACTION_DIST_INPUTS] = dist_inputs
         for piece, state in zip(self.folded, states, strict=True):
             results.update({contract.STATE_OUT + n: v for n, v in piece.after_actions(state, actions).items()})  # type: ignore[operator]  # a Folded: nn.ModuleList yields Modules
         if self.stateful:
@@ -113,6 +116,19 @@ class PolicyGraph(nn.Module):
         if not torch.jit.is_tracing():  # (a trace's shapes are tensors)
             self.outputs = [_output_spec(name, value) for name, value in results.items()]
         return tuple(results.values())
+
+    def _own_actions(self, out: dict[str, Any]) -> torch.Tensor:
+        """The actions a module returned in place of distribution inputs: greedy ones only (its own exploration,
+        DQN's epsilon-greedy, draws from torch's generator, which no graph input can stand for)."""
+        if Columns.ACTIONS not in out:
+            raise NotExportable("the module returns neither action_dist_inputs nor actions: not exportable")
+        if self.selection.explore:
+            raise NotExportable(
+                "the module chooses its exploring actions itself (DQN's epsilon-greedy draws them from torch's "
+                "generator, not from a noise input): export it without --explore, serve it with --backend torch"
+            )
+        actions = out[Columns.ACTIONS]
+        return actions.squeeze(1) if self.stateful else actions
 
     def example_inputs(self, rows: int = 2) -> tuple[torch.Tensor, ...]:
         """Inputs for a trace: sampled observations, zero rewards, the initial state, greedy noise."""

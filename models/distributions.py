@@ -32,6 +32,18 @@ class Distribution(abc.ABC):
     @abc.abstractmethod
     def logp(self, actions: torch.Tensor) -> torch.Tensor: ...
 
+    def sample_and_logp(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sample and its log-probability (GetActions' exploring step). A distribution whose logp of its own
+        sample loses precision (SquashedGaussian's atanh of a saturated tanh) overrides it with the draw's exact one."""
+        actions = self.sample()
+        return actions, self.logp(actions)
+
+    def sample_and_logp_from(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sample_and_logp` from given noise, for the distributions that sample in two steps (`sample_from`):
+        what an exported graph computes."""
+        actions = self.sample_from(noise)  # type: ignore[attr-defined]
+        return actions, self.logp(actions)
+
     @abc.abstractmethod
     def entropy(self) -> torch.Tensor: ...
 
@@ -217,17 +229,24 @@ class SquashedGaussian(DiagGaussian):
         self.log_std = self.log_std.clamp(*SQUASHED_LOG_STD_RANGE)
         self.std = self.log_std.exp()
 
-    def sample(self) -> torch.Tensor:
-        return torch.tanh(super().sample())
+    def sample_from(self, noise: torch.Tensor) -> torch.Tensor:
+        """tanh(mean + std * noise): the Gaussian's draw squashed (noise of zeros gives the greedy action)."""
+        return torch.tanh(super().sample_from(noise))
 
     def rsample_and_logp(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterised sample (gradients flow into mean and log std) and its log-probability."""
-        unsquashed = self.mean + self.std * torch.randn_like(self.mean)
+        unsquashed = self.mean + self.std * self.noise()
         return torch.tanh(unsquashed), self._squashed_logp(unsquashed)
 
     def sample_and_logp(self) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            return self.rsample_and_logp()
+        """`sample()`'s draw (the same noise) and the exact log-probability of its pre-squash value."""
+        return self.sample_and_logp_from(self.noise())
+
+    def sample_and_logp_from(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tanh(u) and log p from u = mean + std * noise itself: logp(tanh(u)) would take atanh of a float32 tanh,
+        whose slope 1 / (1 - |a|) magnifies a rounding of the action a hundredfold and more as tanh saturates."""
+        unsquashed = (self.mean + self.std * noise).detach()
+        return torch.tanh(unsquashed), self._squashed_logp(unsquashed).detach()
 
     def logp(self, actions: torch.Tensor) -> torch.Tensor:
         return self._squashed_logp(torch.atanh(actions.clamp(-_ATANH_LIMIT, _ATANH_LIMIT)))

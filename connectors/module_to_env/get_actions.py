@@ -50,9 +50,8 @@ def _get_actions(batch: dict[str, Any], rl_module: RLModule, explore: bool | Non
         return
     if explore:
         dist = rl_module.get_exploration_action_dist_cls().from_logits(batch[Columns.ACTION_DIST_INPUTS])
-        batch[Columns.ACTIONS] = dist.sample()
-        if Columns.ACTION_LOGP not in batch:
-            batch[Columns.ACTION_LOGP] = dist.logp(batch[Columns.ACTIONS])
+        batch[Columns.ACTIONS], logp = dist.sample_and_logp()
+        batch.setdefault(Columns.ACTION_LOGP, logp)
     else:
         dist = rl_module.get_inference_action_dist_cls().from_logits(batch[Columns.ACTION_DIST_INPUTS])
         batch[Columns.ACTIONS] = dist.to_deterministic().sample()

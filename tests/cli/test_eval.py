@@ -9,6 +9,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from export.test_parity import save_checkpoint
 from support.checkpoints import multi_agent_checkpoint
 
 from rlgate import MultiAgentPolicy, Policy, evaluate, evaluate_multi_agent
@@ -69,6 +70,18 @@ def test_video_of_every_episode_and_a_readable_report(cartpole_checkpoint, tmp_p
     assert lines[3] == f"videos: {videos}"
     made = sorted(videos.glob("*.mp4"))
     assert len(made) == 2 and all(path.stat().st_size > 1000 for path in made)
+
+
+@pytest.mark.parametrize(("algo", "env_id"), [("DQN", "CartPole-v1"), ("SAC", "Pendulum-v1")])
+def test_dqn_and_sac_checkpoints_play_their_env_as_their_policy(tmp_path, capsys, algo, env_id):
+    env = gym.make(env_id)
+    spec = {"env": {"id": env_id}, "algorithm": {"name": algo}}
+    path = save_checkpoint(tmp_path / "checkpoints", spec, env.observation_space, env.action_space)
+    assert main(["eval", "--checkpoint", str(path.parent), "--episodes", "2", "--seed", "0", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    expected = evaluate(Policy.load(path), env, 2, seed=0)  # greedy: deterministic
+    assert results["returns"] == pytest.approx(expected.returns) and results["lengths"] == expected.lengths
+    assert results["version"] == 7 and results["env_id"] == env_id
 
 
 def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:

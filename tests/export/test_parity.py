@@ -1,6 +1,6 @@
 """An exported policy acts as `rlgate.Policy` acts with the same checkpoint, in real onnxruntime: for each family
-(Discrete, Box and MultiDiscrete actions, Dict/Tuple observations, an LSTM with previous actions and rewards,
-MeanStdFilter with frame stacking) the same actions on 1,000 observations (exactly for discrete actions, within
+(Discrete, Box and MultiDiscrete actions, Dict/Tuple observations, SAC's policies, an LSTM with previous actions and
+rewards, MeanStdFilter with frame stacking) the same actions on 1,000 observations (exactly for discrete actions, within
 1e-5 for continuous ones), and with --explore the same sampled action (and log-probability) for the same noise."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from rlgate.connectors.env_to_module.mean_std_filter import RunningStats
 from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 from rlgate.export.checkpoint import export_checkpoint
+from rlgate.export.pieces import NotExportable
 from rlgate.export.runtime import OnnxPolicy
 from rlgate.models import weights_to_bytes
 from rlgate.spec import checkpoint
@@ -57,6 +58,9 @@ STATELESS = {
     "box": (BOX4, gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 5.0], np.float32)), {}),
     "multi-discrete": (BOX4, gym.spaces.MultiDiscrete([3, 4]), {}),
     "dict-observations": (DICT_OBS, gym.spaces.Discrete(3), {}),
+    # SAC's policy: a tanh-squashed Gaussian (unsquashed to the bounds after) or a Categorical.
+    "sac-box": (BOX4, gym.spaces.Box(-2.0, 2.0, (2,), np.float32), {"algorithm": {"name": "SAC"}}),
+    "sac-discrete": (BOX4, gym.spaces.Discrete(3), {"algorithm": {"name": "SAC"}}),
 }
 
 
@@ -153,6 +157,21 @@ def test_explore_samples_the_policys_action_for_the_same_noise(tmp_path, family)
     # Sampling: other noise, other actions; the greedy noise, the greedy actions.
     assert not np.array_equal(onnx_policy.compute_actions(batch, onnx_episodes, explore=True), outputs["actions"])
     same_actions(policy.compute_actions(batch), onnx_policy.compute_actions(batch), action_space)
+
+
+def test_a_dqn_module_exports_its_greedy_actions_and_refuses_to_explore(tmp_path):
+    """DQN's module returns its actions (the argmax of Q; epsilon-greedy when exploring), no distribution inputs:
+    the file gives the greedy ones; its exploration draws from torch's generator, which no input stands for."""
+    action_space = gym.spaces.Discrete(3)
+    path = save_checkpoint(tmp_path, {"algorithm": {"name": "DQN"}}, BOX4, action_space)
+    batch = observations(BOX4, ROWS, seed=1)
+    onnx_policy = exported(path, tmp_path)
+    assert [spec.name for spec in onnx_policy.outputs] == ["actions"]
+    actions = onnx_policy.compute_actions(batch)
+    same_actions(Policy.load(path).compute_actions(batch), actions, action_space)
+    assert len(np.unique(actions)) == 3
+    with pytest.raises(NotExportable, match=r"DQN's epsilon-greedy .*: export it without --explore"):
+        exported(path, tmp_path, explore=True)
 
 
 @pytest.mark.parametrize("explore", [False, True], ids=["greedy", "explore"])

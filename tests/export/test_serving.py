@@ -109,6 +109,17 @@ def test_a_multi_agent_run_is_refused_by_the_onnxruntime_backend():
         ActingCore.build(spec, *spaces, backend="onnxruntime")
 
 
+def test_dqn_is_refused_by_the_onnxruntime_backend_and_auto_acts_with_torch_for_dqn_and_sac():
+    """DQN's module explores by itself (epsilon-greedy from torch's generator): no graph serves it. `auto` takes
+    onnxruntime for the default actor-critic only, so DQN and SAC runs act in torch."""
+    dqn = RunSpec.model_validate({"algorithm": {"name": "DQN"}})
+    with pytest.raises(SpecError, match=r"^--backend onnxruntime: .*DQN's epsilon-greedy.*--backend torch"):
+        ActingCore.build(dqn, BOX4, DISCRETE2, backend="onnxruntime")
+    for name in ("DQN", "SAC"):
+        core = ActingCore.build(RunSpec.model_validate({"algorithm": {"name": name}}), BOX4, DISCRETE2, backend="auto")
+        assert core.onnx is None
+
+
 async def test_a_server_with_the_onnxruntime_backend_records_what_a_torch_server_records(server_factory, tmp_path):
     """Two servers of one seeded spec and --seed, one per backend, the same 40 exploring steps of 4 sub-envs: the
     same actions, log-probabilities and distribution inputs in their episode files."""

@@ -76,6 +76,28 @@ def test_squashed_gaussian_matches_torch_tanh_transformed_normal() -> None:
         dist.entropy()
 
 
+def test_a_squashed_gaussian_samples_in_two_steps_as_getactions_and_an_exported_graph_do() -> None:
+    """sample() is sample_from(noise()): tanh of the Gaussian's draw, so a graph given the same noise samples the
+    same action; noise of zeros gives the greedy one. sample_and_logp (GetActions') draws the same action and
+    takes its log-probability from the draw itself, exact where tanh saturates and atanh of the action is not."""
+    logits = 3.0 * torch.randn(256, 4, generator=torch.Generator().manual_seed(3))
+    dist = SquashedGaussian.from_logits(logits)
+    torch.manual_seed(4)
+    sampled = dist.sample()
+    torch.manual_seed(4)
+    noise = dist.noise()
+    assert torch.equal(dist.sample_from(noise), sampled) and sampled.abs().max() <= 1.0
+    assert torch.equal(dist.sample_from(torch.zeros(256, 2)), dist.to_deterministic().sample())
+    torch.manual_seed(4)
+    actions, logp = dist.sample_and_logp()
+    assert torch.equal(actions, sampled)
+    exact = SquashedGaussian.from_logits(logits.double()).sample_and_logp_from(noise.double())[1]
+    torch.testing.assert_close(logp.double(), exact, rtol=1e-5, atol=1e-4)
+    saturated = (sampled.abs() > 0.9999).any(-1)
+    assert saturated.sum() > 10
+    assert ((dist.logp(sampled).double() - exact)[saturated].abs() > 0.1).any()  # atanh of the action loses it
+
+
 def test_sac_module_acts_with_its_policy_and_has_twin_q_networks() -> None:
     torch.manual_seed(2)
     box = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
