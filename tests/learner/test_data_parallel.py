@@ -20,7 +20,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
-from support.learners import ENV, free_port
+from support.learners import ENV, children, free_port
 from support.servers import running_client, target, until
 
 from rlgate.client.env_client import EnvClient
@@ -103,10 +103,6 @@ def test_a_follower_whose_rank_0_is_gone_ends_with_one_line(tmp_path, learner_se
     assert "Traceback" not in log
     assert "learner rank 1 of 2: the group broke: " in log.splitlines()[-1]
     assert "the learner stops: restart it, it resumes from its last checkpoint" in log.splitlines()[-1]
-
-
-def children(pid: int) -> list[int]:
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 async def test_a_rank_that_dies_ends_rank_0_with_one_line_and_exit_1(tmp_path, learners):
