@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -98,6 +99,7 @@ class Group:
         `timeout_s` (a rank that cannot reach rank 0, or one that never comes)."""
         self.rank, self.size = rendezvous.rank, rendezvous.size
         self.rows = 0  # the current update's rows, all ranks' together
+        self.seconds: dict[str, float] = {}  # the current update's seconds in collectives, by kind (its stats)
         where = f"{rendezvous.address}:{rendezvous.port}"
         # Under torchrun's agent the store is the agent's; else rank 0 holds it.
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -164,13 +166,13 @@ class Group:
         columns = [leaf.reshape(rows, -1).contiguous().view(torch.uint8) for leaf in leaves]
         described = iter([[str(leaf.dtype).removeprefix("torch."), list(leaf.shape[1:])] for leaf in leaves])
         skeleton = map_structure(lambda _: next(described), batch)
-        self._send_header({"op": "update", "env_steps": env_steps, "rows": rows, "columns": skeleton})
-        self.rows = rows
+        self.rows, self.seconds = rows, {}
+        self._send_header({"op": "update", "env_steps": env_steps, "rows": rows, "columns": skeleton}, "scatter_s")
         packed = torch.cat(columns, dim=1)
         per = math.ceil(rows / self.size)
         padded = torch.cat([packed, packed.new_zeros(per * self.size - rows, packed.shape[1])])
         shard = packed.new_empty(per, packed.shape[1])
-        self._collective(lambda: dist.scatter(shard, list(padded.split(per)), src=0))
+        self._collective(lambda: dist.scatter(shard, list(padded.split(per)), src=0), "scatter_s")
         return _unpack(shard[: self._shard_rows(rows, per)], skeleton)
 
     def receive_batch(self) -> tuple[int, dict[str, Any]] | None:
@@ -183,8 +185,8 @@ class Group:
         width = sum(_dtype(dtype).itemsize * math.prod(shape) for dtype, shape in flatten(skeleton))
         per = math.ceil(rows / self.size)
         shard = torch.empty(per, width, dtype=torch.uint8)
-        self._collective(lambda: dist.scatter(shard, src=0))
-        self.rows = rows
+        self.rows, self.seconds = rows, {}
+        self._collective(lambda: dist.scatter(shard, src=0), "scatter_s")
         return header["env_steps"], _unpack(shard[: self._shard_rows(rows, per)], skeleton)
 
     def stop(self) -> None:
@@ -205,7 +207,7 @@ class Group:
         weight = float(steps)
         values = torch.tensor([*parts.values(), 1.0], dtype=grads[0].dtype)
         flat = torch.cat([*(g.reshape(-1) for g in grads), values]) * weight
-        self._collective(lambda: dist.all_reduce(flat))
+        self._collective(lambda: dist.all_reduce(flat), "allreduce_s")
         flat /= flat[-1].clamp(min=1e-12)  # the steps of every rank's minibatch (at least one rank's is non-empty)
         for grad, part in zip(grads, flat.split([g.numel() for g in grads] + [len(values)]), strict=False):
             grad.copy_(part.view_as(grad))
@@ -218,7 +220,7 @@ class Group:
             digest.update(tensor.detach().reshape(-1).view(torch.uint8).numpy().tobytes())
         mine = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8)
         everyone = [torch.empty_like(mine) for _ in range(self.size)]
-        self._collective(lambda: dist.all_gather(everyone, mine))
+        self._collective(lambda: dist.all_gather(everyone, mine), "check_s")
         differ = [rank for rank, theirs in enumerate(everyone) if not torch.equal(theirs, everyone[0])]
         if differ:
             raise GroupFailed(f"learner ranks {differ} hold other weights than rank 0 after an update")
@@ -228,9 +230,9 @@ class Group:
     def _shard_rows(self, rows: int, per: int) -> int:
         return max(0, min(per, rows - self.rank * per))
 
-    def _send_header(self, header: dict[str, Any]) -> None:
+    def _send_header(self, header: dict[str, Any], kind: str | None = None) -> None:
         data = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
-        self._collective(lambda: (dist.broadcast(torch.tensor([len(data)]), src=0), dist.broadcast(data, src=0)))
+        self._collective(lambda: (dist.broadcast(torch.tensor([len(data)]), src=0), dist.broadcast(data, src=0)), kind)
 
     def _receive_header(self) -> dict[str, Any]:
         size = torch.zeros(1, dtype=torch.int64)
@@ -239,13 +241,17 @@ class Group:
         self._collective(lambda: dist.broadcast(data, src=0))
         return json.loads(data.numpy().tobytes())
 
-    def _collective(self, call: Any) -> None:
-        """Run torch.distributed calls; a peer that died or timed out raises GroupFailed naming this rank."""
+    def _collective(self, call: Any, kind: str | None = None) -> None:
+        """Run torch.distributed calls, their seconds added to `seconds[kind]`; a peer that died or timed out
+        raises GroupFailed naming this rank."""
+        started = time.perf_counter()
         try:
             call()
         except RuntimeError as exc:  # gloo's "Connection closed by peer" is a bare RuntimeError, a timeout a DistError
             reason = " ".join(str(exc).split())[:200]
             raise GroupFailed(f"learner rank {self.rank} of {self.size}: the group broke: {reason}") from None
+        if kind is not None:
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - started
 
 
 def _dtype(name: str) -> torch.dtype:

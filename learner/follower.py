@@ -8,6 +8,7 @@ reads no checkpoint and writes none: rank 0 owns all of that.
 from __future__ import annotations
 
 import logging
+import signal
 
 import numpy as np
 import torch
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 
 def follow(settings: LearnerSettings, rendezvous: Rendezvous) -> int:
     """Join the group, train until rank 0 stops it; 0. A broken group ends the process (data_parallel.fail)."""
+    # Rank 0 stops the group (after its final checkpoint); a terminal's Ctrl-C or torchrun's SIGTERM reaches every
+    # rank, and a follower that ended first would break rank 0's stop.
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_IGN)
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
     group = Group(rendezvous, settings.rendezvous_timeout_s)

@@ -96,6 +96,7 @@ class Trainer:
                 return {**counts, **stats}
             if self.group is not None:
                 self.group.check_identical(self.module)
+                stats.update(self.group.seconds)  # the update's seconds in collectives: scatter_s, allreduce_s, check_s
         self.version += 1
         self.env_steps += real_steps
         return {**stats, **scheduled_values(config), **counts}

@@ -22,6 +22,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import pytest
@@ -57,7 +58,7 @@ def waiting(server: InferenceServer, client: EnvClient, spool: Path) -> bool:
     return served(server) >= 3 and server.host.batcher.paused() and not any(spool.rglob("*.pb"))
 
 
-KILLS = [(inference, moment, 1) for inference in ("server", "local") for moment in (shipping, waiting)]
+KILLS: list[Any] = [(inference, moment, 1) for inference in ("server", "local") for moment in (shipping, waiting)]
 # Two data-parallel learners: rank 1 killed, and rank 0 ends with it (~50 s: three processes start twice).
 KILLS.append(pytest.param("server", shipping, 2, marks=pytest.mark.slow))
 
