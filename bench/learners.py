@@ -5,7 +5,8 @@ CartPole-v1 chunks are sampled once (a fresh policy acting through a server Sess
 then each configuration runs `--updates` PPO updates on copies of them, after `--warmup` untimed ones: a Trainer in
 this process (rank 0, with one torch thread per rank), and for N > 1 ranks, N - 1 `rlgate learn` followers started
 as torchrun would start them. Printed per configuration: the median update's seconds, env steps trained per
-second, and its seconds in the scatter of the batch, the gradients' all-reduces and the weight digest check. The
+second, and its seconds in the scatter of the batch, the gradients' all-reduces and the weight digest check; then
+the median all-reduce of the gradients' size between two ranks that do nothing else (its own cost). The
 spec is CartPole's preset with the flags' batch, minibatch, epochs and hidden layers. Run:
 `python -m rlgate.bench.learners [--ranks 1 2] [--train-batch-size 256] [--minibatch-size 256] [--hiddens 64 64]`.
 """
@@ -104,6 +105,29 @@ def measure(spec: RunSpec, ranks: int, chunks: list[SingleAgentEpisode], updates
     return {"ranks": ranks, "env_steps": steps, "env_steps_per_s": steps / median["update_s"], **median}
 
 
+def allreduce_floor(numel: int, calls: int, rank: int = 0, port: int = 0) -> float:
+    """Median seconds of one all-reduce of `numel` float32 between two ranks doing nothing else (rank 0 starts
+    rank 1 as `--allreduce-rank 1`): the all-reduce's own cost, without the wait for a slower rank that an
+    update's `allreduce_s` also holds."""
+    follower = None
+    if rank == 0:
+        with bind("127.0.0.1", 0, "rendezvous") as sock:
+            port = sock.getsockname()[1]
+        command = [sys.executable, "-m", "rlgate.bench.learners", "--allreduce-rank", "1", "--port", str(port)]
+        command += ["--numel", str(numel), "--calls", str(calls)]
+        follower = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    group = Group(Rendezvous(rank, 2, "127.0.0.1", port), 120)
+    flat, seconds = torch.ones(numel), []
+    for _ in range(calls):
+        started = time.perf_counter()
+        torch.distributed.all_reduce(flat)
+        seconds.append(time.perf_counter() - started)
+    group.close()
+    if follower is not None:
+        follower.wait(60)
+    return statistics.median(seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m rlgate.bench.learners", description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="learner ranks, one run per value")
@@ -114,8 +138,15 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of rank 0 (each follower has one)")
+    parser.add_argument("--allreduce-rank", type=int, default=0, help=argparse.SUPPRESS)  # allreduce_floor's rank 1
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--numel", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, default=200, help="all-reduces timed alone, of the gradients' size")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.allreduce_rank:
+        allreduce_floor(args.numel, args.calls, args.allreduce_rank, args.port)
+        return
     algorithm = {"train_batch_size": args.train_batch_size, "minibatch_size": args.minibatch_size}
     algorithm |= {"num_epochs": args.num_epochs}
     data = preset(ENV_ID, "PPO")
@@ -126,6 +157,10 @@ def main() -> None:
     for ranks in args.ranks:
         result = measure(spec, ranks, chunks, args.updates, args.warmup)
         print(json.dumps({**result, **algorithm, "hiddens": args.hiddens, "threads": args.threads}), flush=True)
+    space = gym.make(ENV_ID).observation_space
+    numel = sum(p.numel() for p in build_rl_module(spec, space, gym.spaces.Discrete(2), ImportPolicy()).parameters())
+    alone = allreduce_floor(numel + 7, args.calls)  # Group.average's buffer: the gradients, 6 loss parts and a count
+    print(json.dumps({"allreduce_alone_s": alone, "floats": numel + 7, "calls": args.calls}), flush=True)
 
 
 if __name__ == "__main__":
