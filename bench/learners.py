@@ -81,7 +81,7 @@ def measure(spec: RunSpec, ranks: int, chunks: list[SingleAgentEpisode], updates
         ]
         group = Group(rendezvous, 120)
         group.send_start(spec, observation_space, action_space)
-        trainer.lead(group)
+        trainer.join(group)
     rows: dict[str, list[float]] = {key: [] for key in TIMED}
     steps = 0
     try:

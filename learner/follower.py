@@ -1,7 +1,7 @@
 """A data-parallel learner of rank 1 or more: it trains on the shards rank 0 sends, until rank 0 stops the group.
 
 It builds its module from the run spec and spaces rank 0 sends, takes rank 0's weights and optimizer state, and
-then runs each update as rank 0 does (trainer.train, on its shard, gradients all-reduced). It serves nothing,
+then runs each update as rank 0 does (Trainer.train, on its shard, gradients all-reduced). It serves nothing,
 reads no checkpoint and writes none: rank 0 owns all of that.
 """
 
@@ -10,15 +10,13 @@ from __future__ import annotations
 import logging
 import signal
 
-import numpy as np
 import torch
 
-from rlgate.learner.adam import Adam
 from rlgate.learner.data_parallel import Group, GroupFailed, Rendezvous, fail
 from rlgate.learner.settings import LearnerSettings
-from rlgate.learner.trainer import train
+from rlgate.learner.trainer import Trainer
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_env_to_module, build_rl_module
+from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +39,14 @@ def follow(settings: LearnerSettings, rendezvous: Rendezvous) -> int:
         connectors = build_env_to_module(spec, start.observation_space, action_space, imports)
         module = build_rl_module(spec, connectors.observation_space, action_space, imports)
         module.eval()
-        optimizer = Adam(module.parameters(), 0.0)  # every update sets its scheduled lr
-        group.share_state(module, optimizer)
-        rng = np.random.default_rng(None if spec.seed is None else [spec.seed, group.rank])
+        pipeline = build_learner_connector(spec, module.observation_space, action_space, imports)  # rank 0 runs it
+        seed = None if spec.seed is None else spec.seed + group.rank  # the minibatches' order in this rank's shard
+        trainer = Trainer(module, pipeline, spec.algorithm, max_staleness=0, seed=seed)
+        trainer.join(group)
         while (update := group.receive_batch()) is not None:
             env_steps, shard = update
-            stats = train(module, optimizer, shard, spec.algorithm.at(env_steps), rng, group)
-            if "skipped" not in stats:
+            if "skipped" not in trainer.train(shard, spec.algorithm.at(env_steps)):
                 updates += 1
-                group.check_identical(module)
     except GroupFailed as exc:
         fail(exc)
     log.info("learner rank %d: rank 0 stopped the group after %d updates", group.rank, updates)

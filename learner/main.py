@@ -144,7 +144,7 @@ class LearnerServer:
 
         def lead() -> None:
             group.send_start(learner.spec, learner.observation_space, learner.action_space)
-            learner.trainer.lead(group)
+            learner.trainer.join(group)
 
         await learner.in_trainer_thread(lead)
 

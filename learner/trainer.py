@@ -52,10 +52,10 @@ class Trainer:
             for group in self.optimizer.param_groups:  # the spec's lr (schedule), not the checkpoint's
                 group["lr"] = lr
         self._rng = np.random.default_rng(seed)
-        self.group: Group | None = None  # the data-parallel learners this one leads as rank 0 (`lead`)
+        self.group: Group | None = None  # the data-parallel learners this one trains with (`join`)
 
-    def lead(self, group: Group) -> None:
-        """Train with the group's other ranks from now on; they take this trainer's weights and optimizer state."""
+    def join(self, group: Group) -> None:
+        """Train with the group's other ranks from now on, all from rank 0's weights and optimizer state."""
         group.share_state(self.module, self.optimizer)
         self.group = group
 
@@ -91,37 +91,29 @@ class Trainer:
         if used:
             if self.group is not None:  # every rank trains on its shard of the batch's real rows
                 batch = self.group.send_batch(real_rows(self.module, batch), self.env_steps)
-            stats = train(self.module, self.optimizer, batch, config, self._rng, self.group)
+            stats = self.train(batch, config)
             if "skipped" in stats:
                 return {**counts, **stats}
-            if self.group is not None:
-                self.group.check_identical(self.module)
-                stats.update(self.group.seconds)  # the update's seconds in collectives: scatter_s, allreduce_s, check_s
         self.version += 1
         self.env_steps += real_steps
         return {**stats, **scheduled_values(config), **counts}
 
-
-def train(
-    module: RLModule,
-    optimizer: Adam,
-    batch: dict[str, torch.Tensor],
-    config: PPOConfig,
-    rng: np.random.Generator,
-    group: Group | None = None,
-) -> dict[str, Any]:
-    """PPO's epochs on a train batch (in a group of data-parallel learners, this rank's shard of it), with one
-    update's hyper-parameters (`PPOConfig.at`); undone (weights and optimizer state as before) if they leave a
-    non-finite value anywhere: then the stats are just "skipped", why. Every rank of a group runs it alike."""
-    for param_group in optimizer.param_groups:
-        param_group["lr"] = config.lr
-    before = Snapshot(module, optimizer)
-    stats = ppo_update(module, optimizer, batch, config, rng, group)
-    bad = before.nonfinite_now()
-    if bad:
-        before.restore()
-        return {"skipped": skipped_reason(bad)}
-    return stats
+    def train(self, batch: dict[str, torch.Tensor], config: PPOConfig) -> dict[str, Any]:
+        """PPO's epochs on a train batch (in a group of data-parallel learners, this rank's shard of it), with one
+        update's hyper-parameters (`PPOConfig.at`); undone (weights and optimizer state as before) if they leave a
+        non-finite value anywhere: then the stats are just "skipped", why. Every rank of a group runs it alike."""
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = config.lr
+        before = Snapshot(self.module, self.optimizer)
+        stats = ppo_update(self.module, self.optimizer, batch, config, self._rng, self.group)
+        bad = before.nonfinite_now()
+        if bad:
+            before.restore()
+            return {"skipped": skipped_reason(bad)}
+        if self.group is not None:
+            self.group.check_identical(self.module)
+            stats.update(self.group.seconds)  # the update's seconds in collectives: scatter_s, allreduce_s, check_s
+        return stats
 
 
 def scheduled_values(config: Any) -> dict[str, float]:

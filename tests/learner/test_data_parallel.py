@@ -66,7 +66,7 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
         alone, leader = trainer(spec), trainer(spec)
         assert weights_to_bytes(alone.module) == weights_to_bytes(leader.module)
         group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
-        leader.lead(group)
+        leader.join(group)
         for seed in range(3):
             chunks = cartpole_chunks(128, seed=seed)
             ours, theirs = alone.update(copy.deepcopy(chunks)), leader.update(chunks)  # leader: checks rank 1's weights
@@ -93,7 +93,7 @@ def test_a_follower_whose_rank_0_is_gone_ends_with_one_line(tmp_path, learner_se
     try:
         group = Group(rendezvous, TIMEOUT_S)
         group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
-        trainer(spec).lead(group)
+        trainer(spec).join(group)
         group.close()  # as a killed rank 0's connections close: rank 1 waits for the next update there
         assert rank_1.wait(TIMEOUT_S) == 1
     finally:
