@@ -73,6 +73,7 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
             for key in ("policy_loss", "vf_loss", "entropy", "kl", "clip_fraction"):
                 assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
             assert ours["env_steps"] == theirs["env_steps"] > 0
+            assert theirs["scatter_s"] > 0 and theirs["allreduce_s"] > 0 and theirs["check_s"] > 0
             for name, weight in alone.module.state_dict().items():
                 torch.testing.assert_close(leader.module.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
         assert weights_to_bytes(leader.module) != weights_to_bytes(trainer(spec).module)  # it trained
@@ -153,16 +154,25 @@ def rlgate_learn(*flags: str, env: dict[str, str] | None = None) -> subprocess.C
     )
 
 
-def test_more_learners_than_a_minibatch_has_steps_is_one_line_and_exit_2(tmp_path):
-    done = rlgate_learn(
-        *("--env", ENV, "--port", "0", "--http-port", "0", "--checkpoint-dir", str(tmp_path)),
-        *("--num-learners", "5", "--spec.algorithm.minibatch-size", "4"),
-    )
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ("--num-learners", "5", "--spec.algorithm.minibatch-size", "4"),
+            "--num-learners 5: more learners than the 4 env steps of a minibatch (--spec.algorithm.minibatch-size, "
+            "--spec.algorithm.train-batch-size): each needs at least one",
+        ),
+        (
+            ("--num-learners", "2", "--algo", "DQN"),
+            "--num-learners 2: data-parallel learners train single-agent PPO, not DQN",
+        ),
+    ],
+    ids=["more-than-a-minibatch", "dqn"],
+)
+def test_learners_the_run_cannot_have_are_one_line_and_exit_2(tmp_path, flags, line):
+    done = rlgate_learn("--env", ENV, "--port", "0", "--http-port", "0", "--checkpoint-dir", str(tmp_path), *flags)
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1] == (
-        "rlgate: --num-learners 5: more learners than the 4 env steps of a minibatch "
-        "(--spec.algorithm.minibatch-size, --spec.algorithm.train-batch-size): each needs at least one"
-    )
+    assert done.stderr.splitlines()[-1] == f"rlgate: {line}"
 
 
 def test_a_rank_that_cannot_reach_the_rendezvous_is_one_line_and_exit_2():
