@@ -38,9 +38,9 @@ from rlgate.spec.run import RunSpec
 log = logging.getLogger(__name__)
 
 BACKEND = "gloo"
-# A rank that dies closes its connections and fails the others' collectives at once; this bounds only a rank that
-# hangs, and the other ranks' wait for rank 0's next update (a learner with no data sends none).
-COLLECTIVE_TIMEOUT = timedelta(days=7)
+# A rank that dies closes its connections and fails the others' collectives at once. The timeout would also end the
+# other ranks' wait for rank 0's next update, which a learner without data (its servers away) does not send: a year.
+COLLECTIVE_TIMEOUT = timedelta(days=365)
 FAILED = 1  # exit status of a rank whose group broke
 
 
@@ -200,7 +200,7 @@ class Group:
         into that many, so every rank takes the same number of steps."""
         return math.ceil(self.rows / minibatch_size)
 
-    def average(self, parameters: list[torch.Tensor], parts: dict[str, float], steps: torch.Tensor) -> dict:
+    def average(self, parameters: list[torch.Tensor], parts: dict[str, float], steps: torch.Tensor) -> dict[str, float]:
         """All-reduce this minibatch's gradients (in place) and loss parts, each rank's weighted by its `steps`
         (its masked mean's count): the whole minibatch's mean, as one learner computes it. One collective."""
         grads = [p.grad for p in parameters if p.grad is not None]
