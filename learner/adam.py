@@ -44,7 +44,7 @@ class Adam:
                 continue
             state = self.state.get(parameter)
             if state is None:
-                state = self.state[parameter] = _fresh_state(parameter)
+                state = self.state[parameter] = fresh_state(parameter)
             lists = by_device.setdefault((parameter.device, parameter.dtype), [[], [], [], [], []])
             for tensors, tensor in zip(
                 lists, (parameter, parameter.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]), strict=True
@@ -100,7 +100,7 @@ class Adam:
                 }
 
 
-def _fresh_state(parameter: torch.Tensor) -> dict[str, torch.Tensor]:
+def fresh_state(parameter: torch.Tensor) -> dict[str, torch.Tensor]:
     return {
         "step": torch.zeros((), dtype=torch.float32, device=parameter.device),
         "exp_avg": torch.zeros_like(parameter, memory_format=torch.preserve_format),

@@ -61,6 +61,9 @@ COLUMNS: dict[str, str | None] = {
     "stale_steps": "data/stale_steps",
     "stale_steps_total": "data/stale_steps_total",
     "steps_in_during_update": "data/steps_in_during_update",
+    "scatter_s": "time/scatter_s",
+    "allreduce_s": "time/allreduce_s",
+    "check_s": "time/check_s",
 }
 
 # The columns only some algorithms' updates have (the others' rows leave them blank); the rest every update has.
@@ -79,6 +82,9 @@ ALGORITHM_COLUMNS: dict[str, tuple[str, ...]] = {
         "replay_ratio",
     ),
 }  # fmt: skip
+
+# The columns only data-parallel learners' updates have (--num-learners): seconds in the group's collectives.
+DATA_PARALLEL_COLUMNS = ("scatter_s", "allreduce_s", "check_s")
 
 PROGRESS = "progress.csv"
 

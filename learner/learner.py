@@ -16,6 +16,7 @@ import gymnasium as gym
 from rlgate.core import codec
 from rlgate.learner.best_checkpoint import BestCheckpoint
 from rlgate.learner.chunk_check import learner_output_shapes
+from rlgate.learner.data_parallel import GroupFailed, fail
 from rlgate.learner.intake import RETURN_WINDOW, Covered, Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
@@ -300,7 +301,7 @@ class Learner:
         if version >= self.weights.version:
             # The server may hold a version this learner published before a restart and lost (or has since
             # reused for other weights): publish ours under a newer number, which every server takes.
-            await self._in_trainer_thread(self._skip_version, version + 1)
+            await self.in_trainer_thread(self._skip_version, version + 1)
             await self._publish()
             log.info("server %s has version %d: published version %d", server_id, version, self.weights.version)
         self.watchers += 1
@@ -369,7 +370,9 @@ class Learner:
         started = time.perf_counter()
         self.updating_since, self._steps_in_while_updating = time.time(), 0
         try:
-            stats = await self._in_trainer_thread(self.trainer.update, episodes)
+            stats = await self.in_trainer_thread(self.trainer.update, episodes)
+        except GroupFailed as exc:  # a data-parallel learner died: the weights are a half-done update's
+            fail(exc)
         except Exception:  # e.g. a user's learner piece failing: say so, keep the service (and the rest) alive
             self.metrics.failed_updates.inc()
             self.failed_updates_in_a_row += 1
@@ -416,7 +419,7 @@ class Learner:
         """Write a checkpoint (on the trainer thread, so never during an update), then drop intake files."""
         covered, version, mean = self.intake.checkpoint_state(), self.trainer.version, self.mean_return()
         self.checkpointed_at = time.monotonic()
-        path = await self._in_trainer_thread(self._write_checkpoint, covered, mean)
+        path = await self.in_trainer_thread(self._write_checkpoint, covered, mean)
         self.intake.checkpointed(covered)
         log.info("checkpoint %s", path)
         self.best.offer(path, version, mean if len(self.intake.returns) >= RETURN_WINDOW else None)
@@ -487,11 +490,12 @@ class Learner:
     def _skip_version(self, version: int) -> None:
         self.trainer.version = max(self.trainer.version, version)
 
-    async def _in_trainer_thread(self, fn: Any, *args: Any) -> Any:
+    async def in_trainer_thread(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(*args)` on the trainer thread, after the update, snapshot or checkpoint in progress there."""
         return await asyncio.get_running_loop().run_in_executor(self._trainer_thread, fn, *args)
 
     async def _publish(self) -> None:
-        weights = await self._in_trainer_thread(self._weights_message)
+        weights = await self.in_trainer_thread(self._weights_message)
         async with self._published:
             self.weights = weights
             self._published.notify_all()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from typing import Any, Literal
 
 import grpc
@@ -11,25 +14,40 @@ import torch
 from fastapi import Query
 from grpc_health.v1 import health
 
+from rlgate.core.errors import UserError
+from rlgate.learner.data_parallel import Group, GroupFailed, Rendezvous, fail
+from rlgate.learner.follower import follow
 from rlgate.learner.history import PAGE_LIMIT
 from rlgate.learner.learner import Learner
 from rlgate.learner.servicer import SERVICE_NAME, LearnerServicer
 from rlgate.learner.settings import LearnerSettings
+from rlgate.learner.trainer import Trainer
 from rlgate.service.http import HttpServer, build_app, read_page
-from rlgate.service.process import ensure_free, run_until_signal, start_grpc_server
+from rlgate.service.process import bind, ensure_free, run_until_signal, start_grpc_server
+from rlgate.spec.algorithm import PPOConfig
 
 log = logging.getLogger(__name__)
+GRACE_S = 15.0  # the other data-parallel learners' time to end once rank 0 stops the group
 
 
 class LearnerServer:
     """The `rlgate learn` process: the Learner behind a grpc.aio server and a FastAPI app."""
 
-    def __init__(self, settings: LearnerSettings) -> None:
+    def __init__(self, settings: LearnerSettings, rendezvous: Rendezvous | None = None) -> None:
+        """`rendezvous`: where this process is rank 0 of data-parallel learners started by another (torchrun);
+        None: it starts settings.num_learners - 1 more itself, if that is more than none."""
         self.settings = settings
         # A learner already on these ports may own this checkpoint directory: leave its intake alone.
         ensure_free(settings.host, settings.port, "--port")
         ensure_free(settings.host, settings.http_port, "--http-port")
         self.learner = Learner(settings)
+        self._rendezvous = rendezvous
+        self.num_learners = rendezvous.size if rendezvous else settings.num_learners
+        if self.num_learners > 1:
+            check_data_parallel(self.learner, self.num_learners)
+        self._group: Group | None = None
+        self._followers: dict[int, asyncio.subprocess.Process] = {}  # the ranks this process started, by rank
+        self._watchers: list[asyncio.Task] = []
         self.port = 0
         self.http_port = 0
         self._health = health.aio.HealthServicer()
@@ -41,6 +59,8 @@ class LearnerServer:
         s = self.settings
         if s.torch_threads is not None:
             torch.set_num_threads(s.torch_threads)
+        if self.num_learners > 1:
+            await self._form_group()
         app = build_app(
             "rlgate learner",
             registry=self.learner.metrics.registry,
@@ -97,11 +117,87 @@ class LearnerServer:
         path = await self.learner.save_checkpoint()
         self.learner.progress.close()
         log.info("stopped; final checkpoint %s", path)
+        if self._group is not None:
+            await self._stop_group(self._group)
         if self._http is not None:
             await self._http.stop()
+
+    # --- data-parallel learners -----------------------------------------------------------------------
+
+    async def _form_group(self) -> None:
+        """Start the other ranks (unless torchrun did), form the group, give them the run and the state."""
+        s, learner = self.settings, self.learner
+        rendezvous = self._rendezvous
+        if rendezvous is None:
+            with bind("127.0.0.1", 0, "--num-learners") as sock:
+                rendezvous = Rendezvous(0, self.num_learners, "127.0.0.1", sock.getsockname()[1])
+            command = [sys.executable, "-m", "rlgate", "learn", "--rendezvous-timeout-s", str(s.rendezvous_timeout_s)]
+            command += ["--torch-threads", str(s.torch_threads)] if s.torch_threads is not None else []
+            for rank in range(1, rendezvous.size):
+                self._followers[rank] = await asyncio.create_subprocess_exec(
+                    *command, env={**os.environ, **rendezvous.env(rank)}, stdin=subprocess.DEVNULL
+                )
+        try:
+            self._group = await asyncio.to_thread(Group, rendezvous, s.rendezvous_timeout_s)
+        except UserError:
+            await self._end_followers(0.0)
+            raise
+        self._watchers = [asyncio.create_task(self._watch(r, p), name=f"rank {r}") for r, p in self._followers.items()]
+        group = self._group
+
+        def lead() -> None:
+            group.send_start(learner.spec, learner.observation_space, learner.action_space)
+            assert isinstance(learner.trainer, Trainer)  # check_data_parallel: single-agent PPO
+            learner.trainer.join(group)
+
+        await learner.in_trainer_thread(lead)
+
+    async def _watch(self, rank: int, process: asyncio.subprocess.Process) -> None:
+        """A rank that ends before the group is stopped breaks it: this process ends too, at once."""
+        code = await process.wait()
+        fail(GroupFailed(f"learner rank {rank} of {self.num_learners} exited with status {code}"))
+
+    async def _stop_group(self, group: Group) -> None:
+        """After the final checkpoint: the other ranks leave (on the trainer thread, after any update's
+        collectives), then the group closes."""
+        for watcher in self._watchers:
+            watcher.cancel()
+        try:
+            await self.learner.in_trainer_thread(group.stop)
+        except GroupFailed as exc:
+            log.warning("%s", exc)
+        await self._end_followers(GRACE_S)
+        group.close()
+
+    async def _end_followers(self, grace_s: float) -> None:
+        """Wait up to `grace_s` for the ranks this process started to end; kill those that have not."""
+        for rank, process in self._followers.items():
+            try:
+                await asyncio.wait_for(process.wait(), grace_s)
+            except TimeoutError:
+                log.warning("learner rank %d did not stop within %g s: killed", rank, grace_s)
+                process.kill()
+                await process.wait()
+
+
+def check_data_parallel(learner: Learner, num_learners: int) -> None:
+    """UserError unless this run can train on `num_learners` data-parallel learners."""
+    spec = learner.spec
+    if spec.multi_agent or not isinstance(spec.algorithm, PPOConfig):
+        kind = "multi-agent" if spec.multi_agent else spec.algorithm.name
+        raise UserError(f"--num-learners {num_learners}: data-parallel learners train single-agent PPO, not {kind}")
+    most = min(spec.algorithm.train_batch_size, spec.algorithm.minibatch_size)
+    if num_learners > most:
+        raise UserError(
+            f"--num-learners {num_learners}: more learners than the {most} env steps of a minibatch "
+            "(--spec.algorithm.minibatch-size, --spec.algorithm.train-batch-size): each needs at least one"
+        )
 
 
 def main(argv: list[str]) -> int:
     settings = LearnerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate learn")
-    asyncio.run(run_until_signal(lambda: LearnerServer(settings)))
+    rendezvous = Rendezvous.from_env()
+    if rendezvous is not None and rendezvous.rank > 0:
+        return follow(settings, rendezvous)
+    asyncio.run(run_until_signal(lambda: LearnerServer(settings, rendezvous)))
     return 0

@@ -15,7 +15,7 @@ staler than `max_staleness`) do not count.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from rlgate.core.tree import map_structure
 from rlgate.learner.adam import Adam
 from rlgate.models import RLModule
 from rlgate.spec.algorithm import PPOConfig
+
+if TYPE_CHECKING:
+    from rlgate.learner.data_parallel import Group
 
 #: The most the proximal / behaviour importance weight of a step may be (RLlib APPO's clamp).
 MAX_IMPORTANCE_WEIGHT = 2.0
@@ -99,6 +102,7 @@ def ppo_update(
     batch: dict[str, torch.Tensor],
     config: PPOConfig,
     rng: np.random.Generator,
+    group: Group | None = None,
 ) -> dict[str, Any]:
     """`num_epochs` passes of minibatch SGD over the batch, with one update's hyper-parameters (`config`, from
     `PPOConfig.at`); returns the mean of each loss part. Each row's PROXIMAL_ACTION_LOGP is the
@@ -107,11 +111,12 @@ def ppo_update(
     A stateless module's masked rows (each chunk's bootstrap step, stale steps) are left out first: they
     count for nothing, and with them a batch of `minibatch_size` steps took a second, tiny SGD step per
     epoch (SB3's and cleanrl's minibatches hold only real steps). A stateful module's rows are sequences,
-    kept whole."""
-    if not module.is_stateful():
-        mask = batch[Columns.LOSS_MASK]
-        if not bool(mask.all()):
-            batch = {key: _rows(value, mask) for key, value in batch.items()}
+    kept whole.
+
+    In a group of data-parallel learners (`group`), `batch` is this rank's shard: it is cut into as many
+    minibatches as one learner cuts the whole batch into, and each step's gradients and loss parts are those of
+    the whole minibatch (data_parallel.Group.average)."""
+    batch = real_rows(module, batch)
     proximal = action_logp(module, batch) if config.proximal_clip else batch[Columns.ACTION_LOGP]
     batch[Columns.PROXIMAL_ACTION_LOGP] = proximal
     size = len(batch[Columns.ADVANTAGES])
@@ -120,18 +125,31 @@ def ppo_update(
     module.train()
     for _ in range(config.num_epochs):
         order = torch.from_numpy(rng.permutation(size))
-        for start in range(0, size, config.minibatch_size):
-            rows = order[start : start + config.minibatch_size]
+        if group is None:
+            minibatches = order.split(config.minibatch_size)
+        else:
+            minibatches = order.tensor_split(group.minibatches(config.minibatch_size))
+        for rows in minibatches:
             minibatch = {k: _rows(v, rows) for k, v in batch.items()}
             loss, parts = ppo_loss(module, minibatch, config)
             optimizer.zero_grad()
             loss.backward()
+            if group is not None:
+                parts = group.average(parameters, parts, minibatch[Columns.LOSS_MASK].sum())
             torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
             optimizer.step()
             for key, value in parts.items():
                 stats.setdefault(key, []).append(value)
     module.eval()
     return {key: float(np.mean(values)) for key, values in stats.items()}
+
+
+def real_rows(module: RLModule, batch: dict[str, Any]) -> dict[str, Any]:
+    """A stateless module's batch without its masked rows (they count for nothing); a stateful one's as it is."""
+    if module.is_stateful():
+        return batch
+    mask = batch[Columns.LOSS_MASK]
+    return batch if bool(mask.all()) else {key: _rows(value, mask) for key, value in batch.items()}
 
 
 def _rows(value: Any, rows: torch.Tensor) -> Any:

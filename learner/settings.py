@@ -48,6 +48,19 @@ class LearnerSettings(SpecSettings, ServiceSettings):
         ge=0,
         description="Steps chosen by a model more than this many versions old are dropped (and counted).",
     )
+    num_learners: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel learner processes (RLlib's num_learners): rank 0 serves and splits each train batch "
+        "among all of them; they all-reduce gradients, so they hold one model (PPO, single-agent). Under torchrun "
+        "(WORLD_SIZE set) torchrun's ranks are the learners instead.",
+    )
+    rendezvous_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long the data-parallel learners wait for each other to form their group (exit 2 after).",
+    )
     torch_threads: int | None = Field(
         None,
         ge=1,

@@ -17,7 +17,8 @@ from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.adam import Adam
-from rlgate.learner.ppo import ppo_update
+from rlgate.learner.data_parallel import Group
+from rlgate.learner.ppo import ppo_update, real_rows
 from rlgate.models import RLModule
 from rlgate.spec.algorithm import PPOConfig
 
@@ -51,6 +52,12 @@ class Trainer:
             for group in self.optimizer.param_groups:  # the spec's lr (schedule), not the checkpoint's
                 group["lr"] = lr
         self._rng = np.random.default_rng(seed)
+        self.group: Group | None = None  # the data-parallel learners this one trains with (`join`)
+
+    def join(self, group: Group) -> None:
+        """Train with the group's other ranks from now on, all from rank 0's weights and optimizer state."""
+        group.share_state(self.module, self.optimizer)
+        self.group = group
 
     @property
     def spaces(self) -> tuple[gym.Space, gym.Space]:
@@ -75,22 +82,38 @@ class Trainer:
         batch[Columns.LOSS_MASK] = mask
         used = int(mask.sum())
         config = self.config.at(self.env_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = config.lr
         counts = {
             "env_steps": real_steps,
             "stale_steps": real_steps - used,
             "staleness": float(staleness[mask].mean()) if used else 0.0,
         }
-        before = Snapshot(self.module, self.optimizer)
-        stats = ppo_update(self.module, self.optimizer, batch, config, self._rng) if used else {}
-        bad = before.nonfinite_now()
-        if bad:
-            before.restore()
-            return {**counts, "skipped": skipped_reason(bad)}
+        stats = {}
+        if used:
+            if self.group is not None:  # every rank trains on its shard of the batch's real rows
+                batch = self.group.send_batch(real_rows(self.module, batch), self.env_steps)
+            stats = self.train(batch, config)
+            if "skipped" in stats:
+                return {**counts, **stats}
         self.version += 1
         self.env_steps += real_steps
         return {**stats, **scheduled_values(config), **counts}
+
+    def train(self, batch: dict[str, torch.Tensor], config: PPOConfig) -> dict[str, Any]:
+        """PPO's epochs on a train batch (in a group of data-parallel learners, this rank's shard of it), with one
+        update's hyper-parameters (`PPOConfig.at`); undone (weights and optimizer state as before) if they leave a
+        non-finite value anywhere: then the stats are just "skipped", why. Every rank of a group runs it alike."""
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = config.lr
+        before = Snapshot(self.module, self.optimizer)
+        stats = ppo_update(self.module, self.optimizer, batch, config, self._rng, self.group)
+        bad = before.nonfinite_now()
+        if bad:
+            before.restore()
+            return {"skipped": skipped_reason(bad)}
+        if self.group is not None:
+            self.group.check_identical(self.module)
+            stats.update(self.group.seconds)  # the update's seconds in collectives: scatter_s, allreduce_s, check_s
+        return stats
 
 
 def scheduled_values(config: Any) -> dict[str, float]:

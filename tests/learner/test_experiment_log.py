@@ -12,7 +12,7 @@ import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.util import tensor_util
 
-from rlgate.learner.experiment_log import ALGORITHM_COLUMNS, COLUMNS, PROGRESS, ExperimentLog
+from rlgate.learner.experiment_log import ALGORITHM_COLUMNS, COLUMNS, DATA_PARALLEL_COLUMNS, PROGRESS, ExperimentLog
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.ppo import explained_variance
 from rlgate.spec.algorithm import scheduled
@@ -44,6 +44,7 @@ async def test_every_update_goes_to_tensorboard_and_progress_csv_against_env_ste
 
     written = scalars(log_dir)
     others = {name for algorithm, names in ALGORITHM_COLUMNS.items() for name in names} - set(ALGORITHM_COLUMNS["PPO"])
+    others |= set(DATA_PARALLEL_COLUMNS)  # one learner: no group
     expected = {tag for name, tag in COLUMNS.items() if tag is not None and name not in others}
     assert expected <= set(written), expected - set(written)
     for key, tag in COLUMNS.items():

@@ -8,6 +8,9 @@ still waiting in the learner's intake files must be exactly the shipped chunks, 
 model was trained on must be the sum of the trained chunks' lengths: a chunk trained twice, or lost, would break one
 or the other.
 
+With two data-parallel learners (`--num-learners 2`), rank 1 is killed instead: rank 0 ends with it, and the
+restarted pair goes on from the checkpoint alike.
+
 The learner is killed at two moments: while the server ships chunks (its stream to the learner may break
 in the middle of a write), and while the server (or the local client) waits for the next version with all its chunks
 acknowledged (only the restarted learner can get the run going again).
@@ -16,12 +19,14 @@ acknowledged (only the restarted learner can get the run going again).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import pytest
-from support.learners import ENV, intake_chunks, shipped_chunks
+from support.learners import ENV, children, intake_chunks, shipped_chunks
 from support.servers import running_client, target, until
 
 from rlgate.client.env_client import EnvClient
@@ -53,17 +58,26 @@ def waiting(server: InferenceServer, client: EnvClient, spool: Path) -> bool:
     return served(server) >= 3 and server.host.batcher.paused() and not any(spool.rglob("*.pb"))
 
 
-@pytest.mark.parametrize("inference", ["server", "local"])
-@pytest.mark.parametrize("moment", [shipping, waiting], ids=lambda moment: moment.__name__)
+KILLS: list[Any] = [(inference, moment, 1) for inference in ("server", "local") for moment in (shipping, waiting)]
+# Two data-parallel learners: rank 1 killed, and rank 0 ends with it (~50 s: three processes start twice).
+KILLS.append(pytest.param("server", shipping, 2, marks=pytest.mark.slow))
+
+
+@pytest.mark.parametrize(
+    ("inference", "moment", "num_learners"),
+    KILLS,
+    ids=lambda value: getattr(value, "__name__", None) or (f"{value}-learners" if isinstance(value, int) else value),
+)
 async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk_exactly_once(
-    tmp_path, learners, server_factory, moment, inference
+    tmp_path, learners, server_factory, moment, inference, num_learners
 ):
     checkpoints, shipped_dir = learners.checkpoints, tmp_path / "shipped"
     server = await server_factory(
         learner=learners.target,
         episode_dir=shipped_dir,
     )
-    first = learners.start("learner-1", *QUICK)
+    flags = (*QUICK, "--num-learners", str(num_learners))
+    first = learners.start("learner-1", *flags)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
     client = EnvClient(envs, target(server), seed=0, inference=inference, spool_dir=tmp_path / "client-spool")
     async with running_client(client):
@@ -71,11 +85,16 @@ async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk
         # must not wait for a "version 3" it already has.
         await until(lambda: moment(server, client, tmp_path / "spool"), timeout=60)
         assert any((checkpoints / "intake").glob("*.pb"))  # acknowledged chunks in no checkpoint yet
-        first.kill()
-        assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
+        if num_learners == 1:
+            first.kill()
+            assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
+        else:
+            (rank_1,) = children(first.pid)
+            os.kill(rank_1, signal.SIGKILL)
+            assert await asyncio.to_thread(first.wait, 10) == 1  # data_parallel.FAILED
         killed_at, resumed_from = served(server), checkpoint.load(checkpoints).version
 
-        second = learners.start("learner-2", *QUICK)
+        second = learners.start("learner-2", *flags)
         await until(lambda: served(server) >= max(killed_at, resumed_from) + 3, timeout=60)
     await server.stop()  # ships the open episodes (truncated) and waits for the learner's acks
     assert not list((tmp_path / "spool").rglob("*.pb")), "the server has unacknowledged batches left"

@@ -61,6 +61,11 @@ class Learners:
             process.wait()
 
 
+def children(pid: int) -> list[int]:
+    """The process ids of a process's children (Linux): the learner ranks `rlgate learn --num-learners` started."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def shipped_chunks(directory: Path) -> dict[str, int]:
     """Chunk key -> env steps, for every chunk a server's `episode_dir` recorded as shipped (CartPole)."""
     spaces = (gym.make(ENV).observation_space, gym.spaces.Discrete(2))

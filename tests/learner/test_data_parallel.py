@@ -1,0 +1,184 @@
+"""Data-parallel learners (`rlgate learn --num-learners N`): real processes in one gloo group on 127.0.0.1.
+
+Two ranks train one model: every update, their weights are identical (the group compares digests after each
+update and fails if not), and with one minibatch per epoch they take the very step one learner takes on the
+whole batch (same loss parts, same weights, to float tolerance). Through a real server and client, a learner of
+two ranks publishes versions that change the weights. Bad input is one line and exit 2; a rank that dies ends the
+group with one line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+from support.learners import ENV, children, free_port
+from support.servers import running_client, target, until
+
+from rlgate.client.env_client import EnvClient
+from rlgate.learner.data_parallel import Group, Rendezvous
+from rlgate.learner.trainer import Trainer
+from rlgate.models import load_weights, weights_to_bytes
+from rlgate.spec import checkpoint
+from rlgate.spec.imports import ImportPolicy
+from rlgate.spec.policy import build_learner_connector, build_rl_module
+from rlgate.spec.run import RunSpec
+
+OBSERVATION_SPACE = gym.make(ENV).observation_space
+ACTION_SPACE = gym.spaces.Discrete(2)
+TIMEOUT_S = 30
+
+
+def trainer(spec: RunSpec) -> Trainer:
+    module = build_rl_module(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())  # seeded: same weights
+    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+    return Trainer(module, pipeline, spec.algorithm, max_staleness=4, seed=spec.seed)
+
+
+def follower(rendezvous: Rendezvous, rank: int, log: Path) -> subprocess.Popen:
+    """`rlgate learn` as rank `rank` of the group: it waits for rank 0 and trains on what it sends."""
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rlgate", "learn", "--rendezvous-timeout-s", str(TIMEOUT_S)],
+            env={**os.environ, **rendezvous.env(rank)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, learner_settings, cartpole_chunks):
+    # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch.
+    spec = learner_settings(spec={"algorithm": {"train_batch_size": 128, "minibatch_size": 256, "num_epochs": 3}}).spec
+    rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
+    rank_1 = follower(rendezvous, 1, tmp_path / "rank-1.log")
+    group = None
+    try:
+        group = Group(rendezvous, TIMEOUT_S)
+        alone, leader = trainer(spec), trainer(spec)
+        assert weights_to_bytes(alone.module) == weights_to_bytes(leader.module)
+        group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
+        leader.join(group)
+        for seed in range(3):
+            chunks = cartpole_chunks(128, seed=seed)
+            ours, theirs = alone.update(copy.deepcopy(chunks)), leader.update(chunks)  # leader: checks rank 1's weights
+            for key in ("policy_loss", "vf_loss", "entropy", "kl", "clip_fraction"):
+                assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+            assert ours["env_steps"] == theirs["env_steps"] > 0
+            assert theirs["scatter_s"] > 0 and theirs["allreduce_s"] > 0 and theirs["check_s"] > 0
+            for name, weight in alone.module.state_dict().items():
+                torch.testing.assert_close(leader.module.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
+        assert weights_to_bytes(leader.module) != weights_to_bytes(trainer(spec).module)  # it trained
+        group.stop()
+        assert rank_1.wait(TIMEOUT_S) == 0
+    finally:
+        if group is not None:
+            group.close()
+        rank_1.kill()
+        rank_1.wait()
+    assert "rank 0 stopped the group after 3 updates" in (tmp_path / "rank-1.log").read_text()
+
+
+def test_a_follower_whose_rank_0_is_gone_ends_with_one_line(tmp_path, learner_settings):
+    spec = learner_settings().spec
+    rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
+    rank_1 = follower(rendezvous, 1, tmp_path / "rank-1.log")
+    try:
+        group = Group(rendezvous, TIMEOUT_S)
+        group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
+        trainer(spec).join(group)
+        group.close()  # as a killed rank 0's connections close: rank 1 waits for the next update there
+        assert rank_1.wait(TIMEOUT_S) == 1
+    finally:
+        rank_1.kill()
+        rank_1.wait()
+    log = (tmp_path / "rank-1.log").read_text()
+    assert "Traceback" not in log
+    assert "learner rank 1 of 2: the group broke: " in log.splitlines()[-1]
+    assert "the learner stops: restart it, it resumes from its last checkpoint" in log.splitlines()[-1]
+
+
+async def test_a_rank_that_dies_ends_rank_0_with_one_line_and_exit_1(tmp_path, learners):
+    learner = learners.start("learner", "--num-learners", "2", *QUICK)
+    log = tmp_path / "learner.log"
+    await until(lambda: "learning grpc=" in log.read_text(), timeout=TIMEOUT_S)
+    (rank_1,) = children(learner.pid)
+    os.kill(rank_1, signal.SIGKILL)
+    assert await asyncio.to_thread(learner.wait, TIMEOUT_S) == 1
+    last = log.read_text().splitlines()[-1]
+    assert "CRITICAL" in last and "learner rank 1 of 2 exited with status -9; the learner stops" in last
+
+
+QUICK = ("--spec.algorithm.train-batch-size", "128", "--spec.algorithm.minibatch-size", "64")
+QUICK += ("--spec.algorithm.num-epochs", "2", "--spec.sampling.rollout-fragment-length", "16")
+
+
+@pytest.mark.slow
+async def test_two_learners_train_through_a_real_server_and_client(tmp_path, learners, server_factory):
+    server = await server_factory(learner=learners.target)
+    learner = learners.start("learner", "--num-learners", "2", *QUICK)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
+    client = EnvClient(envs, target(server), seed=0, inference="server")
+    async with running_client(client):
+        await until(lambda: server.host.core is not None and server.host.core.version >= 4, timeout=60)
+    await server.stop()
+    learner.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(learner.wait, TIMEOUT_S) == 0
+    log = (tmp_path / "learner.log").read_text()
+    assert "learner rank 1 of 2 joined" in log
+    assert "rank 0 stopped the group after" in log
+    final = checkpoint.load(learners.checkpoints)
+    assert final.version >= 4 and final.env_steps >= 4 * 128
+    fresh = build_rl_module(final.spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+    trained = build_rl_module(final.spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+    with final.loading_weights():
+        load_weights(trained, final.weights)
+    assert weights_to_bytes(trained) != weights_to_bytes(fresh)
+
+
+def rlgate_learn(*flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlgate", "learn", *flags],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ("--num-learners", "5", "--spec.algorithm.minibatch-size", "4"),
+            "--num-learners 5: more learners than the 4 env steps of a minibatch (--spec.algorithm.minibatch-size, "
+            "--spec.algorithm.train-batch-size): each needs at least one",
+        ),
+        (
+            ("--num-learners", "2", "--algo", "DQN"),
+            "--num-learners 2: data-parallel learners train single-agent PPO, not DQN",
+        ),
+    ],
+    ids=["more-than-a-minibatch", "dqn"],
+)
+def test_learners_the_run_cannot_have_are_one_line_and_exit_2(tmp_path, flags, line):
+    done = rlgate_learn("--env", ENV, "--port", "0", "--http-port", "0", "--checkpoint-dir", str(tmp_path), *flags)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == f"rlgate: {line}"
+
+
+def test_a_rank_that_cannot_reach_the_rendezvous_is_one_line_and_exit_2():
+    nobody = Rendezvous(1, 2, "127.0.0.1", free_port())  # no rank 0 listens there
+    done = rlgate_learn("--rendezvous-timeout-s", "1", env=nobody.env(1))
+    assert done.returncode == 2
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"rlgate: learner rank 1 of 2: the group did not form at 127.0.0.1:{nobody.port} within 1 s")
+    assert "Traceback" not in done.stderr
