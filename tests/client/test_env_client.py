@@ -31,7 +31,9 @@ async def test_a_server_without_a_model_yet_is_start_up_said_once_at_info(
 
 
 async def test_a_stream_that_breaks_mid_run_is_a_warning(server_factory, caplog: pytest.LogCaptureFixture) -> None:
-    server = await server_factory()  # a fresh model for the first client's spaces: serves at once
+    # A fresh model for the first client's spaces (serves at once); no drain: the stop ends the stream mid-episode
+    # instead of handing the client over at its episode's end.
+    server = await server_factory(drain_timeout_s=0)
     caplog.set_level(logging.INFO, logger="rlgate.client.env_client")
     client = EnvClient(SpaceEnv(BOX4, DISCRETE2), target(server), max_backoff_s=0.05)
     async with running_client(client):
