@@ -20,7 +20,7 @@ import numpy as np
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto, episode_to_proto
+from rlgate.episodes.chunk_codec import episode_from_proto, episode_to_proto
 from rlgate.v1 import episode_pb2
 
 OBSERVATION_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)

@@ -29,15 +29,15 @@ import torch
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import chunk_message, episode_from_proto
+from rlgate.episodes.chunk_codec import chunk_message, episode_from_proto
 from rlgate.episodes.session import Session, SessionSpec
 from rlgate.learner.data_parallel import Group, Rendezvous
 from rlgate.learner.trainer import Trainer
 from rlgate.policy.acting import ActingCore
 from rlgate.service.process import bind
 from rlgate.spec.algorithm import PPOConfig
+from rlgate.spec.build import build_learner_connector, build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_learner_connector, build_rl_module
 from rlgate.spec.presets import preset
 from rlgate.spec.run import RunSpec
 

@@ -32,8 +32,8 @@ from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.trainer import Trainer
 from rlgate.spec.algorithm import DQNConfig, SACConfig
+from rlgate.spec.build import build_learner_connector, build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_learner_connector, build_rl_module
 from rlgate.spec.presets import preset
 from rlgate.spec.run import RunSpec
 

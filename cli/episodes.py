@@ -1,6 +1,6 @@
 """`rlgate episodes DIR`: what a directory of recorded episodes holds (`rlgate serve --episode-dir DIR`).
 
-Python reads the episodes themselves with `rlgate.spec.episode_files.read_episodes(DIR)`.
+Python reads the episodes themselves with `rlgate.storage.episode_files.read_episodes(DIR)`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from rlgate.core.errors import ArgumentParser, UserError
-from rlgate.spec.episode_files import summarize
+from rlgate.storage.episode_files import summarize
 
 
 def report(summary: dict[str, Any]) -> str:

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from rlgate.core.errors import ArgumentParser, UserError
+from rlgate.envs.agent_envs import AgentEnvs
 from rlgate.policy import Evaluation, MultiAgentPolicy, Policy, evaluate, evaluate_multi_agent
 from rlgate.policy.evaluate import make_eval_env
 from rlgate.service.settings import require_device
-from rlgate.spec import checkpoint
-from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import EnvSpec
+from rlgate.storage import checkpoint
 
 
 def parser() -> argparse.ArgumentParser:

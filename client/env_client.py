@@ -2,7 +2,7 @@
 
 A plain env runs as a vector env of one. A PettingZoo ParallelEnv or AECEnv (or a list of them, the sub-envs)
 opens a multi-agent session: its hello declares the agents and their spaces, each step carries every
-sub-env's acting agents' observations, rewards and done flags (see spec/agent_envs.py). Sub-envs reset
+sub-env's acting agents' observations, rewards and done flags (see envs/agent_envs.py). Sub-envs reset
 themselves the way gymnasium's vector envs do by default (autoreset mode NEXT_STEP), which is what the
 server expects: after a sub-env's episode ends, its next observation is a reset observation. A server that
 hands the session over (Actions.reconnect: its max session age, or it is stopping) has seen every recorded
@@ -38,7 +38,7 @@ from rlgate.client.connection import (
 from rlgate.core import codec
 from rlgate.core.agents_step import AgentsStep
 from rlgate.core.errors import UserError
-from rlgate.spec.agent_envs import AgentEnvs
+from rlgate.envs.agent_envs import AgentEnvs
 from rlgate.spec.env import is_multi_agent_env
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import policy_pb2_grpc

@@ -23,7 +23,7 @@ import grpc
 from rlgate.core import codec
 from rlgate.delivery.spool import Spool
 from rlgate.episodes.chunk import Chunk
-from rlgate.episodes.codec import chunk_tables
+from rlgate.episodes.chunk_codec import chunk_tables
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)

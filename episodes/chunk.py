@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import gymnasium as gym
 
-from rlgate.episodes.codec import ChunkColumns, episode_columns, episodes_from_chunks
+from rlgate.episodes.chunk_codec import ChunkColumns, episode_columns, episodes_from_chunks
 from rlgate.episodes.single_agent_episode import SingleAgentEpisode
 from rlgate.v1 import learner_pb2
 

@@ -31,7 +31,7 @@ from rlgate.core.spaces import has_form_of
 from rlgate.core.tree import map_structure, unbatch
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.chunk import Chunk
-from rlgate.episodes.codec import ChunkColumns
+from rlgate.episodes.chunk_codec import ChunkColumns
 from rlgate.episodes.rows import EpisodeRows
 from rlgate.episodes.step_table import StepTable
 

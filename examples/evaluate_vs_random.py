@@ -22,10 +22,10 @@ from rlgate.connectors.env_to_module.flatten_observations import flatten_batch
 from rlgate.core.columns import Columns
 from rlgate.core.tree import batch
 from rlgate.models import load_weights
-from rlgate.spec import checkpoint
 from rlgate.spec.env import env_factory
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.multi_agent import build_multi_agent_env_to_module, build_multi_rl_module, modules_to_train
+from rlgate.storage import checkpoint
 
 
 def load_policy(directory: Path, module_id: str | None) -> tuple:

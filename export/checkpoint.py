@@ -19,10 +19,10 @@ from rlgate.export.graph import PolicyGraph
 from rlgate.export.onnx_file import to_onnx
 from rlgate.export.pieces import NotExportable, fold
 from rlgate.models import RLModule
-from rlgate.spec import checkpoint
+from rlgate.spec.build import build_policy
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.multi_agent import agent_spaces_of, agent_to_module_mapping_fn, build_multi_agent_policy
-from rlgate.spec.policy import build_policy
+from rlgate.storage import checkpoint
 
 
 def policy_graph(

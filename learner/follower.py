@@ -16,8 +16,8 @@ from rlgate.learner.data_parallel import Group, GroupFailed, Rendezvous, fail
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.spec.algorithm import PPOConfig
+from rlgate.spec.build import build_env_to_module, build_learner_connector, build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
 
 log = logging.getLogger(__name__)
 

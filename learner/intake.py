@@ -36,7 +36,7 @@ from google.protobuf.message import DecodeError
 from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import ChunkTable, chunk_table, episode_from_proto
+from rlgate.episodes.chunk_codec import ChunkTable, chunk_table, episode_from_proto
 from rlgate.learner.chunk_check import episode_misfit, misfit
 from rlgate.learner.multi_agent_returns import EpisodeReturns, MultiAgentReturns
 from rlgate.v1 import learner_pb2

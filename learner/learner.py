@@ -27,8 +27,8 @@ from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
 from rlgate.policy.published import MAX_VERSION
-from rlgate.spec import checkpoint
 from rlgate.spec.algorithm import DQNConfig, PPOConfig, SACConfig
+from rlgate.spec.build import build_env_to_module, build_learner_connector, build_rl_module
 from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import (
@@ -39,8 +39,8 @@ from rlgate.spec.multi_agent import (
     episode_module_spaces,
     modules_to_train,
 )
-from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)

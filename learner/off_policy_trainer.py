@@ -40,8 +40,8 @@ from rlgate.learner.sac import SACLearner
 from rlgate.learner.trainer import Snapshot, scheduled_values, skipped_reason
 from rlgate.models import MultiRLModule, RLModule
 from rlgate.spec.algorithm import DQNConfig, ReplayBufferConfig, SACConfig
-from rlgate.spec.checkpoint import State, optimizer_from_tensors, optimizer_to_tensors
 from rlgate.spec.imports import SpecError
+from rlgate.storage.checkpoint import State, optimizer_from_tensors, optimizer_to_tensors
 
 OffPolicyConfig = DQNConfig | SACConfig
 

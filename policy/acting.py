@@ -33,9 +33,9 @@ from rlgate.episodes.multi_agent_episode import MappingFn
 from rlgate.models import RLModule, load_weights
 from rlgate.models.actor_critic import ActorCriticModule
 from rlgate.policy.fast_path import Pieces, batched_pieces
+from rlgate.spec.build import build_policy
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import AgentSpaces, agent_spaces_of, build_multi_agent_policy
-from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
 
 if TYPE_CHECKING:

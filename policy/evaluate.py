@@ -9,9 +9,9 @@ from typing import Any
 
 import gymnasium as gym
 
+from rlgate.envs.agent_envs import AgentEnvs
 from rlgate.policy.multi_agent_policy import MultiAgentPolicy
 from rlgate.policy.policy import Policy
-from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.env import env_factory
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.run import EnvSpec

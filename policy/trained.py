@@ -19,9 +19,9 @@ from rlgate.connectors import ConnectorPipelineV2
 from rlgate.core import codec
 from rlgate.policy.acting import ActingCore
 from rlgate.policy.published import connector_state, spec_of
-from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 from rlgate.v1 import learner_pb2, learner_pb2_grpc
 
 

@@ -29,11 +29,11 @@ from rlgate.server.multi_agent_batcher import MultiAgentBatcher
 from rlgate.server.multi_agent_session import MultiAgentSessionSpec
 from rlgate.server.relay import WeightsRelay
 from rlgate.server.settings import ServerSettings
-from rlgate.spec import checkpoint
 from rlgate.spec.env import agent_spaces, env_spaces
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 from rlgate.v1 import learner_pb2
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,8 @@ The composition root: it makes the parts and wires them, nothing else. The Polic
 policy (server/host.py); the ShippingRouter takes the sessions' chunks to the episode files and the learner
 (server/router.py), whose link (server/learner_link.py) also brings the weights; the WeightsRelay hands what is
 served to the clients that act themselves (server/relay.py), whose episodes LocalClients takes in
-(server/local_clients.py); the PolicyService runs the clients' streams (server/service.py); ServerStatus says how it
-all stands (server/status.py).
+(server/local_clients.py); the PolicyService runs the clients' streams (server/policy_service.py); ServerStatus
+says how it all stands (server/status.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from rlgate.server.host import PolicyHost, served_spec
 from rlgate.server.learner_link import LearnerLink
 from rlgate.server.local_clients import LocalClients
 from rlgate.server.metrics import ServerMetrics
+from rlgate.server.policy_service import SERVICE_NAME, PolicyService
 from rlgate.server.relay import WeightsRelay
 from rlgate.server.router import Sessions, ShippingRouter
-from rlgate.server.service import SERVICE_NAME, PolicyService
 from rlgate.server.settings import ServerSettings
 from rlgate.server.shipping import DirectorySink
 from rlgate.server.status import ServerStatus

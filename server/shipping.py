@@ -3,7 +3,7 @@
 Sessions hand over `Chunk`s, their columns as arrays, which each sink encodes as it sends or writes them.
 `ship()` never blocks the event loop's hot path: it queues the chunks, and a worker task delivers them.
 `DirectorySink` writes one `rlgate.v1.Episode` file per chunk (offline data), with the spaces and run spec
-beside them (rlgate.spec.episode_files, which reads them back); the learner sink (server/learner_link.py)
+beside them (rlgate.storage.episode_files, which reads them back); the learner sink (server/learner_link.py)
 streams them to the learner as `rlgate.v1.EpisodeChunks` tables, with acks and a spool.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import gymnasium as gym
 
 from rlgate.episodes.chunk import Chunk
-from rlgate.episodes.codec import chunk_message
-from rlgate.spec.episode_files import Recording, read_metadata, write_metadata
+from rlgate.episodes.chunk_codec import chunk_message
 from rlgate.spec.run import RunSpec
+from rlgate.storage.episode_files import Recording, read_metadata, write_metadata
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from rlgate.server.host import PolicyHost
 from rlgate.server.learner_link import LearnerLink
 from rlgate.server.local_clients import LocalClients
 from rlgate.server.metrics import ServerMetrics
-from rlgate.server.service import PolicyService
+from rlgate.server.policy_service import PolicyService
 from rlgate.v1 import learner_pb2
 
 MAX_LISTED = 200  # sessions listed by /sessions

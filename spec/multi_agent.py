@@ -22,8 +22,8 @@ from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
 from rlgate.episodes.multi_agent_episode import MappingFn, MultiAgentEpisode, default_agent_to_module_mapping_fn
 from rlgate.models import ModelConfig, MultiRLModule, load_weights, parameter_count
 from rlgate.models.catalog import MAX_PARAMETERS, UnsupportedSpace, encodes
+from rlgate.spec.build import algorithm_pieces, build_pieces, build_rl_module, output_space, seeded
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import algorithm_pieces, build_pieces, build_rl_module, output_space, seeded
 from rlgate.spec.run import PER_AGENT, SHARED, RunSpec
 
 #: agent id -> (observation space, action space), as the env declares them.

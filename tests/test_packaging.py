@@ -127,4 +127,4 @@ def test_import_rlgate_stays_light_and_names_the_public_api() -> None:
     )
     ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    assert ran.stdout.splitlines() == ["False", "rlgate.policy.policy rlgate.spec.episode_files True"]
+    assert ran.stdout.splitlines() == ["False", "rlgate.policy.policy rlgate.storage.episode_files True"]

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
         evaluate,
         evaluate_multi_agent,
     )
-    from rlgate.spec.episode_files import read_episodes
+    from rlgate.storage.episode_files import read_episodes
 
 # The public API, imported on first use: `import rlgate` stays light (no torch) for the command line.
 _PUBLIC = {
@@ -37,7 +37,7 @@ _PUBLIC = {
     "evaluate_multi_agent": "rlgate.policy",
     "OnnxPolicy": "rlgate.export.runtime",
     "OnnxEpisode": "rlgate.export.runtime",
-    "read_episodes": "rlgate.spec.episode_files",
+    "read_episodes": "rlgate.storage.episode_files",
 }
 __all__ = [
     "Evaluation",

@@ -9,7 +9,7 @@ from rlgate.bench.profile import summary
 # py-spy --format raw: one `frame;frame;... count` line per distinct stack, outermost frame first. The middle
 # three lines are one torn sample, read while a function name changed (seen in a real bench run).
 RAW = """\
-main (server/main.py:236);_step (server/service.py:187);observe (server/session.py:114) 6
+main (server/main.py:236);_step (server/policy_service.py:187);observe (server/session.py:114) 6
 main (server/main.py:236);run (threading.py:982);Thread.run (threading.py:982) 2
 import uvicorn
  (from typing import Any

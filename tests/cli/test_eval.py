@@ -15,11 +15,11 @@ from support.checkpoints import multi_agent_checkpoint
 from rlgate import MultiAgentPolicy, Policy, evaluate, evaluate_multi_agent
 from rlgate.cli.main import main
 from rlgate.models import weights_to_bytes
-from rlgate.spec import checkpoint
+from rlgate.spec.build import build_policy
 from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 
 ENV = "CartPole-v1"
 

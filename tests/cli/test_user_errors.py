@@ -14,10 +14,10 @@ from rlgate.cli.up import _new_run_directory
 from rlgate.core.errors import UserError
 from rlgate.models import weights_to_bytes
 from rlgate.service.process import start_grpc_server
-from rlgate.spec import checkpoint
+from rlgate.spec.build import build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_rl_module
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 from tests.support.cli import ROOT, rlgate
 
 MULTI_BINARY = "tests.support.odd_envs:MultiBinaryActions"

@@ -156,7 +156,7 @@ def test_a_multi_agent_run_refuses_a_piece_left_single_agent():
             build_multi_agent_env_to_module(spec(name), agents, ImportPolicy([]))
     with pytest.raises(SpecError, match=r"learner\[0\]: FrameStackingLearner runs on multi-agent episodes here"):
         build_multi_agent_learner_connector(spec("FrameStackingLearner", "learner"), MODULES, ImportPolicy([]))
-    from rlgate.spec.policy import build_env_to_module, build_learner_connector
+    from rlgate.spec.build import build_env_to_module, build_learner_connector
 
     single = RunSpec.model_validate({"connectors": {"env_to_module": [{"type": "MeanStdFilter", "multi_agent": True}]}})
     with pytest.raises(SpecError, match=r"MeanStdFilter has multi_agent = true, but this spec is single-agent"):

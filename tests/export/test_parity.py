@@ -21,10 +21,10 @@ from rlgate.export.checkpoint import export_checkpoint
 from rlgate.export.pieces import NotExportable
 from rlgate.export.runtime import OnnxPolicy
 from rlgate.models import weights_to_bytes
-from rlgate.spec import checkpoint
+from rlgate.spec.build import build_policy
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 
 BOX4 = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ROWS = 1000

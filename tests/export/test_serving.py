@@ -17,7 +17,7 @@ from support.servers import BOX4, DISCRETE2, RawStream, hello, shipped, step
 from rlgate.core.columns import Columns
 from rlgate.core.tree import map_structure
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.policy.acting import ActingCore
 from rlgate.spec.imports import SpecError
 from rlgate.spec.run import RunSpec

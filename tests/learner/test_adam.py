@@ -13,7 +13,7 @@ import torch
 from rlgate.core.columns import Columns
 from rlgate.learner.adam import EPS, Adam
 from rlgate.models import build_module
-from rlgate.spec.checkpoint import optimizer_from_tensors, optimizer_to_tensors
+from rlgate.storage.checkpoint import optimizer_from_tensors, optimizer_to_tensors
 
 OBSERVATION_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = gym.spaces.Discrete(2)

@@ -11,10 +11,10 @@ import torch
 from rlgate.learner.best_checkpoint import BestCheckpoint
 from rlgate.learner.main import LearnerServer
 from rlgate.models import weights_to_bytes
-from rlgate.spec import checkpoint
+from rlgate.spec.build import build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_rl_module
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 
 SPEC = RunSpec.model_validate({"env": {"id": "CartPole-v1"}, "seed": 0})
 SPACES = (gym.make("CartPole-v1").observation_space, gym.spaces.Discrete(2))

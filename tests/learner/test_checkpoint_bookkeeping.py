@@ -12,7 +12,7 @@ from support.servers import until
 
 from rlgate.learner.intake import chunk_key
 from rlgate.learner.main import LearnerServer
-from rlgate.spec import checkpoint
+from rlgate.storage import checkpoint
 
 RARELY = {"checkpoint_every": 1000, "checkpoint_every_s": 3600.0}
 

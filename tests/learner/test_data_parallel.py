@@ -27,10 +27,10 @@ from rlgate.client.env_client import EnvClient
 from rlgate.learner.data_parallel import Group, Rendezvous
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
-from rlgate.spec import checkpoint
+from rlgate.spec.build import build_learner_connector, build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_learner_connector, build_rl_module
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 
 OBSERVATION_SPACE = gym.make(ENV).observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)

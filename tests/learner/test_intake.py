@@ -12,7 +12,7 @@ from support.batches import episode_batch as batch
 
 from rlgate.core import codec
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_to_proto
+from rlgate.episodes.chunk_codec import episode_to_proto
 from rlgate.learner.intake import Intake, chunk_key
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space

@@ -31,7 +31,7 @@ from support.servers import running_client, target, until
 
 from rlgate.client.env_client import EnvClient
 from rlgate.server.main import InferenceServer
-from rlgate.spec import checkpoint
+from rlgate.storage import checkpoint
 
 TRAIN_BATCH_SIZE = 128
 # Checkpoints every 2 versions; quick updates.

@@ -14,7 +14,7 @@ from support.servers import DISCRETE2, SpaceEnv, running_client, target
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.learner.main import LearnerServer
 from rlgate.models import build_module, load_weights
 from rlgate.server.main import InferenceServer

@@ -16,8 +16,8 @@ from rlgate import MultiAgentPolicy
 from rlgate.client.env_client import EnvClient
 from rlgate.learner.main import LearnerServer
 from rlgate.models import weights_to_bytes
-from rlgate.spec import checkpoint
 from rlgate.spec.imports import ImportPolicy
+from rlgate.storage import checkpoint
 
 pytestmark = pytest.mark.usefixtures("examples_importable")
 pytest.importorskip("pettingzoo")
@@ -130,10 +130,10 @@ def test_count_steps_by_sets_what_fragments_and_train_batches_count(count_steps_
     both act every env step make two agent steps per env step, until one pole falls."""
     from examples.multi_agent_cartpole import MultiAgentCartPole
     from rlgate.core.columns import Columns
+    from rlgate.envs.agent_envs import AgentEnvs
     from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
     from rlgate.policy.acting import ActingCore
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-    from rlgate.spec.agent_envs import AgentEnvs
     from rlgate.spec.multi_agent import build_multi_agent_learner_connector, spaces_by_agent
     from rlgate.spec.run import RunSpec
 

@@ -18,14 +18,14 @@ from support.chunks import decoded
 from support.servers import SELF_PLAY
 
 from rlgate.core.columns import Columns
+from rlgate.envs.agent_envs import AgentEnvs
 from rlgate.episodes.chunk import Chunk
-from rlgate.episodes.codec import chunk_tables
+from rlgate.episodes.chunk_codec import chunk_tables
 from rlgate.learner.intake import RETURN_WINDOW, Intake, chunk_key
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.multi_agent_returns import MultiAgentReturns
 from rlgate.policy.acting import ActingCore
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec

@@ -21,8 +21,8 @@ from rlgate.learner.intake import Intake
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.trainer import Trainer
 from rlgate.models import build_module, weights_to_bytes
+from rlgate.spec.build import build_learner_connector
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_learner_connector
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)

@@ -16,7 +16,7 @@ from rlgate.core.columns import Columns
 from rlgate.learner.main import LearnerServer
 from rlgate.models import weights_to_bytes
 from rlgate.policy import Policy
-from rlgate.spec import checkpoint
+from rlgate.storage import checkpoint
 
 SMALL = {"model": {"config": {"fcnet_hiddens": [32], "fcnet_activation": "relu"}}}
 DQN = {

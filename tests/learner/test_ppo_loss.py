@@ -13,8 +13,8 @@ import torch
 from rlgate.core.columns import Columns
 from rlgate.learner.ppo import action_logp, ppo_loss, ppo_update
 from rlgate.models import build_module
+from rlgate.spec.build import build_learner_connector
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_learner_connector
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)

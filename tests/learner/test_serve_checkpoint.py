@@ -14,7 +14,7 @@ from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
 from rlgate.models import weights_to_bytes
 from rlgate.policy import Policy
-from rlgate.spec import checkpoint
+from rlgate.storage import checkpoint
 
 ENV = "CartPole-v1"
 

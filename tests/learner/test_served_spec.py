@@ -19,8 +19,8 @@ from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.main import LearnerServer
+from rlgate.spec.build import build_module_to_env
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_module_to_env
 from rlgate.v1 import learner_pb2_grpc
 
 CORRIDOR = {

@@ -12,8 +12,8 @@ import torch
 from rlgate.core.columns import Columns
 from rlgate.learner.trainer import Trainer
 from rlgate.models import build_module, weights_to_bytes
+from rlgate.spec.build import build_learner_connector, build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_learner_connector, build_rl_module
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 FAST_ALGORITHM = {"train_batch_size": 128, "minibatch_size": 64, "num_epochs": 2}  # conftest's FAST

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from support.processes import all_gone, descendants
 
-from rlgate.spec import checkpoint
+from rlgate.storage import checkpoint
 
 UP = [sys.executable, "-m", "rlgate", "up", "--env", "CartPole-v1", "--seed", "0"]
 

@@ -19,7 +19,7 @@ from support.servers import running_client, shipped, target, until
 
 from rlgate.client.env_client import EnvClient
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.learner.main import LearnerServer
 
 CARTPOLE = {"id": "CartPole-v1"}

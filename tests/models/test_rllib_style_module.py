@@ -13,8 +13,8 @@ from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.models import Categorical, DiagGaussian, MultiCategorical, RLModule
 from rlgate.models.catalog import UnsupportedSpace
+from rlgate.spec.build import build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_rl_module
 from rlgate.spec.run import ModelSpec, RunSpec
 
 MODULE = "support.rllib_style_module:RLlibStyleModule"

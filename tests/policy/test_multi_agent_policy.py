@@ -9,14 +9,14 @@ from support.checkpoints import multi_agent_checkpoint
 
 from rlgate import MultiAgentPolicy, Policy, evaluate_multi_agent
 from rlgate.core.columns import Columns
+from rlgate.envs.agent_envs import AgentEnvs
 from rlgate.policy.acting import ActingCore
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-from rlgate.spec import checkpoint
-from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 
 pytest.importorskip("pettingzoo")
 

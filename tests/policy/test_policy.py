@@ -20,10 +20,10 @@ from rlgate.core.columns import Columns
 from rlgate.episodes.session import Session, SessionSpec
 from rlgate.models import weights_to_bytes
 from rlgate.policy.acting import ActingCore
-from rlgate.spec import checkpoint
+from rlgate.spec.build import build_policy
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_policy
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 from rlgate.v1 import learner_pb2_grpc
 
 FRAME_STACKING = {

@@ -24,7 +24,7 @@ from support.servers import (
 
 from rlgate.client.env_client import EnvClient, hello_message
 from rlgate.core import codec
-from rlgate.server.service import MAX_CLIENT_ID
+from rlgate.server.policy_service import MAX_CLIENT_ID
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import tensor_pb2
@@ -200,8 +200,8 @@ async def test_bad_input_gets_its_status_and_spares_other_clients(server_factory
 
 
 async def test_client_ids_are_logged_escaped_so_they_cannot_forge_log_lines(server, caplog):
-    caplog.set_level(logging.INFO, logger="rlgate.server.service")
-    forged = "x\n2026-01-01 00:00:00,000 ERROR rlgate.server.service FORGED"
+    caplog.set_level(logging.INFO, logger="rlgate.server.policy_service")
+    forged = "x\n2026-01-01 00:00:00,000 ERROR rlgate.server.policy_service FORGED"
     forged += "." * (MAX_CLIENT_ID - len(forged))  # the longest id accepted
     raw = RawStream(server)
     try:
@@ -211,7 +211,7 @@ async def test_client_ids_are_logged_escaped_so_they_cannot_forge_log_lines(serv
         assert (await raw.status())[0] == grpc.StatusCode.OK
     finally:
         await raw.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "rlgate.server.service"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlgate.server.policy_service"]
     assert sum(repr(forged) in line for line in lines) == 2  # the session's open and close
     assert not any("\n" in line for line in lines)
 

@@ -118,9 +118,9 @@ async def test_a_multi_agent_batch_run_again_request_by_request_counts_each_row_
     when the requests run again one by one, so each agent's observation enters its statistics once (none
     twice, none lost) while the request that breaks a later piece fails alone."""
     from examples.multi_agent_cartpole import MultiAgentCartPole
+    from rlgate.envs.agent_envs import AgentEnvs
     from rlgate.server.multi_agent_batcher import MultiAgentBatcher
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-    from rlgate.spec.agent_envs import AgentEnvs
     from rlgate.spec.multi_agent import spaces_by_agent
 
     pieces = [{"type": "MeanStdFilter", "multi_agent": True}, {"type": "support.pieces:FailOnMarkedEpisode"}]

@@ -12,7 +12,7 @@ from support.servers import shipped, target
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core.columns import Columns
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.spec.run import RunSpec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

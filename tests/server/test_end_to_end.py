@@ -12,7 +12,7 @@ from support.servers import BOX4, DISCRETE2, SpaceEnv, shipped, target
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core.columns import Columns
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 
 OBSERVATION_SPACES = {
     "box": BOX4,

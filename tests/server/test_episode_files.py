@@ -17,8 +17,8 @@ from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.spec.episode_files import Recording, read_metadata, summarize, write_metadata
 from rlgate.spec.run import RunSpec
+from rlgate.storage.episode_files import Recording, read_metadata, summarize, write_metadata
 
 ENV = "CartPole-v1"
 

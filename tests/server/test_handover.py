@@ -15,9 +15,9 @@ from support.servers import BOX4, DISCRETE2, RawStream, SpaceEnv, hello, running
 
 from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.server.main import InferenceServer
-from rlgate.server.service import HANDED_OVER
+from rlgate.server.policy_service import HANDED_OVER
 from rlgate.server.settings import ServerSettings
 from rlgate.service.process import reserve_shared_port
 from rlgate.v1 import policy_pb2 as pb

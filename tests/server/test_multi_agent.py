@@ -15,7 +15,7 @@ from support.servers import BOX4, DISCRETE2, SELF_PLAY, RawStream, running_clien
 from rlgate.client.env_client import EnvClient
 from rlgate.core import codec
 from rlgate.episodes import MultiAgentEpisode
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import policy_pb2 as pb
 
@@ -323,9 +323,9 @@ def test_flush_while_a_step_waits_ships_every_env_step_once(examples_importable)
     steps the session took, when flushes come between observe() and record(), as they do while sampling pauses."""
     from examples.multi_agent_cartpole import MultiAgentCartPole
     from rlgate.core.columns import Columns
+    from rlgate.envs.agent_envs import AgentEnvs
     from rlgate.policy.acting import ActingCore
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-    from rlgate.spec.agent_envs import AgentEnvs
     from rlgate.spec.multi_agent import spaces_by_agent
 
     envs = AgentEnvs([MultiAgentCartPole() for _ in range(3)])
@@ -362,9 +362,9 @@ def test_a_refused_message_records_nothing_of_any_sub_env(examples_importable, b
     from examples.multi_agent_cartpole import MultiAgentCartPole
     from rlgate.core.codec import CodecError
     from rlgate.core.columns import Columns
+    from rlgate.envs.agent_envs import AgentEnvs
     from rlgate.policy.acting import ActingCore
     from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-    from rlgate.spec.agent_envs import AgentEnvs
     from rlgate.spec.multi_agent import spaces_by_agent
 
     envs = AgentEnvs([MultiAgentCartPole() for _ in range(2)])

@@ -21,12 +21,12 @@ from support.servers import shipped, target
 from rlgate.client.env_client import EnvClient, _agents_step
 from rlgate.core import codec
 from rlgate.core.columns import Columns
+from rlgate.envs.agent_envs import AgentEnvs
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.policy.acting import ActingCore
-from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
+from rlgate.server.agents_step_decoder import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
-from rlgate.spec.agent_envs import AgentEnvs
 from rlgate.spec.multi_agent import spaces_by_agent
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import policy_pb2 as pb

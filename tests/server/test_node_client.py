@@ -29,9 +29,9 @@ import pytest
 from support.servers import shipped
 from support.tools import required_command
 
-from rlgate.episodes.codec import episode_from_proto
-from rlgate.spec.episode_files import read_episodes
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.spec.run import RunSpec
+from rlgate.storage.episode_files import read_episodes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CLIENT = ROOT / "clients" / "node"

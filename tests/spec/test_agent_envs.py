@@ -10,7 +10,7 @@ pytest.importorskip("pettingzoo")
 from support.bad_agent_envs import ParallelSteps
 
 from rlgate.core.agents_step import ALL
-from rlgate.spec.agent_envs import AgentEnvs
+from rlgate.envs.agent_envs import AgentEnvs
 
 
 class LeaveTogether(ParallelSteps):

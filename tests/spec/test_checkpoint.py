@@ -14,8 +14,8 @@ import torch
 
 from rlgate.core.columns import Columns
 from rlgate.models import ModelConfig, RLModule, build_module, load_weights, weights_to_bytes
-from rlgate.spec import checkpoint
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space  # Box with infinite bounds: they must survive JSON
 ACTION_SPACE = gym.spaces.Discrete(2)

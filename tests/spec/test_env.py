@@ -85,7 +85,7 @@ def test_a_checked_pettingzoo_env_steps_as_the_env_itself() -> None:
     from pettingzoo.classic import tictactoe_v3
     from support.bad_agent_envs import NoResetOptions, ParallelSteps
 
-    from rlgate.spec.agent_envs import AgentEnvs
+    from rlgate.envs.agent_envs import AgentEnvs
     from rlgate.spec.env import checked_agent_env
 
     def trace(env, seed: int) -> list:

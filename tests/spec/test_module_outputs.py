@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from rlgate.spec.build import build_rl_module
 from rlgate.spec.imports import ImportPolicy, SpecError
-from rlgate.spec.policy import build_rl_module
 from rlgate.spec.run import RunSpec
 
 pytestmark = pytest.mark.usefixtures("examples_importable")  # support.wrong_module builds on examples.tiny_module

@@ -7,8 +7,8 @@ import pytest
 from rlgate.cli.up import UpSettings
 from rlgate.learner.settings import LearnerSettings
 from rlgate.spec.algorithm import PPOConfig, scheduled
+from rlgate.spec.build import build_env_to_module, build_learner_connector, build_rl_module
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_rl_module
 from rlgate.spec.presets import preset, preset_for, preset_names
 from rlgate.spec.run import RunSpec
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlgate.connectors.env_to_module import FlattenObservations, MeanStdFilter
 from rlgate.learner.settings import LearnerSettings
 from rlgate.models import ModelConfig
+from rlgate.spec.build import build_env_to_module, build_learner_connector, build_module_to_env, build_rl_module
 from rlgate.spec.env import agent_spaces, env_spaces, make_env
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import (
@@ -22,7 +23,6 @@ from rlgate.spec.multi_agent import (
     build_multi_agent_learner_connector,
     build_multi_rl_module,
 )
-from rlgate.spec.policy import build_env_to_module, build_learner_connector, build_module_to_env, build_rl_module
 from rlgate.spec.run import EnvSpec, RunSpec, unknown_keys
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

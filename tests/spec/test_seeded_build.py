@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rlgate.models import weights_to_bytes
+from rlgate.spec.build import build_rl_module
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.multi_agent import build_multi_rl_module
-from rlgate.spec.policy import build_rl_module
 from rlgate.spec.run import RunSpec
 
 BOX = gym.spaces.Box(-1.0, 1.0, (8,), np.float32)

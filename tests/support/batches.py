@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import chunk_tables, episode_columns, episode_to_proto
+from rlgate.episodes.chunk_codec import chunk_tables, episode_columns, episode_to_proto
 from rlgate.v1 import learner_pb2
 
 

@@ -8,11 +8,11 @@ from typing import Any
 import gymnasium as gym
 
 from rlgate.models import weights_to_bytes
-from rlgate.spec import checkpoint
 from rlgate.spec.env import agent_spaces
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.multi_agent import build_multi_agent_policy
 from rlgate.spec.run import RunSpec
+from rlgate.storage import checkpoint
 
 
 def multi_agent_checkpoint(directory: Path, spec: dict[str, Any], version: int = 4) -> tuple[Path, RunSpec]:

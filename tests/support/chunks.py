@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.chunk import Chunk
-from rlgate.episodes.codec import chunk_message, chunk_tables, episode_from_proto, episodes_from_chunks
+from rlgate.episodes.chunk_codec import chunk_message, chunk_tables, episode_from_proto, episodes_from_chunks
 from rlgate.v1 import episode_pb2
 from support.episodes import assert_episodes_equal
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import grpc
 import gymnasium as gym
 
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.learner.intake import chunk_key
 from rlgate.v1 import episode_pb2, learner_pb2, learner_pb2_grpc
 

@@ -26,7 +26,7 @@ from rlgate.core.columns import Columns
 from rlgate.core.space_check import NonFiniteError
 from rlgate.core.space_diff import space_differences
 from rlgate.episodes.session import Session, SessionSpec
-from rlgate.server.agents_step import AgentsStepDecoder, encode_agent_actions
+from rlgate.server.agents_step_decoder import AgentsStepDecoder, encode_agent_actions
 from rlgate.server.batcher import Batcher
 from rlgate.server.errors import BadRequest, IdleTimeout, NotServing, OverLimit, UnknownModule, WrongState
 from rlgate.server.host import PolicyHost

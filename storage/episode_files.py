@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.codec import episode_from_proto
+from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import episode_pb2
 

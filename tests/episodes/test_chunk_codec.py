@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rlgate.core.codec import CodecError, to_tensor, to_value
 from rlgate.core.columns import Columns
 from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
-from rlgate.episodes.codec import (
+from rlgate.episodes.chunk_codec import (
     chunk_tables,
     episode_columns,
     episode_from_proto,

@@ -1,0 +1,1 @@
+"""Envs as rlgate steps them: PettingZoo ParallelEnv and AECEnv adapters giving multi-agent steps."""

@@ -1,0 +1,1 @@
+"""What rlgate keeps on disk: checkpoints (safetensors + JSON) and recorded episode files."""
