@@ -81,6 +81,7 @@ class Batcher:
         self.metrics = metrics
         self._queue: deque[Request] = deque()
         self._wakeup = asyncio.Event()
+        self._held = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-inference") if thread else None
         self._task: asyncio.Task | None = None
 
@@ -124,8 +125,17 @@ class Batcher:
     def paused(self) -> bool:
         return self.pause_reason() is not None
 
+    def hold(self, held: bool) -> None:
+        """Run no batch while held (an on-policy server waits for the version it is to sample with)."""
+        self._held = held
+        if not held:
+            self._wakeup.set()
+
     def pause_reason(self) -> str | None:
-        """Why no batch runs now, if so: the learner has not taken what was shipped, or the spool is full."""
+        """Why no batch runs now, if so: a new version is loading for on-policy sampling, the learner has not
+        taken what was shipped, or the spool is full."""
+        if self._held:
+            return "loading the learner's new version (sampling and training take turns)"
         if self._waiting_for_acks():
             return "waiting for the learner to take the steps shipped"
         if self._backlogged():

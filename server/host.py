@@ -241,8 +241,14 @@ class PolicyHost:
         elif self.batcher is not None:
             rebinding = await self.batcher.between_batches(self._swap, weights)
             if rebinding is not None:  # onnxruntime: act with the new sessions once they are built
-                await asyncio.wrap_future(rebinding)
-                await self.batcher.between_batches(self.core.take_rebound)
+                # Where sampling and training take turns, every step of the next batch must be the new version's:
+                # sampling waits the few milliseconds the sessions take (elsewhere the old version acts meanwhile).
+                self.batcher.hold(not getattr(spec.algorithm, "overlap_sampling", True))
+                try:
+                    await asyncio.wrap_future(rebinding)
+                    await self.batcher.between_batches(self.core.take_rebound)
+                finally:
+                    self.batcher.hold(False)
             self.metrics.model_version.set(self.core.version)
         self.from_learner, self.refused = True, None  # (a learner that came back with the spec served)
         await self.relay.publish(weights)
