@@ -20,9 +20,9 @@ from rlgate.core.errors import UserError
 
 # name -> (module whose `main(argv)` runs it, one-line help). Only commands that exist are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("rlgate.server.main", "run the inference server"),
+    "serve": ("rlgate.server.command", "run the inference server"),
     "env": ("rlgate.client.main", "run env clients against a server"),
-    "learn": ("rlgate.learner.main", "run the learner: trains on the servers' episodes, pushes weights"),
+    "learn": ("rlgate.learner.command", "run the learner: trains on the servers' episodes, pushes weights"),
     "up": ("rlgate.cli.up", "train locally: learner, server and env clients as processes, until a return is reached"),
     "bench": ("rlgate.bench.main", "measure throughput and latency against in-process and bare-gRPC floors"),
     "eval": ("rlgate.cli.evaluate", "evaluate a checkpoint's policy in its env (your own code: --allow-import PKG)"),

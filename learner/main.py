@@ -194,8 +194,9 @@ def check_data_parallel(learner: Learner, num_learners: int) -> None:
         )
 
 
-def main(argv: list[str]) -> int:
-    settings = LearnerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate learn")
+def learn(settings: LearnerSettings) -> int:
+    """`rlgate learn` with its settings read (learner/command.py): rank 0 (or the only learner) serves, other ranks
+    follow it; the exit status."""
     rendezvous = Rendezvous.from_env()
     if rendezvous is not None and rendezvous.rank > 0:
         return follow(settings, rendezvous)

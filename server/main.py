@@ -164,8 +164,8 @@ class InferenceServer:
         log.info("stopped")
 
 
-def main(argv: list[str]) -> int:
-    settings = ServerSettings(_cli_parse_args=argv, _cli_prog_name="rlgate serve")
+def serve(settings: ServerSettings) -> int:
+    """`rlgate serve` with its settings read (server/command.py); the exit status."""
     require_device(settings.device)
     if settings.workers > 1:
         return run_workers(settings, serve_worker)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -372,3 +374,17 @@ async def test_rlgate_env_names_the_multi_agent_env_and_what_is_wrong_with_it(se
     results = await asyncio.gather(*(rlgate("env", *args, *run) for args in cases))
     for (args, expected), (code, stderr) in zip(cases.items(), results, strict=True):
         assert expected in one_user_error(code, stderr), (args, stderr)
+
+
+@pytest.mark.parametrize("argv", [["serve", "--max-batch-size", "0"], ["learn", "--num-learners", "0"]])
+def test_a_mistaken_flag_of_serve_or_learn_is_answered_before_torch_is_imported(argv: list[str]) -> None:
+    """The settings are read first (server/command.py, learner/command.py): a typo costs no torch start-up."""
+    probe = (
+        "import sys\nfrom rlgate.cli.main import main\n"
+        f"code = main({argv!r})\nprint(code, 'torch' in sys.modules, 'grpc' in sys.modules)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=60
+    )
+    assert ran.stdout.split() == ["2", "False", "False"], (ran.stdout, ran.stderr[-2000:])
+    assert ran.stderr.startswith("rlgate: --"), ran.stderr
