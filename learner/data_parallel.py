@@ -1,12 +1,14 @@
 """Data-parallel learners: N processes in one torch.distributed group train one model (RLlib's `num_learners`).
 
 Rank 0 is the learner service (intake, acks, checkpoints, weight publishing) and runs the learner pipeline; each
-update it scatters the train batch's rows into one shard per rank (one packed tensor per rank, no pickle). Every
-rank runs PPO's epochs on its shard, cut into as many minibatches as one learner would cut the whole batch into,
-and after each backward pass the gradients are all-reduced, each rank's weighted by its minibatch's steps: the
-step every rank takes is the one a single learner takes on the whole minibatch, so the ranks' weights stay
-identical (compared by digest after every update). The other ranks get the run spec, the spaces, the weights and
-the optimizer state from rank 0 when the group forms, so they need no spec, checkpoint or env of their own.
+update it scatters the train batch's rows into one shard per rank (one packed tensor per rank, no pickle), and
+after each backward pass the gradients are all-reduced, each rank's weighted by its rows: the step every rank
+takes is the one a single learner takes on the whole batch, so the ranks' weights stay identical (compared by
+digest after every update). PPO: every rank runs the epochs on its shard, cut into as many minibatches as one
+learner would cut the whole batch into. DQN and SAC: rank 0 holds the replay buffer and samples each update's
+train batch, which it scatters; each optimizer step's gradients are all-reduced, and rank 0 gathers the TD errors
+back for a prioritized buffer's priorities. The other ranks get the run spec, the spaces, the weights and the
+optimizer state from rank 0 when the group forms, so they need no spec, checkpoint or env of their own.
 
 The rendezvous is torchrun's: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (`rlgate learn --num-learners N`
 starts ranks 1..N-1 itself with these set, on 127.0.0.1). Gloo: the learner trains on the CPU.
@@ -145,49 +147,63 @@ class Group:
             codec.space_from_json(header["action_space"]),
         )
 
-    def share_state(self, module: torch.nn.Module, optimizer: Adam) -> None:
-        """Give every rank rank 0's weights and optimizer state (the other ranks' are overwritten)."""
-        params = optimizer.param_groups[0]["params"]
+    def share_state(self, module: torch.nn.Module, *optimizers: Adam) -> None:
+        """Give every rank rank 0's weights and optimizers' states (the other ranks' are overwritten)."""
+        params = [optimizer.param_groups[0]["params"] for optimizer in optimizers]
         if self.rank == 0:
-            self._send_header({"optimizer_state": [i for i, p in enumerate(params) if p in optimizer.state]})
+            held = [[i for i, p in enumerate(ps) if p in o.state] for ps, o in zip(params, optimizers, strict=True)]
+            self._send_header({"optimizer_state": held})
         else:
-            for i in self._receive_header()["optimizer_state"]:
-                optimizer.state[params[i]] = fresh_state(params[i])
+            held = self._receive_header()["optimizer_state"]
+            for ps, optimizer, indices in zip(params, optimizers, held, strict=True):
+                for i in indices:
+                    optimizer.state[ps[i]] = fresh_state(ps[i])
         tensors = list(module.state_dict().values())  # the live tensors: broadcast fills them in place
-        for parameter in params:
-            tensors += optimizer.state[parameter].values() if parameter in optimizer.state else ()
+        for ps, optimizer in zip(params, optimizers, strict=True):
+            for parameter in ps:
+                tensors += optimizer.state[parameter].values() if parameter in optimizer.state else ()
         self._collective(lambda: [dist.broadcast(tensor, src=0) for tensor in tensors])
 
-    def send_batch(self, batch: dict[str, Any], env_steps: int) -> dict[str, Any]:
+    def send_batch(self, batch: dict[str, Any], env_steps: int, **fields: Any) -> dict[str, Any]:
         """Rank 0: scatter the train batch's rows (every column cut along its first dimension) into one shard
-        per rank; returns rank 0's. `env_steps` (the trainer's, before this update) sets the ranks' schedules."""
+        per rank (their sizes differ by one at most); returns rank 0's. `env_steps` (the trainer's, before this
+        update) sets the ranks' schedules; `fields` (JSON) go with it to the other ranks (receive_batch)."""
         leaves = flatten(batch)
         rows = len(leaves[0])
         columns = [leaf.reshape(rows, -1).contiguous().view(torch.uint8) for leaf in leaves]
         described = iter([[str(leaf.dtype).removeprefix("torch."), list(leaf.shape[1:])] for leaf in leaves])
         skeleton = map_structure(lambda _: next(described), batch)
         self.rows, self.seconds = rows, {}
-        self._send_header({"op": "update", "env_steps": env_steps, "rows": rows, "columns": skeleton}, "scatter_s")
+        header = {**fields, "op": "update", "env_steps": env_steps, "rows": rows, "columns": skeleton}
+        self._send_header(header, "scatter_s")
         packed = torch.cat(columns, dim=1)
-        per = math.ceil(rows / self.size)
-        padded = torch.cat([packed, packed.new_zeros(per * self.size - rows, packed.shape[1])])
-        shard = packed.new_empty(per, packed.shape[1])
-        self._collective(lambda: dist.scatter(shard, list(padded.split(per)), src=0), "scatter_s")
-        return _unpack(shard[: self._shard_rows(rows, per)], skeleton)
+        shards = [self._padded(shard) for shard in packed.tensor_split(self.size)]
+        shard = torch.empty_like(shards[0])
+        self._collective(lambda: dist.scatter(shard, shards, src=0), "scatter_s")
+        return _unpack(shard[: self._shard_rows(rows, self.rank)], skeleton)
 
-    def receive_batch(self) -> tuple[int, dict[str, Any]] | None:
-        """The other ranks: the trainer's env steps and this rank's shard of the next update, or None when rank
-        0 stops the group."""
+    def receive_batch(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The other ranks: the next update's header (its `env_steps`, the fields rank 0 sent) and this rank's
+        shard, or None when rank 0 stops the group."""
         header = self._receive_header()
         if header["op"] == "stop":
             return None
         rows, skeleton = header["rows"], header["columns"]
         width = sum(_dtype(dtype).itemsize * math.prod(shape) for dtype, shape in flatten(skeleton))
-        per = math.ceil(rows / self.size)
-        shard = torch.empty(per, width, dtype=torch.uint8)
+        shard = torch.empty(math.ceil(rows / self.size), width, dtype=torch.uint8)
         self.rows, self.seconds = rows, {}
         self._collective(lambda: dist.scatter(shard, src=0), "scatter_s")
-        return header["env_steps"], _unpack(shard[: self._shard_rows(rows, per)], skeleton)
+        return header, _unpack(shard[: self._shard_rows(rows, self.rank)], skeleton)
+
+    def gather(self, shard: torch.Tensor) -> torch.Tensor | None:
+        """Every rank's rows of a per-row tensor of the current update (its shard's TD errors), put back in the
+        train batch's order: rank 0 gets them, the others None."""
+        padded = self._padded(shard.detach().contiguous())
+        every = [torch.empty_like(padded) for _ in range(self.size)] if self.rank == 0 else None
+        self._collective(lambda: dist.gather(padded, every, dst=0), "gather_s")
+        if every is None:
+            return None
+        return torch.cat([part[: self._shard_rows(self.rows, rank)] for rank, part in enumerate(every)])
 
     def stop(self) -> None:
         """Rank 0: the other ranks leave their loop and end."""
@@ -200,7 +216,9 @@ class Group:
         into that many, so every rank takes the same number of steps."""
         return math.ceil(self.rows / minibatch_size)
 
-    def average(self, parameters: list[torch.Tensor], parts: dict[str, float], steps: torch.Tensor) -> dict[str, float]:
+    def average(
+        self, parameters: list[torch.Tensor], parts: dict[str, float], steps: torch.Tensor | int
+    ) -> dict[str, float]:
         """All-reduce this minibatch's gradients (in place) and loss parts, each rank's weighted by its `steps`
         (its masked mean's count): the whole minibatch's mean, as one learner computes it. One collective."""
         grads = [p.grad for p in parameters if p.grad is not None]
@@ -212,6 +230,18 @@ class Group:
         for grad, part in zip(grads, flat.split([g.numel() for g in grads] + [len(values)]), strict=False):
             grad.copy_(part.view_as(grad))
         return dict(zip(parts, flat[-len(values) : -1].tolist(), strict=True))
+
+    def extremes(
+        self, stats: dict[str, float], largest: tuple[str, ...], smallest: tuple[str, ...]
+    ) -> dict[str, float]:
+        """`stats` with the values named in `largest` the largest of every rank's, those in `smallest` the
+        smallest (a batch's max and min from its shards' own). One collective."""
+        names, signs = largest + smallest, [1.0] * len(largest) + [-1.0] * len(smallest)  # the smallest: -max(-x)
+        values = torch.tensor(
+            [sign * stats[name] for name, sign in zip(names, signs, strict=True)], dtype=torch.float64
+        )
+        self._collective(lambda: dist.all_reduce(values, op=dist.ReduceOp.MAX), "allreduce_s")
+        return {**stats, **{name: sign * v for name, sign, v in zip(names, signs, values.tolist(), strict=True)}}
 
     def check_identical(self, module: torch.nn.Module) -> None:
         """GroupFailed unless every rank holds the same weights (sha256 of their bytes) as rank 0."""
@@ -227,8 +257,14 @@ class Group:
 
     # --- plumbing ---------------------------------------------------------------------------------------
 
-    def _shard_rows(self, rows: int, per: int) -> int:
-        return max(0, min(per, rows - self.rank * per))
+    def _shard_rows(self, rows: int, rank: int) -> int:
+        """The rows of rank `rank`'s shard of `rows` (torch.tensor_split's: the first `rows % size` get one more)."""
+        return rows // self.size + (rank < rows % self.size)
+
+    def _padded(self, shard: torch.Tensor) -> torch.Tensor:
+        """A shard filled up with zero rows to the largest shard's size, as a collective's tensors must be."""
+        missing = math.ceil(self.rows / self.size) - len(shard)
+        return torch.cat([shard, shard.new_zeros(missing, *shard.shape[1:])]) if missing else shard
 
     def _send_header(self, header: dict[str, Any], kind: str | None = None) -> None:
         data = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)

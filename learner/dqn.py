@@ -4,12 +4,15 @@ The target of a transition is `r + gamma^n (1 - terminated) Q_target(s', a*)`, w
 discounted reward sum, `n` the steps the transition spans (its `n_step` column) and `a*` the trained network's
 greedy action in `s'` with `double_q` (the target network's own otherwise). The loss weighs each transition by its
 importance-sampling `weights` (prioritized replay) and returns the absolute TD errors, the new priorities.
+
+In a group of data-parallel learners (`group`, data_parallel.Group), the batch is this rank's shard, and each
+optimizer step takes the whole batch's gradient: every rank's, weighted by its rows (`optimizer_step`).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +22,9 @@ from rlgate.learner.adam import Adam
 from rlgate.learner.episode_replay_buffer import N_STEP, WEIGHTS
 from rlgate.models.dqn import DQNModule
 from rlgate.spec.algorithm import DQNConfig
+
+if TYPE_CHECKING:
+    from rlgate.learner.data_parallel import Group
 
 #: Adam's epsilon for DQN and SAC (torch's default, which SB3 and RLlib's DQN keep).
 OFF_POLICY_ADAM_EPS = 1e-8
@@ -38,6 +44,28 @@ def polyak(pairs: list[tuple[torch.Tensor, torch.Tensor]], tau: float) -> None:
         torch._foreach_lerp_(targets, sources, tau)
 
 
+def optimizer_step(
+    optimizer: Adam,
+    loss: torch.Tensor,
+    grad_clip: float | None,
+    group: Group | None,
+    rows: int,
+    parts: dict[str, float],
+) -> dict[str, float]:
+    """One step of `optimizer` on `loss`, a mean over `rows` transitions, its gradients clipped to `grad_clip`;
+    returns the loss's `parts` (means over the same rows). In a group of data-parallel learners, the gradients
+    and parts are first averaged over every rank's shard, each weighted by its rows: the whole batch's."""
+    optimizer.zero_grad()
+    loss.backward()
+    parameters = optimizer.param_groups[0]["params"]
+    if group is not None:
+        parts = group.average(parameters, parts, rows)
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+    optimizer.step()
+    return parts
+
+
 class DQNLearner:
     """One DQN module's target network, optimizer and update step."""
 
@@ -45,6 +73,7 @@ class DQNLearner:
         self.module = module
         self.target = copy.deepcopy(module).requires_grad_(False)
         self.optimizers = {"qf": Adam(module.parameters(), config.at(0).lr, eps=OFF_POLICY_ADAM_EPS)}
+        self.group: Group | None = None  # the data-parallel learners this one trains with
 
     def networks(self) -> dict[str, torch.nn.Module]:
         """The learner's own networks (kept in checkpoints, never published)."""
@@ -67,20 +96,12 @@ class DQNLearner:
             bootstrap = q_target.gather(-1, best).squeeze(-1) * (1.0 - batch[Columns.TERMINATEDS].float())
             target = batch[Columns.REWARDS] + config.gamma ** batch[N_STEP].float() * bootstrap
         loss = (batch[WEIGHTS] * td_loss(chosen, target, config.td_error_loss_fn)).mean()
-        optimizer = self.optimizers["qf"]
-        optimizer.zero_grad()
-        loss.backward()
-        if config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], config.grad_clip)
-        optimizer.step()
         td_error = (chosen - target).detach().abs()
-        stats = {
-            "qf_loss": loss.item(),
-            "qf_mean": chosen.mean().item(),
-            "qf_max": chosen.max().item(),
-            "qf_min": chosen.min().item(),
-            "td_error_mean": td_error.mean().item(),
-        }
+        stats = {"qf_loss": loss.item(), "qf_mean": chosen.mean().item(), "td_error_mean": td_error.mean().item()}
+        stats = optimizer_step(self.optimizers["qf"], loss, config.grad_clip, self.group, len(chosen), stats)
+        stats |= {"qf_max": chosen.max().item(), "qf_min": chosen.min().item()}
+        if self.group is not None:
+            stats = self.group.extremes(stats, largest=("qf_max",), smallest=("qf_min",))
         return stats, td_error
 
     def update_target(self, tau: float) -> None:

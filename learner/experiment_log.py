@@ -64,6 +64,7 @@ COLUMNS: dict[str, str | None] = {
     "scatter_s": "time/scatter_s",
     "allreduce_s": "time/allreduce_s",
     "check_s": "time/check_s",
+    "gather_s": "time/gather_s",
 }
 
 # The columns only some algorithms' updates have (the others' rows leave them blank); the rest every update has.
@@ -84,7 +85,7 @@ ALGORITHM_COLUMNS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 # The columns only data-parallel learners' updates have (--num-learners): seconds in the group's collectives.
-DATA_PARALLEL_COLUMNS = ("scatter_s", "allreduce_s", "check_s")
+DATA_PARALLEL_COLUMNS = ("scatter_s", "allreduce_s", "check_s", "gather_s")
 
 PROGRESS = "progress.csv"
 

@@ -19,6 +19,7 @@ from rlgate.learner.data_parallel import Group, GroupFailed, Rendezvous, fail
 from rlgate.learner.follower import follow
 from rlgate.learner.history import PAGE_LIMIT
 from rlgate.learner.learner import Learner
+from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.servicer import SERVICE_NAME, LearnerServicer
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
@@ -147,7 +148,7 @@ class LearnerServer:
 
         def lead() -> None:
             group.send_start(learner.spec, learner.observation_space, learner.action_space)
-            assert isinstance(learner.trainer, Trainer)  # check_data_parallel: single-agent PPO
+            assert isinstance(learner.trainer, Trainer | OffPolicyTrainer)  # check_data_parallel: single-agent
             learner.trainer.join(group)
 
         await learner.in_trainer_thread(lead)
@@ -183,14 +184,23 @@ class LearnerServer:
 def check_data_parallel(learner: Learner, num_learners: int) -> None:
     """UserError unless this run can train on `num_learners` data-parallel learners."""
     spec = learner.spec
-    if spec.multi_agent or not isinstance(spec.algorithm, PPOConfig):
-        kind = "multi-agent" if spec.multi_agent else spec.algorithm.name
-        raise UserError(f"--num-learners {num_learners}: data-parallel learners train single-agent PPO, not {kind}")
-    most = min(spec.algorithm.train_batch_size, spec.algorithm.minibatch_size)
+    if spec.multi_agent:
+        raise UserError(
+            f"--num-learners {num_learners}: data-parallel learners train single-agent runs, not multi-agent"
+        )
+    algorithm = spec.algorithm
+    if isinstance(algorithm, PPOConfig):
+        most = min(algorithm.train_batch_size, algorithm.minibatch_size)
+        unit, flags = "env steps of a minibatch", "--spec.algorithm.minibatch-size, --spec.algorithm.train-batch-size"
+    else:  # DQN, SAC: each update's train batch of replayed transitions is shared out
+        most, unit, flags = (
+            algorithm.train_batch_size,
+            "transitions of a train batch",
+            "--spec.algorithm.train-batch-size",
+        )
     if num_learners > most:
         raise UserError(
-            f"--num-learners {num_learners}: more learners than the {most} env steps of a minibatch "
-            "(--spec.algorithm.minibatch-size, --spec.algorithm.train-batch-size): each needs at least one"
+            f"--num-learners {num_learners}: more learners than the {most} {unit} ({flags}): each needs at least one"
         )
 
 

@@ -18,6 +18,11 @@ that chose each action, for the `staleness` diagnostic: servers may act with old
 learning takes as it is. When the learner pipeline holds only its default pieces, batches come from a buffer's
 columns at once (`sample_transitions`); with a piece of the user's, the sampled one-step episodes go through the
 pipeline, as RLlib's do (single-agent runs: a multi-agent run takes no learner pieces of the user's yet).
+
+Data-parallel learners (`join`, single-agent): rank 0 holds the replay buffer and samples each update's train
+batch, which it scatters; every rank runs the update on its shard (`follow` on the others), each optimizer step on
+the whole batch's gradients, and moves its targets and undoes a version's updates as rank 0 says. Rank 0 gathers
+the TD errors back for a prioritized buffer's priorities.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from rlgate.connectors import ConnectorPipelineV2
 from rlgate.connectors.builders import build_learner_pipeline
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.learner.data_parallel import Group
 from rlgate.learner.dqn import DQNLearner
 from rlgate.learner.episode_replay_buffer import EpisodeReplayBuffer
 from rlgate.learner.prioritized_episode_replay_buffer import PrioritizedEpisodeReplayBuffer
@@ -124,6 +130,8 @@ class OffPolicyTrainer:
             self._set_buffer_state(buffer_state)
         for part in self.parts.values():
             part.learner.explore(config.at(env_steps))
+        self.group: Group | None = None  # the data-parallel learners this one trains with (`join`)
+        self._before: Snapshot | None = None  # a follower's state before the version rank 0 is training
 
     @staticmethod
     def _part(module: RLModule, config: OffPolicyConfig, seed: int | None, pipeline: Any) -> Part:
@@ -131,6 +139,37 @@ class OffPolicyTrainer:
         if pipeline is None:
             pipeline = build_learner_pipeline(module.observation_space, module.action_space, next_observations=True)
         return Part(module, make_learner(module, config), make_buffer(config.replay_buffer_config, seed), pipeline)
+
+    def join(self, group: Group) -> None:
+        """Train with the group's other ranks from now on (single-agent), all from rank 0's networks (the module,
+        targets, SAC's temperature) and optimizer states."""
+        group.share_state(self._everything(), *self.learner.optimizers.values())
+        self.group = self.learner.group = group
+
+    def follow(self, header: dict[str, Any], shard: dict[str, Any]) -> bool:
+        """A follower rank's part of one update rank 0 runs: the update on its shard, with the hyper-parameters
+        at rank 0's env steps; the targets moved if rank 0 moves them. After a version's last update, the
+        version undone if rank 0's is (the ranks' weights are the same, so are their non-finite values), or
+        checked against rank 0's. Whether a version was trained."""
+        assert self.group is not None  # joined
+        part = self.parts[None]
+        if self._before is None:  # the version's first update
+            self._before = Snapshot(self._everything(), *part.learner.optimizers.values())
+        config = self.config.at(header["env_steps"])
+        _, td_error = part.learner.update(shard, config)
+        if isinstance(part.buffer, PrioritizedEpisodeReplayBuffer):
+            self.group.gather(td_error)
+        if header["target"]:
+            part.learner.update_target(self.config.tau)
+        if not header["last"]:
+            return False
+        before, self._before = self._before, None
+        if before.nonfinite_now():
+            before.restore()
+            return False
+        part.learner.explore(config)
+        self.group.check_identical(self._everything())
+        return True
 
     @property
     def learner(self) -> DQNLearner | SACLearner:
@@ -188,13 +227,15 @@ class OffPolicyTrainer:
         before = Snapshot(self._everything(), *optimizers)
         replayed = self.replayed
         parts: dict[str | None, dict[str, list[float]]] = {m: {} for m in self.parts}
-        for _ in range(count):
+        for index in range(count):
             config = self.config.at(self.env_steps)
+            move_targets = self.env_steps - self.last_target_update >= self.config.target_network_update_freq
             for module_id, part in self.parts.items():
                 if len(part.buffer):
-                    self._update_part(module_id, part, config, parts[module_id])
+                    after = {"target": move_targets, "last": index == count - 1}  # what the followers do after it
+                    self._update_part(module_id, part, config, parts[module_id], after)
             self.updates += 1
-            if self.env_steps - self.last_target_update >= self.config.target_network_update_freq:
+            if move_targets:
                 for part in self.parts.values():
                     part.learner.update_target(self.config.tau)
                 self.last_target_update = self.env_steps
@@ -214,6 +255,9 @@ class OffPolicyTrainer:
                 self.module_versions[module_id] += 1
         keys = {key for stats in means.values() for key in stats}
         overall = {key: float(np.mean([s[key] for s in means.values() if key in s])) for key in sorted(keys)}
+        if self.group is not None:
+            self.group.check_identical(self._everything())
+            overall["check_s"] = self.group.seconds["check_s"]
         return {
             "staleness": 0.0,  # unless the chunks recorded their model versions (servers' always do)
             **overall,
@@ -225,12 +269,21 @@ class OffPolicyTrainer:
             "updates_total": self.updates,
         }
 
-    def _update_part(self, module_id: str | None, part: Part, config: OffPolicyConfig, stats: dict) -> None:
-        """One update of one module on a batch of its transitions; its stats appended to `stats`."""
+    def _update_part(
+        self, module_id: str | None, part: Part, config: OffPolicyConfig, stats: dict, after: dict[str, bool]
+    ) -> None:
+        """One update of one module on a batch of its transitions; its stats appended to `stats`. `after`: what
+        the group's followers do after it (`follow`)."""
         batch, versions = self._batch(part)
+        if self.group is not None:  # every rank updates on its shard of the batch
+            batch = self.group.send_batch(batch, self.env_steps, **after)
         values, td_error = part.learner.update(batch, config)  # type: ignore[arg-type]  # learner and config: one algorithm's
         if isinstance(part.buffer, PrioritizedEpisodeReplayBuffer):
-            part.buffer.update_priorities(td_error.cpu().numpy())
+            everyone = td_error if self.group is None else self.group.gather(td_error)
+            assert everyone is not None  # rank 0's gather: the whole batch's
+            part.buffer.update_priorities(everyone.cpu().numpy())
+        if self.group is not None:
+            values |= self.group.seconds  # the update's seconds in collectives: scatter_s, allreduce_s, gather_s
         self.replayed += self.config.train_batch_size
         if versions is not None:
             version = self.version

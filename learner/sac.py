@@ -6,14 +6,15 @@ cleanrl): the expectations over the policy's probabilities replace the sampled a
 on the policy's log-probabilities, then the critics' TD loss (both Q networks, the smaller target taken, weighted
 by the transitions' importance-sampling `weights`), then the actor's loss against the updated critics (their
 parameters left out of its gradient). Returns the absolute TD errors (the mean of the two critics'), the new
-priorities.
+priorities. In a group of data-parallel learners, each of the three steps takes the whole batch's gradient
+(dqn.optimizer_step).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import torch
@@ -21,11 +22,14 @@ from torch import nn
 
 from rlgate.core.columns import Columns
 from rlgate.learner.adam import Adam
-from rlgate.learner.dqn import OFF_POLICY_ADAM_EPS, polyak, td_loss
+from rlgate.learner.dqn import OFF_POLICY_ADAM_EPS, optimizer_step, polyak, td_loss
 from rlgate.learner.episode_replay_buffer import N_STEP, WEIGHTS
 from rlgate.models.distributions import SquashedGaussian
 from rlgate.models.sac import Q_NETWORKS, SACModule
 from rlgate.spec.algorithm import SACConfig
+
+if TYPE_CHECKING:
+    from rlgate.learner.data_parallel import Group
 
 #: cleanrl's discrete SAC: the target entropy is this share of the uniform policy's, log(n).
 DISCRETE_TARGET_ENTROPY_SCALE = 0.89
@@ -64,6 +68,7 @@ class SACLearner:
             "alpha": Adam(self.temperature.parameters(), lrs.alpha_lr, eps=OFF_POLICY_ADAM_EPS),
         }
         targets = {name: getattr(self.target, name) for name in Q_NETWORKS if getattr(module, name) is not None}
+        self.group: Group | None = None  # the data-parallel learners this one trains with
         self._target_pairs = [
             (p, t)
             for name, target in targets.items()
@@ -93,28 +98,22 @@ class SACLearner:
     ) -> tuple[dict[str, float], torch.Tensor]:
         """Both critics' TD loss against `target` (q: their predictions), one optimizer step; stats, |TD error|."""
         losses = [(batch[WEIGHTS] * td_loss(prediction, target, config.td_error_loss_fn)).mean() for prediction in q]
-        self._step("qf", 0.5 * sum(losses), config)
         # A tensor: q holds one or two predictions.
         td_error = cast(torch.Tensor, sum((prediction - target).detach().abs() for prediction in q) / len(q))
         first = q[0].detach()
-        stats = {
-            "qf_loss": losses[0].item(),
-            "qf_mean": first.mean().item(),
-            "qf_max": first.max().item(),
-            "qf_min": first.min().item(),
-            "td_error_mean": td_error.mean().item(),
-        }
+        stats = {"qf_loss": losses[0].item(), "qf_mean": first.mean().item(), "td_error_mean": td_error.mean().item()}
         if len(losses) > 1:
             stats["qf_twin_loss"] = losses[1].item()
+        stats = self._step("qf", 0.5 * sum(losses), config, len(target), stats)
+        stats |= {"qf_max": first.max().item(), "qf_min": first.min().item()}
+        if self.group is not None:
+            stats = self.group.extremes(stats, largest=("qf_max",), smallest=("qf_min",))
         return stats, td_error
 
-    def _step(self, name: str, loss: torch.Tensor, config: SACConfig) -> None:
-        optimizer = self.optimizers[name]
-        optimizer.zero_grad()
-        loss.backward()
-        if config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], config.grad_clip)
-        optimizer.step()
+    def _step(
+        self, name: str, loss: torch.Tensor, config: SACConfig, rows: int, parts: dict[str, float]
+    ) -> dict[str, float]:
+        return optimizer_step(self.optimizers[name], loss, config.grad_clip, self.group, rows, parts)
 
     def _bootstrap(self, batch: dict[str, Any], next_value: torch.Tensor, config: SACConfig) -> torch.Tensor:
         alive = 1.0 - batch[Columns.TERMINATEDS].float()
@@ -129,7 +128,10 @@ class SACLearner:
         assert isinstance(dist, SquashedGaussian)  # a Box SAC module's
         actions, logp = dist.rsample_and_logp()
         alpha_loss = -(self.temperature.log_alpha * (logp.detach() + self.target_entropy)).mean()
-        self._step("alpha", alpha_loss, config)
+        rows = len(obs)
+        stats = self._step(
+            "alpha", alpha_loss, config, rows, {"alpha_loss": alpha_loss.item(), "entropy": -logp.mean().item()}
+        )
         alpha = self.temperature.log_alpha.detach().exp()
         with torch.no_grad():
             next_dist = dist_cls.from_logits(next_logits.detach())
@@ -139,20 +141,14 @@ class SACLearner:
             target = self._bootstrap(batch, next_value, config)
         taken = batch[Columns.ACTIONS].float()
         q = [module.q_values(obs, taken)] + ([module.q_values(obs, taken, twin=True)] if module.qf_twin else [])
-        stats, td_error = self._critic_step(batch, target, q, config)
+        critic_stats, td_error = self._critic_step(batch, target, q, config)
         for parameter in self._critic:  # the actor's gradient must not reach the critics
             parameter.requires_grad_(False)
         actor_loss = (alpha * logp - self._q(module, obs, actions)).mean()
-        self._step("policy", actor_loss, config)
+        stats |= self._step("policy", actor_loss, config, rows, {"policy_loss": actor_loss.item()})
         for parameter in self._critic:
             parameter.requires_grad_(True)
-        stats |= {
-            "policy_loss": actor_loss.item(),
-            "alpha_loss": alpha_loss.item(),
-            "alpha": alpha.item(),
-            "entropy": -logp.mean().item(),
-        }
-        return stats, td_error
+        return {**critic_stats, **stats, "alpha": alpha.item()}, td_error
 
     def _update_discrete(self, batch: dict[str, Any], config: SACConfig) -> tuple[dict[str, float], torch.Tensor]:
         module = self.module
@@ -162,7 +158,10 @@ class SACLearner:
         probs = log_probs.exp()
         entropy = -(probs * log_probs).sum(-1)
         alpha_loss = (self.temperature.log_alpha * (entropy.detach() - self.target_entropy)).mean()
-        self._step("alpha", alpha_loss, config)
+        rows = len(obs)
+        stats = self._step(
+            "alpha", alpha_loss, config, rows, {"alpha_loss": alpha_loss.item(), "entropy": entropy.mean().item()}
+        )
         alpha = self.temperature.log_alpha.detach().exp()
         with torch.no_grad():
             next_probs = next_log_probs.exp()
@@ -170,17 +169,13 @@ class SACLearner:
             target = self._bootstrap(batch, (next_probs * next_q).sum(-1), config)
         taken = batch[Columns.ACTIONS].long().unsqueeze(-1)
         q_all = [module.q_values(obs)] + ([module.q_values(obs, twin=True)] if module.qf_twin else [])
-        stats, td_error = self._critic_step(batch, target, [q.gather(-1, taken).squeeze(-1) for q in q_all], config)
+        critic_stats, td_error = self._critic_step(
+            batch, target, [q.gather(-1, taken).squeeze(-1) for q in q_all], config
+        )
         q_min = torch.min(*[q.detach() for q in q_all]) if len(q_all) > 1 else q_all[0].detach()
         actor_loss = (probs * (alpha * log_probs - q_min)).sum(-1).mean()
-        self._step("policy", actor_loss, config)
-        stats |= {
-            "policy_loss": actor_loss.item(),
-            "alpha_loss": alpha_loss.item(),
-            "alpha": alpha.item(),
-            "entropy": entropy.mean().item(),
-        }
-        return stats, td_error
+        stats |= self._step("policy", actor_loss, config, rows, {"policy_loss": actor_loss.item()})
+        return {**critic_stats, **stats, "alpha": alpha.item()}, td_error
 
     def update_target(self, tau: float) -> None:
         polyak(self._target_pairs, tau)

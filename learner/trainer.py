@@ -59,6 +59,11 @@ class Trainer:
         group.share_state(self.module, self.optimizer)
         self.group = group
 
+    def follow(self, header: dict[str, Any], shard: dict[str, torch.Tensor]) -> bool:
+        """A follower rank's part of the update rank 0 runs (data_parallel): PPO's epochs on its shard, with the
+        hyper-parameters at rank 0's env steps. Whether it trained (not undone)."""
+        return "skipped" not in self.train(shard, self.config.at(header["env_steps"]))
+
     @property
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.module.observation_space, self.module.action_space

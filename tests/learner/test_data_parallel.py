@@ -2,9 +2,10 @@
 
 Two ranks train one model: every update, their weights are identical (the group compares digests after each
 update and fails if not), and with one minibatch per epoch they take the very step one learner takes on the
-whole batch (same loss parts, same weights, to float tolerance). Through a real server and client, a learner of
-two ranks publishes versions that change the weights. Bad input is one line and exit 2; a rank that dies ends the
-group with one line and a non-zero exit.
+whole batch (same loss parts, same weights, to float tolerance). DQN and SAC: rank 0 samples each update's batch
+from its replay buffer and both ranks update on their shares of it, as one learner on the whole batch. Through a
+real server and client, a learner of two ranks publishes versions that change the weights. Bad input is one line
+and exit 2; a rank that dies ends the group with one line and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from support.learners import ENV, children, free_port
@@ -25,6 +27,7 @@ from support.servers import running_client, target, until
 
 from rlgate.client.env_client import EnvClient
 from rlgate.learner.data_parallel import Group, Rendezvous
+from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.trainer import Trainer
 from rlgate.models import load_weights, weights_to_bytes
 from rlgate.spec.build import build_learner_connector, build_rl_module
@@ -35,6 +38,7 @@ from rlgate.storage import checkpoint
 OBSERVATION_SPACE = gym.make(ENV).observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)
 TIMEOUT_S = 30
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def trainer(spec: RunSpec) -> Trainer:
@@ -84,7 +88,61 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
             group.close()
         rank_1.kill()
         rank_1.wait()
-    assert "rank 0 stopped the group after 3 updates" in (tmp_path / "rank-1.log").read_text()
+    assert "rank 0 stopped the group after 3 versions" in (tmp_path / "rank-1.log").read_text()
+
+
+def off_policy_trainer(spec: RunSpec) -> OffPolicyTrainer:
+    module = build_rl_module(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())  # seeded: same weights
+    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+    return OffPolicyTrainer(module, pipeline, spec.algorithm, seed=spec.seed)  # seeded: the same batches sampled
+
+
+REPLAYED = {  # what the test compares beyond the weights: DQN's priorities, SAC's temperature (discrete SAC:
+    # expectations over the actions, no sampled noise that differs by rank)
+    "DQN": {"replay_buffer_config": {"type": "PrioritizedEpisodeReplayBuffer"}, "tau": 0.5},
+    "SAC": {"tau": 0.5, "initial_alpha": 0.5},
+}
+
+
+@pytest.mark.parametrize("algorithm", ["DQN", "SAC"])
+def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, cartpole_chunks, algorithm):
+    # A train batch of 63 rows: shards of 32 and 31, so gradients and losses weighted other than by rows would
+    # differ from one learner's; a rank that skipped an all-reduce would differ from one learner (rank 0) or from
+    # rank 0 (rank 1: its digest). Two updates per version, the targets moved after each.
+    fields = {"name": algorithm, "train_batch_size": 63, "training_intensity": 63.0, "broadcast_interval": 2}
+    fields |= {"num_steps_sampled_before_learning_starts": 0, "target_network_update_freq": 0, **REPLAYED[algorithm]}
+    model = {"config": {"fcnet_hiddens": [32, 32]}}
+    spec = learner_settings(spec={"algorithm": fields, "model": model}).spec
+    rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
+    rank_1 = follower(rendezvous, 1, tmp_path / "rank-1.log")
+    group = None
+    try:
+        group = Group(rendezvous, TIMEOUT_S)
+        alone, leader = off_policy_trainer(spec), off_policy_trainer(spec)
+        group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
+        leader.join(group)
+        for seed in range(3):
+            chunks = cartpole_chunks(64, seed=seed)
+            ours, theirs = alone.update(copy.deepcopy(chunks)), leader.update(chunks)  # leader: checks rank 1's
+            assert ours["updates"] == theirs["updates"] == 2
+            for key, value in ours.items():
+                assert theirs[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+            assert theirs["scatter_s"] > 0 and theirs["allreduce_s"] > 0 and theirs["check_s"] > 0
+            everything = leader._everything().state_dict()  # modules, targets, SAC's temperature
+            for name, tensor in alone._everything().state_dict().items():
+                torch.testing.assert_close(everything[name], tensor, rtol=1e-5, atol=1e-6)
+            ours_replayed, theirs_replayed = alone.buffer.get_state()[0], leader.buffer.get_state()[0]
+            for name, array in ours_replayed.items():  # DQN: the priorities from rank 0's gathered TD errors
+                np.testing.assert_allclose(theirs_replayed[name], array, rtol=1e-5, atol=1e-6)
+        assert alone.version == leader.version == 3
+        group.stop()
+        assert rank_1.wait(TIMEOUT_S) == 0
+    finally:
+        if group is not None:
+            group.close()
+        rank_1.kill()
+        rank_1.wait()
+    assert "rank 0 stopped the group after 3 versions" in (tmp_path / "rank-1.log").read_text()
 
 
 def test_a_follower_whose_rank_0_is_gone_ends_with_one_line(tmp_path, learner_settings):
@@ -121,10 +179,19 @@ QUICK = ("--spec.algorithm.train-batch-size", "128", "--spec.algorithm.minibatch
 QUICK += ("--spec.algorithm.num-epochs", "2", "--spec.sampling.rollout-fragment-length", "16")
 
 
+# DQN: an update per 4 env steps sampled after the first 64, a version per 2 updates.
+DQN_QUICK = ("--algo", "DQN", "--spec.algorithm.train-batch-size", "32", "--spec.algorithm.broadcast-interval", "2")
+DQN_QUICK += ("--spec.algorithm.num-steps-sampled-before-learning-starts", "64")
+DQN_QUICK += ("--spec.sampling.rollout-fragment-length", "16")
+
+
 @pytest.mark.slow
-async def test_two_learners_train_through_a_real_server_and_client(tmp_path, learners, server_factory):
+@pytest.mark.parametrize(("flags", "env_steps"), [(QUICK, 4 * 128), (DQN_QUICK, 64 + 4 * 2 * 4)], ids=["PPO", "DQN"])
+async def test_two_learners_train_through_a_real_server_and_client(
+    tmp_path, learners, server_factory, flags, env_steps
+):
     server = await server_factory(learner=learners.target)
-    learner = learners.start("learner", "--num-learners", "2", *QUICK)
+    learner = learners.start("learner", "--num-learners", "2", *flags)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
     client = EnvClient(envs, target(server), seed=0, inference="server")
     async with running_client(client):
@@ -136,7 +203,7 @@ async def test_two_learners_train_through_a_real_server_and_client(tmp_path, lea
     assert "learner rank 1 of 2 joined" in log
     assert "rank 0 stopped the group after" in log
     final = checkpoint.load(learners.checkpoints)
-    assert final.version >= 4 and final.env_steps >= 4 * 128
+    assert final.version >= 4 and final.env_steps >= env_steps
     fresh = build_rl_module(final.spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
     trained = build_rl_module(final.spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
     with final.loading_weights():
@@ -158,19 +225,24 @@ def rlgate_learn(*flags: str, env: dict[str, str] | None = None) -> subprocess.C
     ("flags", "line"),
     [
         (
-            ("--num-learners", "5", "--spec.algorithm.minibatch-size", "4"),
+            ("--env", ENV, "--num-learners", "5", "--spec.algorithm.minibatch-size", "4"),
             "--num-learners 5: more learners than the 4 env steps of a minibatch (--spec.algorithm.minibatch-size, "
             "--spec.algorithm.train-batch-size): each needs at least one",
         ),
         (
-            ("--num-learners", "2", "--algo", "DQN"),
-            "--num-learners 2: data-parallel learners train single-agent PPO, not DQN",
+            ("--env", ENV, "--num-learners", "5", "--algo", "SAC", "--spec.algorithm.train-batch-size", "4"),
+            "--num-learners 5: more learners than the 4 transitions of a train batch "
+            "(--spec.algorithm.train-batch-size): each needs at least one",
+        ),
+        (
+            ("--num-learners", "2", "--config", str(EXAMPLES / "multi_agent_cartpole_dqn.toml")),
+            "--num-learners 2: data-parallel learners train single-agent runs, not multi-agent",
         ),
     ],
-    ids=["more-than-a-minibatch", "dqn"],
+    ids=["more-than-a-minibatch", "more-than-a-train-batch", "multi-agent"],
 )
 def test_learners_the_run_cannot_have_are_one_line_and_exit_2(tmp_path, flags, line):
-    done = rlgate_learn("--env", ENV, "--port", "0", "--http-port", "0", "--checkpoint-dir", str(tmp_path), *flags)
+    done = rlgate_learn("--port", "0", "--http-port", "0", "--checkpoint-dir", str(tmp_path), *flags)
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == f"rlgate: {line}"
 
