@@ -108,7 +108,8 @@ REPLAYED = {  # what the test compares beyond the weights: DQN's priorities, SAC
 def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, cartpole_chunks, algorithm):
     # A train batch of 63 rows: shards of 32 and 31, so gradients and losses weighted other than by rows would
     # differ from one learner's; a rank that skipped an all-reduce would differ from one learner (rank 0) or from
-    # rank 0 (rank 1: its digest). Two updates per version, the targets moved after each.
+    # rank 0 (rank 1: its digest). Two updates per version, the targets moved after each. Rank 0 has trained a
+    # version before the group forms (as a resumed learner has): rank 1 takes its optimizers' moments too.
     fields = {"name": algorithm, "train_batch_size": 63, "training_intensity": 63.0, "broadcast_interval": 2}
     fields |= {"num_steps_sampled_before_learning_starts": 0, "target_network_update_freq": 0, **REPLAYED[algorithm]}
     model = {"config": {"fcnet_hiddens": [32, 32]}}
@@ -119,6 +120,9 @@ def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, 
     try:
         group = Group(rendezvous, TIMEOUT_S)
         alone, leader = off_policy_trainer(spec), off_policy_trainer(spec)
+        chunks = cartpole_chunks(64, seed=3)
+        alone.update(copy.deepcopy(chunks))
+        leader.update(chunks)
         group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
         leader.join(group)
         for seed in range(3):
@@ -134,7 +138,7 @@ def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, 
             ours_replayed, theirs_replayed = alone.buffer.get_state()[0], leader.buffer.get_state()[0]
             for name, array in ours_replayed.items():  # DQN: the priorities from rank 0's gathered TD errors
                 np.testing.assert_allclose(theirs_replayed[name], array, rtol=1e-5, atol=1e-6)
-        assert alone.version == leader.version == 3
+        assert alone.version == leader.version == 4
         group.stop()
         assert rank_1.wait(TIMEOUT_S) == 0
     finally:
