@@ -16,6 +16,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import gymnasium as gym
@@ -59,14 +61,29 @@ def follower(rendezvous: Rendezvous, rank: int, log: Path) -> subprocess.Popen:
         )
 
 
-def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, learner_settings, cartpole_chunks):
-    # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch.
-    spec = learner_settings(spec={"algorithm": {"train_batch_size": 128, "minibatch_size": 256, "num_epochs": 3}}).spec
+@contextmanager
+def two_ranks(log: Path) -> Iterator[Group]:
+    """Rank 0 here, with an `rlgate learn` follower as rank 1 (its log to `log`): the group, stopped after the
+    block (rank 1 then ends with 0) and closed in any case."""
     rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
-    rank_1 = follower(rendezvous, 1, tmp_path / "rank-1.log")
+    rank_1 = follower(rendezvous, 1, log)
     group = None
     try:
         group = Group(rendezvous, TIMEOUT_S)
+        yield group
+        group.stop()
+        assert rank_1.wait(TIMEOUT_S) == 0
+    finally:
+        if group is not None:
+            group.close()
+        rank_1.kill()
+        rank_1.wait()
+
+
+def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, learner_settings, cartpole_chunks):
+    # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch.
+    spec = learner_settings(spec={"algorithm": {"train_batch_size": 128, "minibatch_size": 256, "num_epochs": 3}}).spec
+    with two_ranks(tmp_path / "rank-1.log") as group:
         alone, leader = trainer(spec), trainer(spec)
         assert weights_to_bytes(alone.module) == weights_to_bytes(leader.module)
         group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
@@ -81,13 +98,6 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
             for name, weight in alone.module.state_dict().items():
                 torch.testing.assert_close(leader.module.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
         assert weights_to_bytes(leader.module) != weights_to_bytes(trainer(spec).module)  # it trained
-        group.stop()
-        assert rank_1.wait(TIMEOUT_S) == 0
-    finally:
-        if group is not None:
-            group.close()
-        rank_1.kill()
-        rank_1.wait()
     assert "rank 0 stopped the group after 3 versions" in (tmp_path / "rank-1.log").read_text()
 
 
@@ -97,8 +107,9 @@ def off_policy_trainer(spec: RunSpec) -> OffPolicyTrainer:
     return OffPolicyTrainer(module, pipeline, spec.algorithm, seed=spec.seed)  # seeded: the same batches sampled
 
 
-REPLAYED = {  # what the test compares beyond the weights: DQN's priorities, SAC's temperature (discrete SAC:
-    # expectations over the actions, no sampled noise that differs by rank)
+# Beyond the weights, the test compares DQN's priorities (a prioritized buffer) and SAC's temperature. SAC on
+# CartPole is discrete SAC: expectations over the actions, no sampled noise (each rank draws its own).
+REPLAYED = {
     "DQN": {"replay_buffer_config": {"type": "PrioritizedEpisodeReplayBuffer"}, "tau": 0.5},
     "SAC": {"tau": 0.5, "initial_alpha": 0.5},
 }
@@ -114,11 +125,7 @@ def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, 
     fields |= {"num_steps_sampled_before_learning_starts": 0, "target_network_update_freq": 0, **REPLAYED[algorithm]}
     model = {"config": {"fcnet_hiddens": [32, 32]}}
     spec = learner_settings(spec={"algorithm": fields, "model": model}).spec
-    rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
-    rank_1 = follower(rendezvous, 1, tmp_path / "rank-1.log")
-    group = None
-    try:
-        group = Group(rendezvous, TIMEOUT_S)
+    with two_ranks(tmp_path / "rank-1.log") as group:
         alone, leader = off_policy_trainer(spec), off_policy_trainer(spec)
         chunks = cartpole_chunks(64, seed=3)
         alone.update(copy.deepcopy(chunks))
@@ -139,13 +146,6 @@ def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, 
             for name, array in ours_replayed.items():  # DQN: the priorities from rank 0's gathered TD errors
                 np.testing.assert_allclose(theirs_replayed[name], array, rtol=1e-5, atol=1e-6)
         assert alone.version == leader.version == 4
-        group.stop()
-        assert rank_1.wait(TIMEOUT_S) == 0
-    finally:
-        if group is not None:
-            group.close()
-        rank_1.kill()
-        rank_1.wait()
     assert "rank 0 stopped the group after 3 versions" in (tmp_path / "rank-1.log").read_text()
 
 
