@@ -66,6 +66,13 @@ def optimizer_step(
     return parts
 
 
+def q_range(q: torch.Tensor, group: Group | None) -> dict[str, float]:
+    """The batch's largest and smallest Q value (qf_max, qf_min); in a group of data-parallel learners, over
+    every rank's shard."""
+    extremes = {"qf_max": q.max().item(), "qf_min": q.min().item()}
+    return extremes if group is None else group.extremes(extremes, largest=("qf_max",), smallest=("qf_min",))
+
+
 class DQNLearner:
     """One DQN module's target network, optimizer and update step."""
 
@@ -99,10 +106,7 @@ class DQNLearner:
         td_error = (chosen - target).detach().abs()
         stats = {"qf_loss": loss.item(), "qf_mean": chosen.mean().item(), "td_error_mean": td_error.mean().item()}
         stats = optimizer_step(self.optimizers["qf"], loss, config.grad_clip, self.group, len(chosen), stats)
-        stats |= {"qf_max": chosen.max().item(), "qf_min": chosen.min().item()}
-        if self.group is not None:
-            stats = self.group.extremes(stats, largest=("qf_max",), smallest=("qf_min",))
-        return stats, td_error
+        return stats | q_range(chosen, self.group), td_error
 
     def update_target(self, tau: float) -> None:
         polyak(list(zip(self.module.parameters(), self.target.parameters(), strict=True)), tau)

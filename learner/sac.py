@@ -22,7 +22,7 @@ from torch import nn
 
 from rlgate.core.columns import Columns
 from rlgate.learner.adam import Adam
-from rlgate.learner.dqn import OFF_POLICY_ADAM_EPS, optimizer_step, polyak, td_loss
+from rlgate.learner.dqn import OFF_POLICY_ADAM_EPS, optimizer_step, polyak, q_range, td_loss
 from rlgate.learner.episode_replay_buffer import N_STEP, WEIGHTS
 from rlgate.models.distributions import SquashedGaussian
 from rlgate.models.sac import Q_NETWORKS, SACModule
@@ -105,10 +105,7 @@ class SACLearner:
         if len(losses) > 1:
             stats["qf_twin_loss"] = losses[1].item()
         stats = self._step("qf", 0.5 * sum(losses), config, len(target), stats)
-        stats |= {"qf_max": first.max().item(), "qf_min": first.min().item()}
-        if self.group is not None:
-            stats = self.group.extremes(stats, largest=("qf_max",), smallest=("qf_min",))
-        return stats, td_error
+        return stats | q_range(first, self.group), td_error
 
     def _step(
         self, name: str, loss: torch.Tensor, config: SACConfig, rows: int, parts: dict[str, float]
