@@ -191,17 +191,11 @@ def check_data_parallel(learner: Learner, num_learners: int) -> None:
     algorithm = spec.algorithm
     if isinstance(algorithm, PPOConfig):
         most = min(algorithm.train_batch_size, algorithm.minibatch_size)
-        unit, flags = "env steps of a minibatch", "--spec.algorithm.minibatch-size, --spec.algorithm.train-batch-size"
+        what = "env steps of a minibatch (--spec.algorithm.minibatch-size, --spec.algorithm.train-batch-size)"
     else:  # DQN, SAC: each update's train batch of replayed transitions is shared out
-        most, unit, flags = (
-            algorithm.train_batch_size,
-            "transitions of a train batch",
-            "--spec.algorithm.train-batch-size",
-        )
+        most, what = algorithm.train_batch_size, "transitions of a train batch (--spec.algorithm.train-batch-size)"
     if num_learners > most:
-        raise UserError(
-            f"--num-learners {num_learners}: more learners than the {most} {unit} ({flags}): each needs at least one"
-        )
+        raise UserError(f"--num-learners {num_learners}: more learners than the {most} {what}: each needs at least one")
 
 
 def learn(settings: LearnerSettings) -> int:
