@@ -139,8 +139,8 @@ async def test_dropping_stale_chunks_makes_room_for_the_batches_waiting_for_it(l
         chunks = cartpole_chunks(size, version=version, seed=seq)
         return episode_batch(chunks, seq)
 
-    await learner.accept(batch(1, version=0))  # fills the intake
-    waiting = asyncio.create_task(learner.accept(batch(2, version=10)))  # no room until the stale go
+    await learner.accept(learner.decode(batch(1, version=0)))  # fills the intake
+    waiting = asyncio.create_task(learner.accept(learner.decode(batch(2, version=10))))  # no room until the stale go
     await asyncio.sleep(0)
     assert not waiting.done()
     await asyncio.wait_for(learner.train_once(), 60)  # drops the stale, takes batch 2 in, trains on it
