@@ -262,7 +262,7 @@ class Learner:
             ack = self.intake.accept(batch)
             if self.updating_since is not None:
                 self._steps_in_while_updating += self.intake.pending_steps - pending
-            ack.room = self._room()
+            ack.room, ack.version = self._room(), self.weights.version
             self._intake_changed.notify_all()
         if batch.connector_state_error:
             self.intake.reject("malformed connector state", 1, batch.connector_state_error)
@@ -285,7 +285,11 @@ class Learner:
             ahead = self.trainer.steps_trained_for() + 2 * self.off_policy_window()
             return max(0, int(ahead) - self.env_steps_received())
         assert isinstance(algorithm, PPOConfig)
-        if self.updating_since is not None and not algorithm.overlap_sampling:
+        # Without overlap_sampling, no room from the update's start until its version is published: the acks that
+        # then make room say that version, and servers sample the next batch with it.
+        if not algorithm.overlap_sampling and (
+            self.updating_since is not None or self.trainer.version != self.weights.version
+        ):
             return 0
         return max(0, algorithm.train_batch_size - self.intake.pending_steps)
 
@@ -510,6 +514,8 @@ class Learner:
         async with self._published:
             self.weights = weights
             self._published.notify_all()
+        async with self._intake_changed:  # where room waited for this version (no overlap_sampling)
+            self._intake_changed.notify_all()
         self.metrics.model_version.set(weights.version)
 
     def _weights_message(self) -> learner_pb2.Weights:
