@@ -58,6 +58,7 @@ def processes(tmp_path: Path):
             process.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overlap", "inference"),
     [(True, "server"), (False, "server"), (True, "local")],
