@@ -105,6 +105,11 @@ def gpu_services() -> dict[str, dict[str, Any]]:
     return yaml.safe_load((DEPLOY / "docker-compose.gpu.yml").read_text())["services"]
 
 
+@pytest.fixture(scope="session")
+def learners_services() -> dict[str, dict[str, Any]]:
+    return yaml.safe_load((DEPLOY / "docker-compose.learners.yml").read_text())["services"]
+
+
 def _containers(
     services: dict[str, dict[str, Any]],
     image_env: dict[str, str],
@@ -158,3 +163,14 @@ def gpu_containers(
 ) -> dict[str, Container]:
     """The containers of `docker-compose.yml` with `docker-compose.gpu.yml` on top."""
     return _containers(services, image_env, monkeypatch, overrides=gpu_services)
+
+
+@pytest.fixture
+def learners_containers(
+    services: dict[str, dict[str, Any]],
+    learners_services: dict[str, dict[str, Any]],
+    image_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, Container]:
+    """The containers of `docker-compose.yml` with `docker-compose.learners.yml` on top."""
+    return _containers(services, image_env, monkeypatch, overrides=learners_services)

