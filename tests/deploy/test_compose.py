@@ -19,6 +19,8 @@ from support.compose import interpolate
 
 from rlgate.cli.main import COMMANDS
 
+from .conftest import override_services
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 SCHEMA = json.loads((Path(__file__).parent / "compose-spec.json").read_text())
@@ -259,7 +261,8 @@ def test_inference_publishes_no_fixed_host_port(services: Services) -> None:
         assert published is None or "-" in str(published), target
 
 
-def test_gpu_override_builds_cuda_torch_and_serves_on_the_gpu(gpu_services: Services, gpu_containers: dict) -> None:
+def test_gpu_override_builds_cuda_torch_and_serves_on_the_gpu(gpu_services: Services, containers_with: Any) -> None:
+    gpu_containers = containers_with("gpu")
     assert set(gpu_services) == RLGATE_SERVICES, "the services share one image: all must build it the same way"
     for service in gpu_services.values():
         assert service["build"]["args"]["TORCH"] == "cuda"
@@ -269,10 +272,9 @@ def test_gpu_override_builds_cuda_torch_and_serves_on_the_gpu(gpu_services: Serv
     assert "gpu" in device["capabilities"]
 
 
-def test_learners_override_runs_two_ranks_a_core_each(
-    services: Services, learners_services: Services, learners_containers: dict
-) -> None:
-    assert set(learners_services) == {"learner"}
+def test_learners_override_runs_two_ranks_a_core_each(services: Services, containers_with: Any) -> None:
+    assert set(override_services("learners")) == {"learner"}
+    learners_containers = containers_with("learners")
     settings = learners_containers["learner"].settings
     assert (settings.num_learners, settings.torch_threads) == (2, 1)
     assert float(interpolate(services["learner"]["deploy"]["resources"]["limits"]["cpus"])) >= settings.num_learners
