@@ -82,8 +82,8 @@ class Health:
     """What a follower's HTTP answers. Alive (/healthz) while the process runs: a group found broken ends it
     (data_parallel.fail). Ready (/readyz) too, saying so while it waits for rank 0: a follower takes no traffic, and
     its readiness only paces a StatefulSet's rolling update, which replaces rank N-1 first and waits for it to be
-    ready before it replaces rank 0; the new rank can join only the new rank 0, so "ready once joined" would stall
-    the update."""
+    ready before it replaces rank 0; the new rank cannot train with the old rank 0 (a group's members are fixed), so
+    "ready once training" would stall the update."""
 
     def __init__(self, rendezvous: Rendezvous) -> None:
         self.rendezvous = rendezvous
