@@ -90,7 +90,7 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert hand_off["max_spool_bytes"] < 2 * hand_off["spool_limit_bytes"], hand_off
     # B8: both placements sampled while the learner trained, local inference's steps/s over server-side's.
     (placement,) = (r for r in records if r["scenario"] == "B8")
-    assert (placement["clients"], placement["envs_per_message"]) == (1, 1)
+    assert (placement["clients"], placement["envs_per_message"], placement["learners"]) == (1, 1, 1)
     for where in ("server", "local"):
         figures = placement[where]
         assert figures["env_steps_per_s"] > 0 and figures["trained_per_s"] > 0, (where, figures)

@@ -159,6 +159,7 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("bench", "--quick", "--warmup-s", "-1"): "--warmup-s must be at least 0, not -1.0",
         ("bench", "--quick", "--window-s", "nan"): "--window-s must be more than 0, not nan",
         ("bench", "--quick", "--repeats", "0"): "--repeats must be at least 1, not 0",
+        ("bench", "--quick", "--num-learners", "0"): "--num-learners must be at least 1, not 0",
         ("bench", "--quick", "--json", str(nowhere / "x.json")): "x.json: not a file in an existing directory",
     }
     # Concurrently: each is a Python start-up, most of it waiting on imports.
