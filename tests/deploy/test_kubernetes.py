@@ -75,7 +75,7 @@ def settings_of(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> A
 
 
 def test_overlays_are_cpu_and_gpu_with_one_learner_or_ranks() -> None:
-    assert OVERLAYS == ["cpu", "cpu-learners", "gpu", "gpu-learners"]
+    assert OVERLAYS == ["cpu", "cpu-learners", "gpu"]
 
 
 def test_every_object_is_valid_against_the_kubernetes_schemas(overlay: tuple[str, Objects]) -> None:
@@ -218,7 +218,7 @@ def test_only_the_gpu_overlay_serves_on_the_gpu(overlay: tuple[str, Objects], mo
     if name.startswith("gpu"):
         assert (device, gpus) == ("cuda", 1)
         assert images == {"rlgate:0.1.0-cuda"}
-        assert learner_gpus == (1 if name == "gpu-learners" else None)  # one GPU per rank (idle: deploy/README.md)
+        assert learner_gpus is None  # the learner trains on the CPU (deploy/README.md)
     else:
         assert (device, gpus, learner_gpus) == ("cpu", None, None)
         assert images == {"rlgate:0.1.0"}
