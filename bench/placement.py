@@ -65,11 +65,24 @@ def placements(
     return measured
 
 
+#: The longest a window waits past its length for the learner's next update to end.
+UPDATE_WAIT_S = 60.0
+
+
 def _watch(learner: ServerProcess, seconds: float) -> dict[str, Any]:
-    """What the learner trained over a window: env steps and updates per second, and its last update's staleness."""
+    """What the learner trained over a window: env steps and updates per second, and its last update's staleness.
+
+    The window lasts `seconds`, and on until an update has ended in it (at most UPDATE_WAIT_S more): over a window
+    no update ended in, the learner's counters read 0 trained however fast it trains (`--quick`'s 0.3 s windows on
+    a loaded machine held fewer env steps than one update takes)."""
     before, started = learner.metrics(), time.perf_counter()
     time.sleep(seconds)
-    after, elapsed = learner.metrics(), time.perf_counter() - started
+    after = learner.metrics()
+    version = "rlgate_learner_model_version"
+    while after[version] == before[version] and time.perf_counter() - started < seconds + UPDATE_WAIT_S:
+        time.sleep(0.05)
+        after = learner.metrics()
+    elapsed = time.perf_counter() - started
 
     def rate(key: str) -> float:
         return (after[key] - before[key]) / elapsed
