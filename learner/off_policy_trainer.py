@@ -132,6 +132,7 @@ class OffPolicyTrainer:
             part.learner.explore(config.at(env_steps))
         self.group: Group | None = None  # the data-parallel learners this one trains with (`join`)
         self._before: Snapshot | None = None  # a follower's state before the version rank 0 is training
+        self._following = 0  # a follower's updates of that version so far
 
     @staticmethod
     def _part(module: RLModule, config: OffPolicyConfig, seed: int | None, pipeline: Any) -> Part:
@@ -146,15 +147,17 @@ class OffPolicyTrainer:
         group.share_state(self._everything(), *self.learner.optimizers.values())
         self.group = self.learner.group = group
 
-    def follow(self, header: dict[str, Any], shard: dict[str, Any]) -> bool:
+    def follow(self, header: dict[str, Any], shard: dict[str, Any]) -> int:
         """A follower rank's part of one update rank 0 runs: the update on its shard, with the hyper-parameters
         at rank 0's env steps; the targets moved if rank 0 moves them. After a version's last update, the
         version undone if rank 0's is (the ranks' weights are the same, so are their non-finite values), or
-        checked against rank 0's. Whether a version was trained."""
+        checked against rank 0's. The updates it trained: after a version's last, the version's (0 if undone)."""
         assert self.group is not None  # joined
         part = self.parts[None]
         if self._before is None:  # the version's first update
             self._before = Snapshot(self._everything(), *part.learner.optimizers.values())
+            self._following = 0
+        self._following += 1
         config = self.config.at(header["env_steps"])
         _, td_error = part.learner.update(shard, config)
         if isinstance(part.buffer, PrioritizedEpisodeReplayBuffer):
@@ -162,14 +165,14 @@ class OffPolicyTrainer:
         if header["target"]:
             part.learner.update_target(self.config.tau)
         if not header["last"]:
-            return False
+            return 0
         before, self._before = self._before, None
         if before.nonfinite_now():
             before.restore()
-            return False
+            return 0
         part.learner.explore(config)
         self.group.check_identical(self._everything())
-        return True
+        return self._following
 
     @property
     def learner(self) -> DQNLearner | SACLearner:

@@ -59,10 +59,10 @@ class Trainer:
         group.share_state(self.module, self.optimizer)
         self.group = group
 
-    def follow(self, header: dict[str, Any], shard: dict[str, torch.Tensor]) -> bool:
+    def follow(self, header: dict[str, Any], shard: dict[str, torch.Tensor]) -> int:
         """A follower rank's part of the update rank 0 runs (data_parallel): PPO's epochs on its shard, with the
-        hyper-parameters at rank 0's env steps. Whether it trained (not undone)."""
-        return "skipped" not in self.train(shard, self.config.at(header["env_steps"]))
+        hyper-parameters at rank 0's env steps. The updates it trained: 1, or 0 if undone."""
+        return int("skipped" not in self.train(shard, self.config.at(header["env_steps"])))
 
     @property
     def spaces(self) -> tuple[gym.Space, gym.Space]:

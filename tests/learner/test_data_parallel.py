@@ -98,7 +98,7 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
             for name, weight in alone.module.state_dict().items():
                 torch.testing.assert_close(leader.module.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
         assert weights_to_bytes(leader.module) != weights_to_bytes(trainer(spec).module)  # it trained
-    assert "rank 0 stopped the group after 3 versions" in (tmp_path / "rank-1.log").read_text()
+    assert "rank 0 stopped the group after 3 updates" in (tmp_path / "rank-1.log").read_text()
 
 
 def off_policy_trainer(spec: RunSpec) -> OffPolicyTrainer:
@@ -146,7 +146,7 @@ def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, 
             for name, array in ours_replayed.items():  # DQN: the priorities from rank 0's gathered TD errors
                 np.testing.assert_allclose(theirs_replayed[name], array, rtol=1e-5, atol=1e-6)
         assert alone.version == leader.version == 4
-    assert "rank 0 stopped the group after 3 versions" in (tmp_path / "rank-1.log").read_text()
+    assert "rank 0 stopped the group after 6 updates" in (tmp_path / "rank-1.log").read_text()
 
 
 def test_a_follower_whose_rank_0_is_gone_ends_with_one_line(tmp_path, learner_settings):
@@ -177,6 +177,19 @@ async def test_a_rank_that_dies_ends_rank_0_with_one_line_and_exit_1(tmp_path, l
     assert await asyncio.to_thread(learner.wait, TIMEOUT_S) == 1
     last = log.read_text().splitlines()[-1]
     assert "CRITICAL" in last and "learner rank 1 of 2 exited with status -9; the learner stops" in last
+
+
+async def test_followers_beside_rank_0_leave_its_http_port_to_it(tmp_path, learners, http_get, monkeypatch):
+    """As in one container of compose (RLGATE_HTTP_PORT set for every process there): the ranks rank 0 starts on
+    its host read that port too, and serve no HTTP (only a rank with a host of its own does), so rank 0 gets it."""
+    port = free_port()
+    monkeypatch.setenv("RLGATE_HTTP_PORT", str(port))  # the followers' environment
+    learner = learners.start("learner", "--num-learners", "2", "--http-port", str(port))
+    await until(lambda: "learning grpc=" in (tmp_path / "learner.log").read_text(), timeout=TIMEOUT_S)
+    code, body = await http_get(port, "/status")
+    assert code == 200 and "model_version" in body  # rank 0's, not a follower's
+    learner.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(learner.wait, TIMEOUT_S) == 0
 
 
 QUICK = ("--spec.algorithm.train-batch-size", "128", "--spec.algorithm.minibatch-size", "64")
