@@ -191,10 +191,11 @@ class LocalClients:
 
     def _observation_space(self, batch: learner_pb2.EpisodeBatch, core: ActingCore) -> gym.Space | None:
         """The space the batch's observations are in: one the served pipeline leaves them in (the env's, or a
-        piece's output), else WrongState. None where the batch does not say (the pipeline's output). Each space
-        is decoded and checked once per served core (a client sends the same one with every batch)."""
+        piece's output), else WrongState; where the batch does not say, the pipeline's output (a multi-agent run's:
+        None). Each space is decoded and checked once per served core (a client sends the same one with every
+        batch)."""
         if not batch.HasField("observation_space"):
-            return None
+            return None if core.multi_agent else core.env_to_module.observation_space
         if self._spaces_of is not core:
             self._spaces_of, self._spaces = core, {}
         wire = batch.observation_space.SerializeToString()
