@@ -305,57 +305,86 @@ async function run() {
   const health = await checkHealth(args.server);
   if (Object.values(health).some((s) => s !== "SERVING")) fail(`health: ${JSON.stringify(health)}`);
 
-  const client = new PolicyService(args.server, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
-  const stream = openStream(client);
-  stream.write({
-    hello: { client_id: "node-cartpole", ...cartpoleSpaces(float32Tensor), num_envs: 1, explore: true },
-  });
-  const welcome = await stream.read();
-  if (welcome.kind !== "welcome") fail(`the first answer is ${welcome.kind}, not welcome`);
-  const versions = new Set([welcome.welcome.model_version]);
+  // A stream (on a channel of its own, so that a new one may reach another replica), its hello and welcome.
+  const sessions = [];
+  const versions = new Set();
+  async function connect() {
+    const client = new PolicyService(args.server, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+    const stream = openStream(client);
+    stream.write({
+      hello: { client_id: "node-cartpole", ...cartpoleSpaces(float32Tensor), num_envs: 1, explore: true },
+    });
+    const welcome = await stream.read();
+    if (welcome.kind !== "welcome") fail(`the first answer is ${welcome.kind}, not welcome`);
+    sessions.push(welcome.welcome.session_id);
+    versions.add(welcome.welcome.model_version);
+    return { client, stream };
+  }
 
+  let { client, stream } = await connect();
   const env = new CartPole(Number(args.seed));
   const episodes = []; // {length, return, terminated, truncated, reset_obs}
-  let obs = env.reset();
-  let episode = { length: 0, return: 0, reset_obs: obs };
-  // The first step after the hello: the reset observation, no reward or flags (README, "The first step").
-  stream.write(stepMessage(obs, 0));
+  let episode;
+  // A new episode: its reset observation. The first step after a hello carries no reward or flags (README, "The
+  // first step"); after an ended episode, reward 0 and flags false (checked, then ignored).
+  function reset(first = false) {
+    const obs = env.reset();
+    episode = { length: 0, return: 0, reset_obs: obs };
+    stream.write(first ? stepMessage(obs, 0) : stepMessage(obs, 0, 0.0, false, false));
+  }
+  reset(true);
+  let status = null; // the last stream's, once it ended
   let envSteps = 0;
+  let handovers = 0;
+  let ended = false; // the last step sent ended the episode: its answer's action is to be discarded
 
-  // Each episode ends within 500 steps, so EPISODES * 500 answers bound the loop.
-  for (let answers = 0; answers < EPISODES * CartPole.MAX_STEPS && episodes.length < EPISODES; answers++) {
+  // Each episode ends within 500 steps, and each answer moves one on (or hands the stream over, at most once per
+  // episode), so EPISODES * 502 answers bound the loop.
+  for (let answers = 0; answers < EPISODES * (CartPole.MAX_STEPS + 2); answers++) {
     const answer = await stream.read();
     if (answer.kind !== "actions") fail(`an answer of kind ${answer.kind}`);
     versions.add(answer.actions.model_version);
+    if (answer.actions.reconnect) {
+      // The server hands the session over (README, "Moving to another replica"): every episode it recorded has
+      // ended, so these actions are not for the env. Close, then a new stream through the same target, and a new
+      // episode on it (the episode begun on this stream, if any, was never recorded).
+      handovers += 1;
+      status = await closeWithOk(stream, client);
+      if (episodes.length >= EPISODES) break;
+      ({ client, stream } = await connect());
+      status = null;
+      reset(true);
+      ended = false;
+      continue;
+    }
+    if (ended) {
+      // The answer to the step that carried the episode's final observation: discarded (autoreset NEXT_STEP).
+      // Read before the next reset goes, so that a reconnect in it is seen before anything else is sent.
+      if (episodes.length >= EPISODES) break;
+      reset();
+      ended = false;
+      continue;
+    }
     const [action] = readIntegers(answer.actions.actions.tensor); // Discrete: int32 [N]
-    const { obs: next, reward, terminated, truncated } = env.step(action);
+    const { obs, reward, terminated, truncated } = env.step(action);
     envSteps += 1;
     episode.length += 1;
     episode.return += reward;
-    stream.write(stepMessage(next, env.steps, reward, terminated, truncated));
-    if (!(terminated || truncated)) continue;
-
-    // The episode is over: that step carried its final observation, and its answer's action is to be
-    // discarded (autoreset NEXT_STEP). The next episode's reset observation goes at once, without waiting
-    // for that answer: the server answers both steps, in order.
-    episodes.push({ ...episode, terminated, truncated });
-    if (episodes.length < EPISODES) {
-      obs = env.reset();
-      episode = { length: 0, return: 0, reset_obs: obs };
-      // A new episode's slot: its reset observation, reward 0 and flags false (checked, then ignored).
-      stream.write(stepMessage(obs, 0, 0.0, false, false));
+    stream.write(stepMessage(obs, env.steps, reward, terminated, truncated));
+    if (terminated || truncated) {
+      episodes.push({ ...episode, terminated, truncated });
+      ended = true;
     }
-    const discarded = await stream.read(); // the terminal step's answer
-    if (discarded.kind !== "actions") fail(`an answer of kind ${discarded.kind}`);
-    versions.add(discarded.actions.model_version);
   }
   if (episodes.length < EPISODES) fail(`only ${episodes.length} of ${EPISODES} episodes ended`);
 
   // Close: no episode is running (the last one ended), and the stream ends with OK at once.
-  const status = await closeWithOk(stream, client);
+  status ??= await closeWithOk(stream, client);
 
   return {
-    session_id: welcome.welcome.session_id,
+    session_id: sessions[0],
+    session_ids: sessions,
+    handovers,
     health,
     episodes: episodes.length,
     lengths: episodes.map((e) => e.length),
