@@ -53,6 +53,7 @@ const { values: args } = parseArgs({
     episodes: { type: "string", default: "3" },
     steps: { type: "string", default: "2000" }, // local: env steps to take
     "client-id": { type: "string" }, // local: the name the server lists it by
+    "drain-timeout-s": { type: "string", default: "10" }, // local: the wait for the last acks
     game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
     envs: { type: "string", default: "2" }, // multi-agent modes: sub-envs in the stream
     "max-episode-steps": { type: "string", default: "500" }, // multi-agent cartpole: each pole's time limit
@@ -890,6 +891,8 @@ class ServerLink {
     this.specJson = null; // the run spec acted with, as its first weights carried it
     this.policy = null; // {policy, version} acted with
     this.pending = null; // a newer one, loaded, until the step loop takes it
+    this.newest = null; // the newest received, until it is loading
+    this.loading = false;
     this.version = -1; // the newest version received (loaded or loading)
     this.window = 0; // the weights' max_unacked_steps: this client's share (0: no limit)
     this.room = null; // env steps the last ack granted (unset: none said)
@@ -936,9 +939,25 @@ class ServerLink {
       this.fail("the server now serves another run spec: restart this client to act with it");
       return;
     }
-    const policy = await policyFromBytes(weights.onnx); // while the step loop goes on with the version it has
-    if (version > (this.pending?.version ?? this.policy?.version ?? -1)) this.pending = { policy, version };
-    this.changed.fire();
+    if (weights.onnx.length === 0) {
+      this.fail("the server sent no ONNX file with its weights: it predates WatchWeightsRequest.onnx");
+      return;
+    }
+    // Loaded while the step loop goes on with the version it has; one at a time, the newest received next (a
+    // version that came while another loaded and is already superseded is never loaded).
+    this.newest = weights;
+    if (this.loading) return;
+    this.loading = true;
+    try {
+      while (this.newest !== null) {
+        const next = this.newest;
+        this.newest = null;
+        this.pending = { policy: await policyFromBytes(next.onnx), version: Number(next.version) };
+        this.changed.fire();
+      }
+    } finally {
+      this.loading = false;
+    }
   }
 
   // The newest version loaded, from this step on (the step loop asks between two steps).
@@ -1031,7 +1050,7 @@ async function local() {
   const env = new CartPole(Number(args.seed));
   const draw = random(Number(args.seed) + 1);
   const versions = new Set();
-  const returns = [];
+  const [returns, terminated] = [[], []];
   let obs = env.reset();
   let episode = policy.newEpisode();
   let [reward, total] = [0, 0];
@@ -1050,6 +1069,7 @@ async function local() {
     total += result.reward;
     if (result.terminated || result.truncated) {
       returns.push(total);
+      terminated.push(result.terminated);
       obs = env.reset();
       recorder.begin(obs);
       episode = policy.newEpisode();
@@ -1059,15 +1079,19 @@ async function local() {
     }
   }
   link.ship(recorder.close()); // the running episode, cut off
-  await link.until(() => link.spool.size === 0); // every batch acknowledged (the watchdog bounds the wait)
+  // Every batch acknowledged, or --drain-timeout-s passed: what is left unacknowledged is lost (said in the summary).
+  const drained = new Promise((resolve) => setTimeout(resolve, Number(args["drain-timeout-s"]) * 1000).unref());
+  await Promise.race([link.until(() => link.spool.size === 0), drained]);
   link.close();
   return {
     session_id: sessionId,
     env_steps: steps,
     episodes: returns.length,
     returns,
+    terminated,
     model_versions: [...versions].sort((a, b) => a - b),
     ...link.counts,
+    unacknowledged_batches: link.spool.size,
   };
 }
 

@@ -6,9 +6,11 @@ server's SubmitEpisodes and train a real learner. Its npm dependencies come as f
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import grpc
+import numpy as np
 import onnxruntime as ort
 import pytest
 from server.test_node_client import node_client, run_client  # noqa: F401 (the fixture)
@@ -17,6 +19,7 @@ from support.servers import target, until
 from rlgate.learner.main import LearnerServer
 from rlgate.server.main import InferenceServer
 from rlgate.spec.run import RunSpec
+from rlgate.storage.episode_files import read_episodes
 from rlgate.v1 import learner_pb2, policy_pb2_grpc
 
 
@@ -32,10 +35,11 @@ async def test_a_node_client_acting_locally_ships_episodes_that_train_the_learne
     await server.stop()  # what the server holds goes to the learner
 
     # It acted with newer versions as they came, and the learner trained on its steps: every one it took, once.
-    assert summary["env_steps"] == 2500 and summary["episodes"] >= 10
+    assert summary["env_steps"] == 2500 and summary["episodes"] >= 5
     assert len(summary["model_versions"]) >= 3, summary["model_versions"]
     assert summary["steps"] == 2500  # every step shipped, the last episode's cut off
     assert summary["acked_batches"] == summary["batches"] and summary["accepted"] == summary["chunks"]
+    assert summary["unacknowledged_batches"] == 0
     assert summary["pauses"] > 0  # the learner's pace held it
     assert server.service.env_steps == 0 and server.local.env_steps == 2500
     assert learner.env_steps_received() == 2500
@@ -43,9 +47,26 @@ async def test_a_node_client_acting_locally_ships_episodes_that_train_the_learne
     updates = learner.progress.updates.page(0)["rows"]
     assert len(updates) >= 3 and learner.trainer.version >= 3
     assert learner.trainer.env_steps >= 3 * learner.spec.algorithm.train_batch_size
-    assert all(update["staleness"] < 3 for update in updates)
-    # The server's episode files hold them too (its batches do not name their observation space: the served one).
-    assert len(list((tmp_path / "episodes").glob(f"{summary['session_id']}-*.pb"))) == summary["chunks"]
+    assert all(update["staleness"] < 3 for update in updates), [update["staleness"] for update in updates]
+    # The server's episode files hold them too (its batches do not name their observation space: the served one),
+    # cut as a server cuts a session's: chunks of at most rollout_fragment_length steps (fewer where a pause for the
+    # learner's pace shipped the running episode), each after an episode's first starting where the one before
+    # ended, with that chunk's last step as its lookback.
+    chunks = [c for c in read_episodes(tmp_path / "episodes") if c.id_.startswith(summary["session_id"])]
+    assert len(chunks) == summary["chunks"] and sum(len(c) for c in chunks) == 2500
+    episodes: dict[str, list] = {}
+    for chunk in sorted(chunks, key=lambda c: c.chunk_index):
+        episodes.setdefault(chunk.id_, []).append(chunk)
+    fragment = learner.spec.sampling.rollout_fragment_length
+    for parts in episodes.values():
+        assert [p.chunk_index for p in parts] == list(range(len(parts))) and all(len(p) <= fragment for p in parts)
+        assert not any(p.is_done for p in parts[:-1]) and parts[-1].is_done
+        for before, after in itertools.pairwise(parts):
+            assert after.t_started == before.t_started + len(before) and after.observations.lookback == 1
+            np.testing.assert_array_equal(after.observations.data[:2], before.observations.data[-2:])
+            assert after.actions.data[0] == before.actions.data[-1]
+    ended = [sum(len(c) for c in parts) for parts in episodes.values() if parts[-1].is_terminated]
+    assert sorted(ended) == sorted(r for r, t in zip(summary["returns"], summary["terminated"], strict=True) if t)
 
 
 async def test_a_node_client_sends_its_unacknowledged_batches_again_to_the_server_that_replaces_its_own(
@@ -70,6 +91,7 @@ async def test_a_node_client_sends_its_unacknowledged_batches_again_to_the_serve
 
     assert summary["streams"] >= 2 and second.local.env_steps > 0  # it went on with the new server
     assert summary["steps"] == 2000 and summary["acked_batches"] == summary["batches"]
+    assert summary["unacknowledged_batches"] == 0
     assert learner.env_steps_received() == 2000 and learner.intake.rejected.total() == 0
     assert first.local.env_steps + second.local.env_steps >= 2000
 
