@@ -26,6 +26,7 @@ import onnxruntime as ort
 
 from rlgate.connectors.common.frame_stacking import FrameStacking
 from rlgate.core import codec
+from rlgate.episodes.multi_agent_episode import DEFAULT_MODULE_ID
 from rlgate.export.checkpoint import policy_graph
 from rlgate.export.contract import CONTRACT_KEY
 from rlgate.export.onnx_file import parameters, placeholder, rebind, to_onnx
@@ -68,16 +69,16 @@ class OnnxWeights:
         pipelines = self.built.env_to_module, self.built.module_to_env
         traced = placeholder(self.built.module)
         graph = policy_graph(pipelines[0], traced, pipelines[1], *spaces, explore=True, module_only=False)
-        self.contract = {
+        contract = {
             "rlgate_version": importlib.metadata.version("rlgate"),
-            "module_id": "default_policy",
+            "module_id": DEFAULT_MODULE_ID,
             "explore": True,
             "module_only": False,
             "observation_space": codec.space_to_json(spaces[0]),
             "action_space": codec.space_to_json(spaces[1]),
             "run_spec": spec.model_dump(mode="json"),
         }
-        self.graph = onnx.load_from_string(to_onnx(graph, self.contract, fold_constants=False))
+        self.graph = onnx.load_from_string(to_onnx(graph, contract, fold_constants=False))
         self.described = json.loads(next(p.value for p in self.graph.metadata_props if p.key == CONTRACT_KEY))
         reference = policy_graph(
             pipelines[0], self.built.module, pipelines[1], *spaces, explore=True, module_only=False
