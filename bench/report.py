@@ -48,7 +48,8 @@ LIMITS = (
     "steps/s are then the clients' pace, not the server's: read x cpu/step); round trip = neither saturated"
 )
 PLACEMENT_NOTE = (
-    "B8: steps/s while a learner trains on them (trained/s: env steps it trained, the same run); p50/p99: one step "
+    "B8: steps/s while a learner trains on them (trained/s: env steps it trained in the same windows, from its own "
+    "counter; ranks: its data-parallel learners); p50/p99: one step "
     "of a client (server-side: its round trip; local: acting, recording and stepping its envs); server cpu us/step "
     "over every env step, its sessions' or its local clients'"
 )
@@ -127,13 +128,13 @@ def render(records: list[Record]) -> str:
         ],
     )  # fmt: skip
     placement = table(
-        ["B8 acting", "clients", "envs/client", "steps/s", "x server-side", "trained/s", "updates/s", "staleness",
-         "p50 ms", "p99 ms", "cpu us/step", "server cpu", "client cpu", "limited by"],
+        ["B8 acting", "clients", "envs/client", "steps/s", "x server-side", "trained/s", "ranks", "updates/s",
+         "staleness", "p50 ms", "p99 ms", "cpu us/step", "server cpu", "client cpu", "limited by"],
         [
             [where, r["clients"], r["envs_per_message"], p["env_steps_per_s"],
-             r["local_x_server"] if where == "local" else "", p["trained_per_s"], p["updates_per_s"], p["staleness"],
-             p["p50_ms"], p["p99_ms"], p["server_cpu_us_per_step"], p["server_cpu"], p["client_cpu_peak"],
-             p["limited_by"]]
+             r["local_x_server"] if where == "local" else "", p["trained_per_s"], r["learners"], p["updates_per_s"],
+             p["staleness"], p["p50_ms"], p["p99_ms"], p["server_cpu_us_per_step"], p["server_cpu"],
+             p["client_cpu_peak"], p["limited_by"]]
             for r in by_scenario["B8"]
             for where, p in (("server", r["server"]), ("local", r["local"]))
         ],
