@@ -6,8 +6,10 @@ go to the server, one address as before:
 
 - `PolicyService.WatchWeights`: the weights the server serves (its learner's, relayed, or its own policy's): the
   run spec, the env's spaces, safetensors and connector state. The first builds the same `ActingCore` a server
-  acts with (code the spec names is imported only from the modules the operator allowed, as a server's); each
-  newer version is swapped in between two steps, so stepping never waits for it.
+  acts with (code the spec names is imported only from the modules the operator allowed, as a server's), its
+  forward pass in onnxruntime or torch as the client's `backend` says (a server's `--backend`: auto acts in
+  onnxruntime where the module exports); each newer version is swapped in between two steps, so stepping never
+  waits for it (onnxruntime's sessions for it are built on a worker thread meanwhile).
 - `PolicyService.SubmitEpisodes`: the episodes, recorded as a server session records them (`episodes.session`:
   log-probabilities, action distribution inputs, values, model versions, cut every rollout_fragment_length steps),
   with the connector statistics gathered since the last batch (MeanStdFilter), through a spool on disk
@@ -46,7 +48,7 @@ from rlgate.delivery.spool import Spool
 from rlgate.episodes.chunk import Chunk
 from rlgate.episodes.session import Session, SessionSpec
 from rlgate.policy.acting import ActingCore
-from rlgate.policy.published import core_from_weights, spec_of, swap_weights
+from rlgate.policy.published import acts_only_newest, core_from_weights, spec_of, swap_weights
 from rlgate.spec.imports import ImportPolicy
 from rlgate.v1 import learner_pb2, policy_pb2_grpc
 from rlgate.v1 import policy_pb2 as pb
@@ -100,7 +102,7 @@ async def _act(client: EnvClient, link: ServerLink, core: ActingCore, max_steps:
         while True:
             if explore and link.held(session.unshipped_steps()) and not await link.paced(session):
                 return  # stopped while paused
-            link.apply_newest(core)  # after a pause: the version that came meanwhile
+            await link.apply_newest(core)  # after a pause: the version that came meanwhile
             episodes, _ = session.observe(obs, rewards, terminateds, truncateds, None)
             outputs = core.act(episodes, explore, obs)
             link.ship(session.record(outputs))
@@ -176,7 +178,9 @@ class ServerLink:
                 f"the server at {client.target} serves a multi-agent run: inference local acts in single-agent runs"
             )
         imports = ImportPolicy(client.allow_import)
-        core = await asyncio.to_thread(core_from_weights, weights, spec, imports, seed=client.seed)
+        core = await asyncio.to_thread(
+            core_from_weights, weights, spec, imports, seed=client.seed, backend=client.backend
+        )
         env = client.env
         assert isinstance(env, gym.vector.VectorEnv)  # inference local takes single-agent envs (EnvClient checks)
         differences = space_differences(
@@ -188,13 +192,19 @@ class ServerLink:
                 "in (server != client): " + "; ".join(differences)
             )
         self.core, self.spec_json = core, weights.spec_json
+        client.stats.backend = "torch" if core.onnx is None else "onnxruntime"
         self._may_send.set()
         return core
 
-    def apply_newest(self, core: ActingCore) -> None:
-        """Act with the newest version received, if newer (between two steps); raise what ended a stream for good."""
+    async def apply_newest(self, core: ActingCore) -> None:
+        """Act with the newest version received, if newer (between two steps); raise what ended a stream for good.
+
+        An onnxruntime core builds the new version's sessions on a worker thread while the old ones act, and acts
+        with them from the first step after they are done (or waits for them where the run's sampling and
+        training take turns), as a server does."""
         if self.failure is not None:
             raise self.failure
+        core.take_rebound()
         weights = self.weights
         if weights is None:
             return
@@ -203,7 +213,10 @@ class ServerLink:
             raise UserError(
                 f"the server at {self.client.target} now serves another run spec: restart this client to act with it"
             )
-        swap_weights(core, weights)
+        rebinding = swap_weights(core, weights)
+        if rebinding is not None and acts_only_newest(core.spec):
+            await asyncio.wrap_future(rebinding)
+            core.take_rebound()
 
     def ship(self, chunks: list[Chunk]) -> None:
         if self.shipper is not None:

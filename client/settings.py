@@ -5,11 +5,11 @@ from typing import ClassVar, Literal
 
 from pydantic import ByteSize, Field, FilePath
 
-from rlgate.service.settings import Directory, ImportSettings
+from rlgate.service.settings import BackendSettings, Directory, ImportSettings
 from rlgate.spec.settings import SpecSettings
 
 
-class ClientSettings(SpecSettings, ImportSettings):
+class ClientSettings(SpecSettings, ImportSettings, BackendSettings):
     """Every knob of `rlgate env`; `RLGATE_SERVER=host:50051` and `--server host:50051` set the same field.
 
     The env comes from the run spec's env section (--config run.toml, or --env and --envs-per-client).

@@ -50,7 +50,7 @@ NO_ACTIONS = (Columns.ACTIONS, Columns.ACTIONS_FOR_ENV)
 #: What runs the module's forward pass: torch, or (single-agent, CPU) onnxruntime with the exported module;
 #: "auto": onnxruntime for the default model of a single-agent run on the CPU (it costs less CPU at every batch
 #: size measured: BENCHMARKS.md, "ONNX Runtime backend"), torch for everything else (a module of the user's keeps
-#: its own Python forward).
+#: its own Python forward, and so does a module that does not export, or an install without onnxruntime).
 BACKENDS = ("auto", "torch", "onnxruntime")
 
 
@@ -101,10 +101,12 @@ class ActingCore:
             raise SpecError("--backend onnxruntime serves single-agent runs: use --backend torch")
         if any(parameter.device.type != "cpu" for parameter in self.module.parameters()):
             raise SpecError("--backend onnxruntime runs on the CPU: use --device cpu")
-        from rlgate.export.serving import OnnxForward  # onnx and onnxruntime load only for this backend
-
         try:
+            from rlgate.export.serving import OnnxForward  # onnx and onnxruntime load only for this backend
+
             self.onnx = OnnxForward(self.module, self.action_space, torch.get_num_threads())
+        except ImportError as exc:  # an install without them
+            raise SpecError(f"--backend onnxruntime: {exc}: install onnx and onnxruntime") from None
         except UserError as exc:
             raise SpecError(f"--backend onnxruntime: {exc}") from None
         log.info("forward pass in onnxruntime (the module exported to ONNX; --backend torch to keep torch)")
@@ -173,8 +175,12 @@ class ActingCore:
         )
         if backend == "auto":
             default_model = type(core.module) is ActorCriticModule and device == "cpu"
-            backend = "onnxruntime" if default_model and not core.multi_agent else "torch"
-        if backend == "onnxruntime":
+            if default_model and not core.multi_agent:
+                try:
+                    core.use_onnxruntime()
+                except SpecError as exc:  # not installed, or the module does not export: torch acts
+                    log.warning("forward pass in torch: %s", exc)
+        elif backend == "onnxruntime":
             core.use_onnxruntime()
         return core
 
