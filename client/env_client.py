@@ -39,6 +39,7 @@ from rlgate.core import codec
 from rlgate.core.agents_step import AgentsStep
 from rlgate.core.errors import UserError
 from rlgate.envs.agent_envs import AgentEnvs
+from rlgate.service.settings import Backend
 from rlgate.spec.env import is_multi_agent_env
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import policy_pb2_grpc
@@ -70,7 +71,7 @@ class EnvClient:
         spool_dir: Path = Path("spool"),
         max_spool_bytes: int = 1 << 30,
         drain_timeout_s: float = 10.0,
-        backend: Literal["auto", "torch", "onnxruntime"] = "auto",
+        backend: Backend = "auto",
     ) -> None:
         """`env`: a gymnasium env or vector env, or a PettingZoo ParallelEnv / AECEnv (or a list of them: one
         sub-env each). `connect_timeout_s`: how long each connection (the first, and each after a broken

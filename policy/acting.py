@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +33,7 @@ from rlgate.episodes.multi_agent_episode import MappingFn
 from rlgate.models import RLModule, load_weights
 from rlgate.models.actor_critic import ActorCriticModule
 from rlgate.policy.fast_path import Pieces, batched_pieces
+from rlgate.service.settings import Backend
 from rlgate.spec.build import build_policy
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import AgentSpaces, agent_spaces_of, build_multi_agent_policy
@@ -51,7 +52,7 @@ NO_ACTIONS = (Columns.ACTIONS, Columns.ACTIONS_FOR_ENV)
 #: "auto": onnxruntime for the default model of a single-agent run on the CPU (it costs less CPU at every batch
 #: size measured: BENCHMARKS.md, "ONNX Runtime backend"), torch for everything else (a module of the user's keeps
 #: its own Python forward, and so does a module that does not export, or an install without onnxruntime).
-BACKENDS = ("auto", "torch", "onnxruntime")
+BACKENDS = get_args(Backend)
 
 
 class ActingCore:
@@ -126,7 +127,7 @@ class ActingCore:
         device: str = "cpu",
         seed: int | None = None,
         stage_seconds: dict[str, float] | None = None,
-        backend: str = "torch",
+        backend: Backend = "torch",
     ) -> ActingCore:
         """The spec's policy for the env's spaces (Dicts by agent id in a multi-agent run): fresh, or with these
         weights (one set per module id in a multi-agent run) and connector state (MeanStdFilter's statistics).

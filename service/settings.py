@@ -107,10 +107,14 @@ class ImportSettings(RlgateSettings):
     )
 
 
+#: What runs an acting core's forward pass (policy/acting.py's BACKENDS).
+Backend = Literal["auto", "torch", "onnxruntime"]
+
+
 class BackendSettings(RlgateSettings):
     """For a process that acts with a policy it built (a server, a local-inference client)."""
 
-    backend: Literal["auto", "torch", "onnxruntime"] = Field(
+    backend: Backend = Field(
         "auto",
         description="What runs the forward pass: torch, or onnxruntime with the module exported to ONNX (single-agent "
         "runs on the CPU; rebound to each weights version; the connector pieces run as they are; docs/onnx.md). "
