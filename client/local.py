@@ -66,17 +66,16 @@ SPOOL_FULL = "spool full: waiting for the server"
 
 async def act_locally(client: EnvClient, max_steps: int) -> None:
     """Step `client.env` with actions of the server's policy, acting here, until `max_steps` or `client.stop()`."""
-    async with client.channel() as channel:
-        if not await client.connected(channel):
+    link = ServerLink(client)
+    try:
+        if not await client.connected(link.channel):
             return  # stopped while waiting
-        link = ServerLink(channel, client)
         link.start()
-        try:
-            core = await link.first_core()
-            if core is not None:
-                await _act(client, link, core, max_steps)
-        finally:
-            await link.stop()
+        core = await link.first_core()
+        if core is not None:
+            await _act(client, link, core, max_steps)
+    finally:
+        await link.stop()
 
 
 async def _act(client: EnvClient, link: ServerLink, core: ActingCore, max_steps: int) -> None:
@@ -119,10 +118,11 @@ async def _act(client: EnvClient, link: ServerLink, core: ActingCore, max_steps:
 
 class ServerLink:
     """A local-inference client's two streams to its server: weights in, episodes out (spooled until acknowledged),
-    and the pace they set."""
+    and the pace they set; both move to a new channel through the same target when the server hands the client
+    over (`_move`)."""
 
-    def __init__(self, channel: grpc.aio.Channel, client: EnvClient) -> None:
-        self.channel = channel
+    def __init__(self, client: EnvClient) -> None:
+        self.channel = client.channel()
         self.client = client
         self.core: ActingCore | None = None
         self.weights: learner_pb2.Weights | None = None  # the newest version received, until it is acted with
@@ -133,6 +133,11 @@ class ServerLink:
         self._version = -1  # the newest version received
         self._changed = asyncio.Event()  # weights, an ack or a failure came
         self._may_send = asyncio.Event()  # the run spec acted with is known: the hello may name it
+        self._settled = asyncio.Event()  # no handover under way: the episode stream may open
+        self._settled.set()
+        self._handover = asyncio.Event()  # the server handed this client over: the episode stream is to end
+        self._idle = asyncio.Event()  # no episode stream open
+        self._idle.set()
         self._tasks: list[asyncio.Task] = []
         self._lock: IO | None = None
         self.shipper: BatchShipper | None = None
@@ -164,6 +169,7 @@ class ServerLink:
             await self.shipper.stop()
         if self._lock is not None:
             self._lock.close()
+        await self.channel.close()
 
     async def first_core(self) -> ActingCore | None:
         """The acting core of the server's first weights, once they come (None: stopped before)."""
@@ -297,7 +303,8 @@ class ServerLink:
         self._changed.set()
 
     async def _watch(self) -> None:
-        """One WatchWeights stream: keep the newest version for the step loop."""
+        """One WatchWeights stream: keep the newest version for the step loop. Its end (OK) is the server handing
+        this client over."""
         client = self.client
         request = learner_pb2.WatchWeightsRequest(server_id=client.client_id, after_version=self._version)
         stub = policy_pb2_grpc.PolicyServiceStub(self.channel)
@@ -306,21 +313,39 @@ class ServerLink:
             self.window = weights.max_unacked_steps
             self.weights = weights
             self._changed.set()
+        await self._move()
+
+    async def _move(self) -> None:
+        """The server ended the weights stream: it hands this client over (its max session age, or it is stopping).
+        The episode stream sends nothing more and ends once what it sent is acknowledged (nothing lost, nothing
+        twice; stepping goes on meanwhile, into the spool), then both streams open again on a new channel through
+        the same target, which may reach another replica (proto/README.md, "Moving to another replica")."""
+        self.client.stats.handovers += 1
+        self._settled.clear()  # no episode stream opens until the move is done
+        self._handover.set()
+        await self._idle.wait()  # (within drain_timeout_s: the stream waits no longer for its acks)
+        old, self.channel = self.channel, self.client.channel()
+        await old.close()
+        self._handover.clear()
+        self._settled.set()
 
     async def _send(self) -> None:
         """One SubmitEpisodes stream: the hello naming the run spec acted with, then every spooled batch in order."""
         await self._may_send.wait()
+        await self._settled.wait()
+        self._idle.clear()  # (no await since the move was known settled: none begins while this stream opens)
         assert self.shipper is not None
         client = self.client
-        call = self.channel.stream_stream(
-            SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
-        )(metadata=client.metadata, wait_for_ready=True)
-        hello = pb.SubmitHello(client_id=client.client_id, spec_json=self.spec_json, num_envs=client.env.num_envs)
         try:
+            call = self.channel.stream_stream(
+                SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
+            )(metadata=client.metadata, wait_for_ready=True)
+            hello = pb.SubmitHello(client_id=client.client_id, spec_json=self.spec_json, num_envs=client.env.num_envs)
             await call.write(pb.EpisodeSubmission(hello=hello).SerializeToString())
-            await self.shipper.stream(call, frame=_submission)
+            await self.shipper.stream(call, _submission, self._handover, client.drain_timeout_s)
         finally:
             self.room = None  # unknown until the next stream's first ack: meanwhile only the window holds sampling
+            self._idle.set()
 
     async def _retry(self, stream: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run a stream forever, re-opening it when it breaks (with backoff while it keeps failing); a status that a

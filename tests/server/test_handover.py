@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import grpc
+import gymnasium as gym
 import numpy as np
 from support.servers import BOX4, DISCRETE2, RawStream, SpaceEnv, hello, running_client, shipped, step, until
 
@@ -211,3 +212,84 @@ async def test_a_stopping_server_hands_every_client_over_at_its_next_reset_withi
     assert [c.stats.handovers for c in clients] == [1] * len(clients)
     assert a.metrics.handovers._value.get() == len(clients)
     assert assert_whole_episodes(dirs, clients) >= 2 * len(clients)
+
+
+def local_clients(target: str, spool: Path, count: int) -> list[EnvClient]:
+    """`count` local-inference clients of one CartPole each, acting in torch."""
+    return [
+        EnvClient(
+            gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")]),
+            target,
+            client_id=f"l{i}",
+            seed=i,
+            max_backoff_s=0.05,
+            inference="local",
+            spool_dir=spool,
+            backend="torch",
+        )
+        for i in range(count)
+    ]
+
+
+def assert_whole_local_episodes(directories: list[Path], clients: list[EnvClient]) -> int:
+    """Every episode the servers took from local clients is contiguous (chunks 0..k, each starting where the last
+    ended) and ended by its env, except those its client's own stop cut at the end (one per client); each client's
+    episodes are numbered without a gap, and the chunks hold every env step the clients took (none lost, none
+    twice). Returns the number of episodes its env ended."""
+    spaces = gym.make("CartPole-v1")
+    chunks = defaultdict(list)
+    for directory in directories:
+        for message in shipped(directory):
+            chunks[message.id].append(episode_from_proto(message, spaces.observation_space, spaces.action_space))
+    ended, cut, steps = 0, 0, 0
+    numbers = defaultdict(set)
+    for episode_id, parts in chunks.items():
+        parts.sort(key=lambda e: e.chunk_index)
+        assert [e.chunk_index for e in parts] == list(range(len(parts))), episode_id
+        t = 0
+        for e in parts:
+            assert e.t_started == t, episode_id
+            t += len(e)
+        steps += t
+        assert all(not (e.is_terminated or e.is_truncated) for e in parts[:-1]), episode_id
+        session, _, number = episode_id.rpartition("-")
+        numbers[session].add(int(number))
+        if parts[-1].session_closed:
+            cut += 1
+        else:
+            assert parts[-1].is_terminated or parts[-1].is_truncated, episode_id
+            ended += 1
+    assert cut <= len(clients)
+    assert len(numbers) == len(clients)  # one session per client, kept across its moves
+    for session, taken in numbers.items():
+        assert taken == set(range(len(taken))), f"session {session}: an episode is missing"
+    assert steps == sum(c.stats.env_steps for c in clients)
+    return ended
+
+
+async def test_local_clients_spread_over_a_replica_started_later_and_a_stopping_one_hands_them_over(tmp_path):
+    """Local-inference clients (their weights stream and episode stream to the server) behind one target naming two
+    replicas, the second started once they are all on the first: at their max session age the server ends their
+    weights stream, each client lets its episode stream finish and reconnects through the target, and they spread
+    over both; a graceful stop of the first hands its clients over at once (their episodes run on in the client).
+    Every episode either replica took is whole, none lost or taken twice, and no client's spool keeps a batch."""
+    dirs, spool = [tmp_path / "a", tmp_path / "b"], tmp_path / "client-spool"
+    settings = {"env": "CartPole-v1", "max_session_age_s": 1.0}
+    async with AsyncExitStack() as stack:
+        a, port_b, _ = await first_replica(stack, dirs[0], 0, **settings)
+        clients = local_clients(f"ipv4:127.0.0.1:{a.port},127.0.0.1:{port_b}", spool, 4)
+        async with AsyncExitStack() as running:  # the clients stop first (their spools drained), then the servers
+            for client in clients:
+                await running.enter_async_context(running_client(client))
+            await until(lambda: len(a.local.clients) == len(clients) and all(c.stats.episodes for c in clients), 20)
+            b = await start_server(dirs[1], port=port_b, **settings)
+            stack.push_async_callback(b.stop)
+            await until(lambda: b.local.clients and len(a.local.clients) + len(b.local.clients) == len(clients), 20)
+            moved = sum(c.stats.handovers for c in clients)
+            await asyncio.wait_for(a.stop(), 10)
+            await until(lambda: len(b.local.clients) == len(clients), 10)
+            steps = [c.stats.env_steps for c in clients]
+            await until(lambda: all(c.stats.env_steps > s + 100 for c, s in zip(clients, steps, strict=True)), 10)
+    assert moved >= 1 and sum(c.stats.handovers for c in clients) > moved  # by the max age, then by the stop
+    assert not list(spool.rglob("*.pb"))
+    assert assert_whole_local_episodes(dirs, clients) >= 2 * len(clients)
