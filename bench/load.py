@@ -65,7 +65,7 @@ class LoadGenerator:
         real_envs: bool,
         spec: Path | None = None,
         local_spool: Path | None = None,
-        local_backend: Backend = "auto",
+        local_backend: Backend = "torch",
     ) -> None:
         """`local_spool`: the clients act themselves (local inference), keeping their episodes there until the
         server has them, with their forward pass in `local_backend`."""
@@ -259,7 +259,7 @@ def main() -> None:
         "--local-spool", type=Path, metavar="DIR", help="clients act themselves (local inference), spooling here"
     )
     parser.add_argument(
-        "--local-backend", choices=get_args(Backend), default="auto", help="what runs the local clients' forward pass"
+        "--local-backend", choices=get_args(Backend), default="torch", help="what runs the local clients' forward pass"
     )
     args = parser.parse_args()
     asyncio.run(

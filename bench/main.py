@@ -288,7 +288,7 @@ def _load(text: str) -> tuple[int, int]:
 
 def _placement_records(loads: list[Load], measured: dict[tuple[str, Load], dict[str, Any]]) -> list[dict[str, Any]]:
     """One B8 record per load: each placement's figures, and each local placement's env steps/s over server-side's
-    (`local_x_server`, `local_torch_x_server`)."""
+    (`local_x_server`, `local_onnxruntime_x_server`)."""
     records = []
     for load in loads:
         placed = {placement: {key: measured[placement, load][key] for key in PLACED} for placement in PLACEMENTS}

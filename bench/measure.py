@@ -128,7 +128,7 @@ def under_load(
     watch: Watch = sleep,
     py_spy: str | None = None,
     local_spool: Path | None = None,
-    local_backend: Backend = "auto",
+    local_backend: Backend = "torch",
 ) -> dict[str, Any]:
     """Run `load` against `server`: warm up, measure `timing.repeats` windows; the medians, the busiest
     load process's share of its core in the busiest window (`client_cpu_peak`), which side limited the

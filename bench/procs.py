@@ -186,7 +186,7 @@ class LoadProcess(Child):
         log: Path,
         spec: Path | None = None,
         local_spool: Path | None = None,
-        local_backend: Backend = "auto",
+        local_backend: Backend = "torch",
     ) -> None:
         """`spec`: the env of this run spec file; `local_spool`: the clients act themselves (local inference) and
         spool their episodes there, their forward pass in `local_backend`."""

@@ -71,7 +71,7 @@ class EnvClient:
         spool_dir: Path = Path("spool"),
         max_spool_bytes: int = 1 << 30,
         drain_timeout_s: float = 10.0,
-        backend: Backend = "auto",
+        backend: Backend = "torch",
     ) -> None:
         """`env`: a gymnasium env or vector env, or a PettingZoo ParallelEnv / AECEnv (or a list of them: one
         sub-env each). `connect_timeout_s`: how long each connection (the first, and each after a broken
@@ -81,7 +81,8 @@ class EnvClient:
         its run spec names is imported only from the modules in `allow_import`; the episodes wait for the
         server's acks in `spool_dir`/<client id> (at most `max_spool_bytes`), and a stopping client gives the
         server `drain_timeout_s` to take them (what is left is sent at the next start with the same client id);
-        `backend` runs its forward pass, as a server's --backend does (auto: onnxruntime where it serves)."""
+        `backend` runs its forward pass, as a server's --backend does (auto: onnxruntime where it serves; torch by
+        default, faster at one env per client: BENCHMARKS.md, B8)."""
         if isinstance(env, list) or is_multi_agent_env(env):
             env = AgentEnvs(env if isinstance(env, list) else [env])
         elif not isinstance(env, gym.vector.VectorEnv):

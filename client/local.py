@@ -7,9 +7,9 @@ go to the server, one address as before:
 - `PolicyService.WatchWeights`: the weights the server serves (its learner's, relayed, or its own policy's): the
   run spec, the env's spaces, safetensors and connector state. The first builds the same `ActingCore` a server
   acts with (code the spec names is imported only from the modules the operator allowed, as a server's), its
-  forward pass in onnxruntime or torch as the client's `backend` says (a server's `--backend`: auto acts in
-  onnxruntime where the module exports); each newer version is swapped in between two steps, so stepping never
-  waits for it (onnxruntime's sessions for it are built on a worker thread meanwhile).
+  forward pass in torch or onnxruntime as the client's `backend` says (a server's `--backend`); each newer
+  version is swapped in between two steps, so stepping never waits for it (onnxruntime's sessions for it are
+  built on a worker thread meanwhile).
 - `PolicyService.SubmitEpisodes`: the episodes, recorded as a server session records them (`episodes.session`:
   log-probabilities, action distribution inputs, values, model versions, cut every rollout_fragment_length steps),
   with the connector statistics gathered since the last batch (MeanStdFilter), through a spool on disk

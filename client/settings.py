@@ -5,7 +5,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ByteSize, Field, FilePath
 
-from rlgate.service.settings import BackendSettings, Directory, ImportSettings
+from rlgate.service.settings import Backend, BackendSettings, Directory, ImportSettings
 from rlgate.spec.settings import SpecSettings
 
 
@@ -58,3 +58,10 @@ class ClientSettings(SpecSettings, ImportSettings, BackendSettings):
         10.0, ge=0, description="Local inference: on stop, how long each client waits for the server to take its spool."
     )
     torch_threads: int = Field(1, ge=1, description="Local inference: torch intra-op threads of each client.")
+    backend: Backend = Field(
+        "torch",
+        description="Local inference: what runs each client's forward pass, as a server's --backend (auto: "
+        "onnxruntime for the default model where it exports, torch otherwise). torch by default: at one env per "
+        "client the sessions onnxruntime builds for every weights version cost more than its cheaper forward pass "
+        "saves (BENCHMARKS.md, B8).",
+    )

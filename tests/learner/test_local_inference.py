@@ -165,7 +165,7 @@ async def test_a_local_client_records_the_episodes_a_server_records_for_the_same
 
 
 async def test_a_local_client_acting_in_onnxruntime_records_what_it_records_acting_in_torch(server_factory, tmp_path):
-    """One seeded client acting in onnxruntime (the default: --backend auto), one in torch: the same actions and
+    """One seeded client acting in onnxruntime (--backend auto), one in torch (its default): the same actions and
     steps, and log-probabilities and action distribution inputs equal to float tolerance (the graph's float
     arithmetic is not torch's, bit for bit)."""
     recorded = {
