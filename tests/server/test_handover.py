@@ -8,6 +8,7 @@ import time
 from collections import defaultdict
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import grpc
 import gymnasium as gym
@@ -27,16 +28,17 @@ LENGTH = 40  # steps per episode: longer than a rollout fragment (32), so episod
 CLIENTS = 8
 
 
-def assert_whole_episodes(directories: list[Path], clients: list[EnvClient]) -> int:
-    """Every episode the servers shipped is contiguous (chunks 0..k, each starting where the last ended) and
-    complete (LENGTH steps, terminated), except at most one per client, cut off by that client's own stop at the
-    end; each session's episodes are numbered without a gap, and the chunks hold every env step the clients took
-    (none lost, none twice). Returns the number of complete episodes."""
+def whole_episodes(
+    directories: list[Path], clients: list[EnvClient], observation_space: gym.Space = BOX4, action_space=DISCRETE2
+) -> list[tuple[Any, int]]:
+    """Every episode the servers shipped, as its last chunk and its length, once checked: its chunks contiguous
+    (0..k, each starting where the last ended), none but the last ended; each session's episodes numbered without a
+    gap, and the chunks hold every env step the clients took (none lost, none twice)."""
     chunks = defaultdict(list)
     for directory in directories:
         for message in shipped(directory):
-            chunks[message.id].append(episode_from_proto(message, BOX4, DISCRETE2))
-    complete, cut, steps = 0, 0, 0
+            chunks[message.id].append(episode_from_proto(message, observation_space, action_space))
+    episodes, steps = [], 0
     numbers = defaultdict(set)
     for episode_id, parts in chunks.items():
         parts.sort(key=lambda e: e.chunk_index)
@@ -49,15 +51,24 @@ def assert_whole_episodes(directories: list[Path], clients: list[EnvClient]) -> 
         assert all(not (e.is_terminated or e.is_truncated) for e in parts[:-1]), episode_id
         session, _, number = episode_id.rpartition("-")
         numbers[session].add(int(number))
-        if parts[-1].is_terminated and not parts[-1].is_truncated and t == LENGTH:
-            complete += 1
-        else:
-            assert t < LENGTH and not parts[-1].is_terminated, episode_id
-            cut += 1
-    assert cut <= len(clients)
+        episodes.append((parts[-1], t))
     for session, taken in numbers.items():
         assert taken == set(range(len(taken))), f"session {session}: an episode is missing"
     assert steps == sum(c.stats.env_steps for c in clients)
+    return episodes
+
+
+def assert_whole_episodes(directories: list[Path], clients: list[EnvClient]) -> int:
+    """`whole_episodes`, each complete (LENGTH steps, terminated) but at most one per client, cut off by that
+    client's own stop at the end. Returns the number of complete episodes."""
+    complete, cut = 0, 0
+    for last, length in whole_episodes(directories, clients):
+        if last.is_terminated and not last.is_truncated and length == LENGTH:
+            complete += 1
+        else:
+            assert length < LENGTH and not last.is_terminated, last.id_
+            cut += 1
+    assert cut <= len(clients)
     return complete
 
 
@@ -232,39 +243,15 @@ def local_clients(target: str, spool: Path, count: int) -> list[EnvClient]:
 
 
 def assert_whole_local_episodes(directories: list[Path], clients: list[EnvClient]) -> int:
-    """Every episode the servers took from local clients is contiguous (chunks 0..k, each starting where the last
-    ended) and ended by its env, except those its client's own stop cut at the end (one per client); each client's
-    episodes are numbered without a gap, and the chunks hold every env step the clients took (none lost, none
-    twice). Returns the number of episodes its env ended."""
+    """`whole_episodes` of local clients' CartPoles, in one session per client across its moves, each ended by its
+    env but at most one per client, cut by that client's own stop at the end. Returns the number ended by the env."""
     spaces = gym.make("CartPole-v1")
-    chunks = defaultdict(list)
-    for directory in directories:
-        for message in shipped(directory):
-            chunks[message.id].append(episode_from_proto(message, spaces.observation_space, spaces.action_space))
-    ended, cut, steps = 0, 0, 0
-    numbers = defaultdict(set)
-    for episode_id, parts in chunks.items():
-        parts.sort(key=lambda e: e.chunk_index)
-        assert [e.chunk_index for e in parts] == list(range(len(parts))), episode_id
-        t = 0
-        for e in parts:
-            assert e.t_started == t, episode_id
-            t += len(e)
-        steps += t
-        assert all(not (e.is_terminated or e.is_truncated) for e in parts[:-1]), episode_id
-        session, _, number = episode_id.rpartition("-")
-        numbers[session].add(int(number))
-        if parts[-1].session_closed:
-            cut += 1
-        else:
-            assert parts[-1].is_terminated or parts[-1].is_truncated, episode_id
-            ended += 1
-    assert cut <= len(clients)
-    assert len(numbers) == len(clients)  # one session per client, kept across its moves
-    for session, taken in numbers.items():
-        assert taken == set(range(len(taken))), f"session {session}: an episode is missing"
-    assert steps == sum(c.stats.env_steps for c in clients)
-    return ended
+    episodes = whole_episodes(directories, clients, spaces.observation_space, spaces.action_space)
+    assert len({last.id_.rpartition("-")[0] for last, _ in episodes}) == len(clients)
+    cut = [last for last, _ in episodes if last.session_closed]
+    assert len(cut) <= len(clients)
+    assert all(last.is_terminated or last.is_truncated for last, _ in episodes if not last.session_closed)
+    return len(episodes) - len(cut)
 
 
 async def test_local_clients_spread_over_a_replica_started_later_and_a_stopping_one_hands_them_over(tmp_path):
