@@ -82,7 +82,7 @@ class EnvClient:
         server's acks in `spool_dir`/<client id> (at most `max_spool_bytes`), and a stopping client gives the
         server `drain_timeout_s` to take them (what is left is sent at the next start with the same client id);
         `backend` runs its forward pass, as a server's --backend does (auto: onnxruntime where it serves; torch by
-        default, faster at one env per client: BENCHMARKS.md, B8)."""
+        default: at one env per client neither is reliably faster, BENCHMARKS.md, B8)."""
         if isinstance(env, list) or is_multi_agent_env(env):
             env = AgentEnvs(env if isinstance(env, list) else [env])
         elif not isinstance(env, gym.vector.VectorEnv):

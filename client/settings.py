@@ -62,6 +62,6 @@ class ClientSettings(SpecSettings, ImportSettings, BackendSettings):
         "torch",
         description="Local inference: what runs each client's forward pass, as a server's --backend (auto: "
         "onnxruntime for the default model where it exports, torch otherwise). torch by default: at one env per "
-        "client the sessions onnxruntime builds for every weights version cost more than its cheaper forward pass "
-        "saves (BENCHMARKS.md, B8).",
+        "client neither was reliably faster while a learner trains (onnxruntime's cheaper forward pass is spent "
+        "rebuilding its sessions for every weights version; BENCHMARKS.md, B8).",
     )

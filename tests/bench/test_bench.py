@@ -60,6 +60,7 @@ def run_bench(tmp_path: Path, *args: str) -> tuple[str, list[dict]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # as run_bench's own bound: ~40 s alone, 140 s on the 2-core host busy with other work
 def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     stdout, records = run_bench(tmp_path, "--quick", "--warmup-s", "0.2", "--window-s", "0.3")
     assert "goal" in stdout
