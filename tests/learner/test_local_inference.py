@@ -40,14 +40,17 @@ def served(server: InferenceServer) -> int:
     return server.host.core.version if server.host.core else -1
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 async def test_a_local_client_trains_the_learner_through_its_server(
-    learner_server: LearnerServer, server_factory, tmp_path
+    learner_server: LearnerServer, server_factory, tmp_path, backend
 ):
     server = await server_factory(learner=f"127.0.0.1:{learner_server.port}")
-    client = local_client(server, tmp_path / "client-spool", seed=0)
+    client = local_client(server, tmp_path / "client-spool", seed=0, backend=backend)
     async with running_client(client):
         await until(lambda: served(server) >= 4, timeout=60)
-        await until(lambda: client.stats.model_version >= 3, timeout=30)  # newer versions are acted with as they come
+        # Newer versions are acted with as they come (onnxruntime: once their sessions are built, between steps).
+        await until(lambda: client.stats.model_version >= 3, timeout=30)
+    assert client.stats.backend == backend
     await server.stop()  # the client's spool was drained into the server's, which drains into the learner
     learner = learner_server.learner
     assert server.service.env_steps == 0  # no step went through a session: the client acted itself
