@@ -8,7 +8,8 @@ others):
 - B4 breakdown: rlgate's server CPU per env step by stage, for every B2 and B3 load;
 - B7 hand-off: episode chunks from the server to a real learner, nothing lost, bounded spool;
 - B8 placement: server-side against local inference (the clients act themselves) at 1x1, 4x1, 16x1 and 16x8, both
-  while a real learner trains on what they sample (`bench.placement`).
+  while a real learner trains on what they sample (`bench.placement`), with the env steps it trained per second
+  beside the clients' (`--num-learners N`: a learner of N data-parallel ranks).
 `--env ENV` measures that env with its preset instead, beside CartPole-v1 (`bench.envs`).
 Every B1-B3 load also runs against two floors: the bare gRPC floor (`bench.floor`, same load) and the
 in-process floor (`bench.inprocess`, the same number of sub-envs, no network). Each figure is the
@@ -113,6 +114,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "envs: steps/s, server CPU and bytes per env step",
     )
     parser.add_argument(
+        "--num-learners",
+        type=int,
+        default=1,
+        metavar="N",
+        help="B8's learner as N data-parallel ranks (`rlgate learn --num-learners N`); default 1",
+    )
+    parser.add_argument(
         "--placement",
         nargs="+",
         type=_load,
@@ -133,6 +141,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--window-s must be more than 0, not {args.window_s}")
     if args.repeats is not None and args.repeats < 1:
         raise UserError(f"--repeats must be at least 1, not {args.repeats}")
+    if args.num_learners < 1:
+        raise UserError(f"--num-learners must be at least 1, not {args.num_learners}")
     if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
         raise UserError(f"--json {args.json}: not a file in an existing directory")
 
@@ -154,9 +164,9 @@ def main(argv: list[str]) -> int:
         if args.env:
             records, profiles = envs.run(args.env, timing, logs), {}
         elif args.placement:
-            records, profiles = placement_only(args.placement, timing, logs), {}
+            records, profiles = placement_only(args.placement, timing, logs, args.num_learners), {}
         else:
-            records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs)
+            records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs, args.num_learners)
         micro = {module: _micro(module, logs) for module in MICRO} if args.micro else {}
     elapsed = time.perf_counter() - started
     others = max(0.0, (host_busy_seconds() - host_busy) - (own_seconds() - own))  # clock ticks: can dip below 0
@@ -179,9 +189,10 @@ def main(argv: list[str]) -> int:
 
 
 def run(
-    plan: Plan, timing: Timing, real_envs: bool, py_spy: str | None, logs: Path
+    plan: Plan, timing: Timing, real_envs: bool, py_spy: str | None, logs: Path, num_learners: int = 1
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Measure every point; the records, and the profile summaries by point (with py_spy)."""
+    """Measure every point (B8's learner as `num_learners` ranks); the records, and the profile summaries by point
+    (with py_spy)."""
     server_cores, client_cores = split_cores()
     loads = [Load(k, 1, real_envs) for k in plan.clients] + [Load(B3_CLIENTS, e, real_envs) for e in plan.envs]
     lone = Load(1, 1, real_envs)  # B1, also B2's K=1
@@ -217,11 +228,12 @@ def run(
     progress.update()
     progress.set_postfix_str("placement")
     if placed:
-        measured.update(placements(placed, timing, SERVE_FED, (server_cores, client_cores), logs))
+        cores = (server_cores, client_cores)
+        measured.update(placements(placed, timing, SERVE_FED, cores, logs, num_learners))
     progress.update()
     progress.close()
     profiles = {f"{name} {load.label}": m["profile"] for (name, load), m in measured.items() if "profile" in m}
-    records = _records(loads, lone, b7_load, measured, floors) + _placement_records(placed, measured)
+    records = _records(loads, lone, b7_load, measured, floors) + _placement_records(placed, measured, num_learners)
     return [_rounded(r) for r in records], profiles
 
 
@@ -271,11 +283,13 @@ def _records(
     return records
 
 
-def placement_only(loads: list[tuple[int, int]], timing: Timing, logs: Path) -> list[dict[str, Any]]:
+def placement_only(
+    loads: list[tuple[int, int]], timing: Timing, logs: Path, num_learners: int = 1
+) -> list[dict[str, Any]]:
     """`--placement`: B8 alone at these (clients, envs per client) loads; its records."""
     placed = [Load(clients, envs, real_envs=True) for clients, envs in loads]
-    measured = placements(placed, timing, SERVE_FED, split_cores(), logs)
-    return [_rounded(r) for r in _placement_records(placed, measured)]
+    measured = placements(placed, timing, SERVE_FED, split_cores(), logs, num_learners)
+    return [_rounded(r) for r in _placement_records(placed, measured, num_learners)]
 
 
 def _load(text: str) -> tuple[int, int]:
@@ -286,7 +300,9 @@ def _load(text: str) -> tuple[int, int]:
     return int(clients), int(envs)
 
 
-def _placement_records(loads: list[Load], measured: dict[tuple[str, Load], dict[str, Any]]) -> list[dict[str, Any]]:
+def _placement_records(
+    loads: list[Load], measured: dict[tuple[str, Load], dict[str, Any]], num_learners: int
+) -> list[dict[str, Any]]:
     """One B8 record per load: each placement's figures, and each local placement's env steps/s over server-side's
     (`local_x_server`, `local_onnxruntime_x_server`)."""
     records = []
@@ -297,7 +313,16 @@ def _placement_records(loads: list[Load], measured: dict[tuple[str, Load], dict[
             f"{placement.replace('-', '_')}_x_server": placed[placement]["env_steps_per_s"] / server
             for placement in PLACEMENTS[1:]
         }
-        records.append({"scenario": "B8", "clients": load.clients, "envs_per_message": load.envs, **placed, **ratios})
+        records.append(
+            {
+                "scenario": "B8",
+                "clients": load.clients,
+                "envs_per_message": load.envs,
+                "learners": num_learners,
+                **placed,
+                **ratios,
+            }
+        )
     return records
 
 

@@ -7,9 +7,9 @@ serve both placements, load after load, the two interleaved so that drift on a s
   records its episodes and sends them to the server, which relays them to the learner; once with its default
   backend (torch), once with onnxruntime (`local-onnxruntime`, as `--backend auto` picks for CartPole's model).
 Both step gymnasium's vectorised CartPole-v1 and sample at the learner's pace, so the figures are env steps/s while
-training, with what the learner trained meanwhile (`trained_per_s`, `updates_per_s`) and the staleness of its last
-update. The learner runs on every core (it trains where there is room), the server on the first, the clients on
-the others.
+training, with what the learner trained meanwhile (`trained_per_s`, `updates_per_s`, from its own counters) and the
+staleness of its last update. The learner (all its ranks, with `num_learners` above 1) runs on every core (it trains
+where there is room), the server on the first, the clients on the others.
 """
 
 from __future__ import annotations
@@ -34,14 +34,20 @@ LOCAL_BACKENDS: dict[str, Backend] = {"local": "torch", "local-onnxruntime": "on
 
 
 def placements(
-    loads: list[Load], timing: Timing, serve: list[str], cores: tuple[set[int], set[int]], logs: Path
+    loads: list[Load],
+    timing: Timing,
+    serve: list[str],
+    cores: tuple[set[int], set[int]],
+    logs: Path,
+    num_learners: int = 1,
 ) -> dict[tuple[str, Load], dict[str, Any]]:
-    """B8 at each of `loads` (real envs): the figures of each (placement, load)."""
+    """B8 at each of `loads` (real envs), the learner as `num_learners` ranks: the figures of each (placement, load)."""
     server_cores, client_cores = cores
     directory = logs / "placement"
     shutil.rmtree(directory, ignore_errors=True)  # a reused --logs directory: start afresh
     learn = ["learn", "--env", "CartPole-v1", "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--seed", "0"]
     learn += ["--checkpoint-dir", str(directory / "learner"), "--no-resume", "--torch-threads", "1"]
+    learn += ["--num-learners", str(num_learners)]
     learner = ServerProcess("rlgate", learn, server_cores | client_cores, logs / "placement-learner.log")
     server = None
     measured = {}
@@ -65,11 +71,24 @@ def placements(
     return measured
 
 
+#: The longest a window waits past its length for the learner's next update to end.
+UPDATE_WAIT_S = 60.0
+
+
 def _watch(learner: ServerProcess, seconds: float) -> dict[str, Any]:
-    """What the learner trained over a window: env steps and updates per second, and its last update's staleness."""
+    """What the learner trained over a window: env steps and updates per second, and its last update's staleness.
+
+    The window lasts `seconds`, and on until an update has ended in it (at most UPDATE_WAIT_S more): over a window
+    no update ended in, the learner's counters read 0 trained however fast it trains (`--quick`'s 0.3 s windows on
+    a loaded machine held fewer env steps than one update takes)."""
     before, started = learner.metrics(), time.perf_counter()
     time.sleep(seconds)
-    after, elapsed = learner.metrics(), time.perf_counter() - started
+    after = learner.metrics()
+    version = "rlgate_learner_model_version"
+    while after[version] == before[version] and time.perf_counter() - started < seconds + UPDATE_WAIT_S:
+        time.sleep(0.05)
+        after = learner.metrics()
+    elapsed = time.perf_counter() - started
 
     def rate(key: str) -> float:
         return (after[key] - before[key]) / elapsed

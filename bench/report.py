@@ -49,7 +49,8 @@ LIMITS = (
     "steps/s are then the clients' pace, not the server's: read x cpu/step); round trip = neither saturated"
 )
 PLACEMENT_NOTE = (
-    "B8: steps/s while a learner trains on them (trained/s: env steps it trained, the same run); p50/p99: one step "
+    "B8: steps/s while a learner trains on them (trained/s: env steps it trained in the same windows, from its own "
+    "counter; ranks: its data-parallel learners); p50/p99: one step "
     "of a client (server-side: its round trip; local: acting, recording and stepping its envs); server cpu us/step "
     "over every env step, its sessions' or its local clients'"
 )
@@ -134,11 +135,11 @@ def render(records: list[Record]) -> str:
 def render_placement(records: list[Record]) -> str:
     """B8's table, its note and the goals measured."""
     placement = table(
-        ["B8 acting", "clients", "envs/client", "steps/s", "x server-side", "trained/s", "updates/s", "staleness",
-         "p50 ms", "p99 ms", "cpu us/step", "server cpu", "client cpu", "limited by"],
+        ["B8 acting", "clients", "envs/client", "steps/s", "x server-side", "trained/s", "ranks", "updates/s",
+         "staleness", "p50 ms", "p99 ms", "cpu us/step", "server cpu", "client cpu", "limited by"],
         [
             [where, r["clients"], r["envs_per_message"], p["env_steps_per_s"],
-             r.get(f"{where.replace('-', '_')}_x_server", ""), p["trained_per_s"], p["updates_per_s"],
+             r.get(f"{where.replace('-', '_')}_x_server", ""), p["trained_per_s"], r["learners"], p["updates_per_s"],
              p["staleness"], p["p50_ms"], p["p99_ms"], p["server_cpu_us_per_step"], p["server_cpu"],
              p["client_cpu_peak"], p["limited_by"]]
             for r in records

@@ -3,18 +3,27 @@
 It builds its module from the run spec and spaces rank 0 sends, takes rank 0's weights and optimizer state, and
 then runs each update as rank 0 does (Trainer.train, on its shard, gradients all-reduced). It serves nothing,
 reads no checkpoint and writes none: rank 0 owns all of that.
+
+A follower that is the first process of its host (LOCAL_RANK unset or 0: a pod of its own) answers /healthz,
+/readyz, /status and /metrics on http_port, as rank 0 does, so the pod's probes and scrape work for every rank;
+followers that share rank 0's host (`--num-learners N`, torchrun with several processes per node) serve none.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+from typing import Any
 
 import torch
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, Gauge
 
 from rlgate.learner.data_parallel import Group, GroupFailed, Rendezvous, fail
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
+from rlgate.service.http import ThreadedHttpServer, build_app
 from rlgate.spec.algorithm import PPOConfig
 from rlgate.spec.build import build_env_to_module, build_learner_connector, build_rl_module
 from rlgate.spec.imports import ImportPolicy
@@ -30,8 +39,21 @@ def follow(settings: LearnerSettings, rendezvous: Rendezvous) -> int:
         signal.signal(stop, signal.SIG_IGN)
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
+    health = Health(rendezvous)
+    http = None
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        http = ThreadedHttpServer(health.app(), settings.host, settings.http_port)
+        http.start()
+    try:
+        _train(settings, rendezvous, health)
+    finally:
+        if http is not None:
+            http.stop()
+    return 0
+
+
+def _train(settings: LearnerSettings, rendezvous: Rendezvous, health: Health) -> None:
     group = Group(rendezvous, settings.rendezvous_timeout_s)
-    updates = 0
     try:
         start = group.receive_start()
         spec, action_space = start.spec, start.action_space
@@ -45,12 +67,40 @@ def follow(settings: LearnerSettings, rendezvous: Rendezvous) -> int:
         seed = None if spec.seed is None else spec.seed + group.rank  # the minibatches' order in this rank's shard
         trainer = Trainer(module, pipeline, spec.algorithm, max_staleness=0, seed=seed)
         trainer.join(group)
+        health.joined = True
         while (update := group.receive_batch()) is not None:
             env_steps, shard = update
             if "skipped" not in trainer.train(shard, spec.algorithm.at(env_steps)):
-                updates += 1
+                health.updates += 1
     except GroupFailed as exc:
         fail(exc)
-    log.info("learner rank %d: rank 0 stopped the group after %d updates", group.rank, updates)
+    log.info("learner rank %d: rank 0 stopped the group after %d updates", group.rank, health.updates)
     group.close()
-    return 0
+
+
+class Health:
+    """What a follower's HTTP answers. Alive (/healthz) while the process runs: a group found broken ends it
+    (data_parallel.fail). Ready (/readyz) too, saying so while it waits for rank 0: a follower takes no traffic, and
+    its readiness only paces a StatefulSet's rolling update, which replaces rank N-1 first and waits for it to be
+    ready before it replaces rank 0; the new rank cannot train with the old rank 0 (a group's members are fixed), so
+    "ready once training" would stall the update."""
+
+    def __init__(self, rendezvous: Rendezvous) -> None:
+        self.rendezvous = rendezvous
+        self.joined = False  # holds rank 0's run and state
+        self.updates = 0
+        self.registry = CollectorRegistry()
+        updates = Gauge("rlgate_learner_rank_updates", "Updates this rank took part in.", registry=self.registry)
+        updates.set_function(lambda: self.updates)
+
+    def status(self) -> dict[str, Any]:
+        r = self.rendezvous
+        state = "training" if self.joined else f"waiting for rank 0 at {r.address}:{r.port}"
+        return {"rank": r.rank, "world_size": r.size, "state": state, "updates": self.updates}
+
+    def ready(self) -> tuple[bool, str | None]:
+        return True, None if self.joined else self.status()["state"]
+
+    def app(self) -> FastAPI:
+        title = f"rlgate learner rank {self.rendezvous.rank}"
+        return build_app(title, registry=self.registry, status=self.status, ready=self.ready)

@@ -9,14 +9,15 @@ far a split chunk was taken goes into checkpoints too, so a restart trains only 
 A learner that does not resume (a fresh model) sets an earlier run's intake files aside, unread: their
 actions came from another model, whose version numbers mean nothing to the new one.
 
-Nothing that could poison training gets in: a chunk that does not decode, holds a non-finite reward,
-model output (logp, value, distribution inputs) or observation (unless the run spec's env allows them:
-`env.allow_nonfinite_obs`), or does not fit the run's spaces and model (`chunk_check`) is rejected, counted by
-reason and logged; the rest of its batch is taken. A batch whose sorting raises anything else (a bug, or a user's
-space or code failing on an odd batch) is refused whole ("unreadable batch"), acknowledged all the same: a server
-would re-send a batch that ended its stream for ever. Its chunks are sorted before any of them is recorded, so such
-a batch leaves nothing behind. An intake file that fails so when read back at start-up was taken once: it is
-renamed aside (`*.unreadable`), kept, not refused.
+Nothing that could poison training gets in: the learner's service decodes every batch (`batch_decoder`), which
+refuses a chunk that does not decode, holds a non-finite reward, model output (logp, value, distribution inputs) or
+observation (unless the run spec's env allows them: `env.allow_nonfinite_obs`), or does not fit the run's spaces
+and model (`chunk_check`); the intake counts each refusal by reason and logs it, and takes the rest of the batch.
+A batch whose decoding or sorting raises anything else (a bug, or a user's space or code failing on an odd batch)
+is refused whole ("unreadable batch"), acknowledged all the same: a server would re-send a batch that ended its
+stream for ever. Its chunks are sorted before any of them is recorded, so such a batch leaves nothing behind. An
+intake file that fails so when read back at start-up was taken once: it is renamed aside (`*.unreadable`), kept,
+not refused.
 """
 
 from __future__ import annotations
@@ -29,15 +30,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
-from rlgate.episodes.chunk_codec import ChunkTable, chunk_table, episode_from_proto
-from rlgate.learner.chunk_check import episode_misfit, misfit
+from rlgate.learner.batch_decoder import BatchDecoder, DecodedBatch, chunk_key
 from rlgate.learner.multi_agent_returns import EpisodeReturns, MultiAgentReturns
 from rlgate.v1 import learner_pb2
 
@@ -49,10 +47,6 @@ RETURN_WINDOW = 20
 # left after a cut, or whose server crashed, never ends. Beyond it, the one that waited longest for its next chunk
 # is forgotten, and never counted in returns (RLlib counts no unfinished episode either).
 MAX_RUNNING = 100_000
-
-
-def chunk_key(episode_id: str, chunk_index: int) -> str:
-    return f"{episode_id}:{chunk_index}"
 
 
 @dataclass(frozen=True)
@@ -77,31 +71,25 @@ class _File:
 @dataclass
 class _Sorted:
     """A batch's chunks, sorted before any of them is recorded: new ones to take (each with its steps and newest
-    model version), refusals (reason, chunks, what), and how many were duplicates."""
+    model version), refusals (reason, chunks, what, the error behind it), and how many were duplicates."""
 
     taken: dict[str, tuple[SingleAgentEpisode, int, int]] = field(default_factory=dict)  # by key, in batch order
-    refused: list[tuple[str, int, str]] = field(default_factory=list)
+    refused: list[tuple[str, int, str, BaseException | None]] = field(default_factory=list)
     duplicates: int = 0
-
-    def refuse(self, reason: str, chunks: int, what: str) -> None:
-        self.refused.append((reason, chunks, what))
 
 
 @dataclass
 class Intake:
     """Pending chunks, the keys already seen, and episode returns for progress reporting.
 
-    `observation_spaces`: the spaces a batch may say its observations are in (the env's and each
-    env-to-module piece's output); the first is assumed when a batch says none. Multi-agent: `module_spaces`
-    gives each module's (observation space, action space), in which the chunks of its agents (`agents`: the
-    ids a chunk may name) are decoded; `count` counts chunks' steps (env or agent steps; default: their
-    length) and chunks are taken whole (`split_chunks=False`), since an agent chunk's share of env steps
-    cannot be split.
+    It takes batches decoded by `decoder` (the learner's service decodes what it receives with the same one), and
+    decodes its own files with it at start-up. Multi-agent: `count` counts chunks' steps (env or agent steps;
+    default: their length) and chunks are taken whole (`split_chunks=False`), since an agent chunk's share of env
+    steps cannot be split.
     """
 
     directory: Path
-    observation_spaces: list[gym.Space]
-    action_space: gym.Space
+    decoder: BatchDecoder
     trained: set[str] = field(default_factory=set)  # keys in the last checkpoint
     stale: set[str] = field(default_factory=set)  # keys dropped as stale in the last checkpoint
     partial: dict[str, int] = field(default_factory=dict)  # key -> steps of that chunk trained, last checkpoint
@@ -122,14 +110,9 @@ class Intake:
     finished: list[tuple[float, int]] = field(default_factory=list)  # (return, length) not yet take_finished()
     resume: bool = True  # reload the intake files found in `directory`; False: set them aside
     lookback: int = 1  # steps of lookback the remainder of a split chunk keeps (the servers' lookback horizon)
-    allow_nonfinite_obs: bool = False  # the env's observations may be +-inf (its spec says so)
     on_reject: Callable[[str, int], None] = lambda reason, chunks: None  # told of every rejection
-    module_spaces: dict[str, tuple[gym.Space, gym.Space]] | None = None
-    agents: frozenset[str] = frozenset()
     count: Callable[[list[SingleAgentEpisode]], int] = field(default=lambda episodes: sum(map(len, episodes)))
     split_chunks: bool = True  # False (multi-agent): chunks are taken whole; their env steps count per chunk
-    # Each module's output shapes (chunk_check.output_shapes), by module id; a single-agent run's under None.
-    output_shapes: Mapping[str | None, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
     max_running: int = MAX_RUNNING  # single-agent episodes whose returns are summed while they run, at most
 
     def __post_init__(self) -> None:
@@ -148,13 +131,17 @@ class Intake:
         # and drop_stale() scans nothing (it runs on every intake change, and a backlog can be long).
         self._version_floor = np.iinfo(np.int64).max
         for path in sorted(self.directory.glob("*.pb"), key=lambda p: p.stat().st_mtime):
+            payload = path.read_bytes()
             try:
-                batch = learner_pb2.EpisodeBatch.FromString(path.read_bytes())
+                batch = learner_pb2.EpisodeBatch.FromString(payload)
             except DecodeError as exc:
                 _set_unreadable_aside(path, f"does not decode as an EpisodeBatch ({exc})")
                 continue
             try:  # a batch this learner took once, that its code (or a user's space) now fails on: kept on disk
-                sorted_ = self._sort(batch)
+                sorted_ = self._sort(self.decoder.decode(batch, payload))
+                unreadable = next((error for *_, error in sorted_.refused if error is not None), None)
+                if unreadable is not None:
+                    raise unreadable
             except Exception as exc:
                 _set_unreadable_aside(path, f"cannot be read back ({exc!r})")
                 continue
@@ -162,14 +149,14 @@ class Intake:
         if self._files:
             log.info("resumed intake files=%d pending_steps=%d", len(self._files), self.pending_steps)
 
-    def accept(self, batch: learner_pb2.EpisodeBatch) -> learner_pb2.EpisodeAck:
-        """Take a batch: store its new chunks durably, then acknowledge it."""
+    def accept(self, batch: DecodedBatch) -> learner_pb2.EpisodeAck:
+        """Take a decoded batch: store its new chunks durably (the bytes it came in), then acknowledge it."""
         duplicates, rejected = self.duplicates, self.rejected.total()
         accepted = self._add(batch)
         if accepted:
             path = self.directory / f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.pb"
             tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(batch.SerializeToString())
+            tmp.write_bytes(batch.payload)
             tmp.replace(path)
             self._files.append(_File(path, accepted))
         return learner_pb2.EpisodeAck(
@@ -245,20 +232,20 @@ class Intake:
             path.unlink(missing_ok=True)
         self._files = [f for f in self._files if f.path not in gone]
 
-    def _add(self, batch: learner_pb2.EpisodeBatch) -> list[str]:
+    def _add(self, batch: DecodedBatch) -> list[str]:
         """Take a batch's new chunks, count its refused and duplicate ones; the keys taken."""
         try:
             sorted_ = self._sort(batch)
         except Exception as exc:  # not a refusal the sorting knows: nothing of the batch was recorded
             what = f"all of the batch from server {batch.server_id}: {exc!r}"
-            self.reject("unreadable batch", _chunks(batch), what, exc_info=exc)
+            self.reject("unreadable batch", sum(entry.chunks for entry in batch.entries), what, exc_info=exc)
             return []
         return self._record(sorted_)
 
     def _record(self, sorted_: _Sorted) -> list[str]:
         """Count a sorted batch's refused and duplicate chunks, take its new ones; their keys."""
-        for reason, chunks, what in sorted_.refused:
-            self.reject(reason, chunks, what)
+        for reason, chunks, what, error in sorted_.refused:
+            self.reject(reason, chunks, what, exc_info=error)
         self.duplicates += sorted_.duplicates
         for key, (episode, steps, newest_version) in sorted_.taken.items():
             self._seen.add(key)
@@ -268,126 +255,23 @@ class Intake:
             self._track_return(episode)
         return list(sorted_.taken)
 
-    def _sort(self, batch: learner_pb2.EpisodeBatch) -> _Sorted:
-        """Decode and check a batch's chunks, changing nothing: which are new and fit, which refused, which
-        duplicates."""
+    def _sort(self, batch: DecodedBatch) -> _Sorted:
+        """Sort a decoded batch's chunks, changing nothing: which are new, which refused, which duplicates (a resent
+        chunk is a duplicate whatever it holds, as a refused one was refused when it first came)."""
         sorted_ = _Sorted()
-        server = batch.server_id
-        try:  # multi-agent chunks are decoded in their module's spaces instead
-            observation_space = self._observation_space(batch) if self.module_spaces is None else None
-        except ValueError as exc:
-            what = f"all of the batch from server {server}: {exc}"
-            sorted_.refuse("unknown observation space", _chunks(batch), what)
-            return sorted_
-        for message in batch.episodes:  # one message per chunk (servers before EpisodeChunks, spooled)
-            key = chunk_key(message.id, message.chunk_index)
-            if self._duplicate(key, sorted_):
+        for entry in batch.entries:
+            if entry.key is not None and (entry.key in self._seen or entry.key in sorted_.taken):
+                sorted_.duplicates += 1
                 continue
-            what = f"{key} from server {server}"
-            spaces = self._spaces(observation_space, message.module_id, message.agent_id, 1, what, sorted_)
-            if spaces is None:
+            if entry.episode is None:
+                sorted_.refused.append((entry.reason, entry.chunks, entry.what, entry.error))
                 continue
-            try:
-                episode = episode_from_proto(message, *spaces)
-            except ValueError as exc:  # CodecError included: one bad chunk never blocks the others
-                sorted_.refuse("malformed", 1, f"{what}: {exc}")
-                continue
-            self._sort_chunk(key, episode, server, sorted_)
-        for table in batch.chunks:
-            if not table.ids:  # an empty table: nothing in it
-                continue
-            what = f"a table of {len(table.ids)} chunks from server {server}"
-            spaces = self._spaces(observation_space, table.module_id, None, len(table.ids), what, sorted_)
-            if spaces is None:
-                continue
-            try:
-                decoded = chunk_table(table, *spaces)
-            except ValueError as exc:  # the table's rows do not add up: none of its chunks can be told apart
-                sorted_.refuse("malformed", len(table.ids), f"{what}: {exc}")
-                continue
-            # One check of the whole table; only a table that fails is checked chunk by chunk, to find which.
-            fits = self._misfit_table(decoded, spaces, table.module_id or None) is None
-            for episode in decoded.chunks:
-                key = chunk_key(episode.id_, episode.chunk_index)
-                if self._duplicate(key, sorted_):
-                    continue
-                if self.module_spaces is not None and episode.agent_id not in self.agents:
-                    sorted_.refuse("unknown agent", 1, f"{key} from server {server}: agent {episode.agent_id!r}")
-                    continue
-                self._sort_chunk(key, episode, server, sorted_, checked=fits)
+            assert entry.key is not None  # a chunk has its key
+            episode = entry.episode
+            if entry.key in self._taken:  # split before a restart: its first steps are trained already
+                episode = episode.slice(slice(self._taken[entry.key], None), len_lookback_buffer=self.lookback)
+            sorted_.taken[entry.key] = (episode, self.count([episode]), _newest_version(episode))
         return sorted_
-
-    def _misfit_table(
-        self, table: ChunkTable, spaces: tuple[gym.Space | None, gym.Space], module_id: str | None
-    ) -> str | None:
-        return misfit(
-            table.observations,
-            table.actions,
-            table.rewards,
-            table.extra_model_outputs,
-            spaces,
-            self.output_shapes.get(module_id, {}),
-            finite_observations=not self.allow_nonfinite_obs,
-        )
-
-    def _duplicate(self, key: str, sorted_: _Sorted) -> bool:
-        """Whether a chunk was taken before, or earlier in its batch (counted as a duplicate, dropped)."""
-        if key in self._seen or key in sorted_.taken:
-            sorted_.duplicates += 1
-            return True
-        return False
-
-    def _spaces(
-        self,
-        observation_space: gym.Space | None,
-        module_id: str,
-        agent_id: str | None,
-        chunks: int,
-        what: str,
-        sorted_: _Sorted,
-    ) -> tuple[gym.Space | None, gym.Space] | None:
-        """The spaces to decode chunks in: single-agent, the batch's observation space and the action space (and
-        no module named: the chunks are held to the run's module's outputs); multi-agent, their module's (and the
-        agent, if given, must be known). None when refused as unknown."""
-        if self.module_spaces is None:
-            if module_id:
-                sorted_.refuse("unknown module", chunks, f"{what}: module {module_id!r} in a single-agent run")
-                return None
-            return observation_space, self.action_space
-        if agent_id is not None and agent_id not in self.agents:
-            sorted_.refuse("unknown agent", chunks, f"{what}: agent {agent_id!r}")
-            return None
-        if module_id not in self.module_spaces:
-            sorted_.refuse("unknown module", chunks, f"{what}: module {module_id!r}")
-            return None
-        return self.module_spaces[module_id]
-
-    def _sort_chunk(
-        self, key: str, episode: SingleAgentEpisode, server: str, sorted_: _Sorted, *, checked: bool = False
-    ) -> None:
-        """A new chunk, decoded: to take, unless it holds what could poison training (`checked`: its table was
-        found fit as a whole)."""
-        if not checked:
-            reason = episode_misfit(
-                episode,
-                self.output_shapes.get(episode.module_id, {}),
-                finite_observations=not self.allow_nonfinite_obs,
-            )
-            if reason is not None:
-                sorted_.refuse(reason, 1, f"{key} from server {server}: {reason}")
-                return
-        if key in self._taken:  # split before a restart: its first steps are trained already
-            episode = episode.slice(slice(self._taken[key], None), len_lookback_buffer=self.lookback)
-        sorted_.taken[key] = (episode, self.count([episode]), _newest_version(episode))
-
-    def _observation_space(self, batch: learner_pb2.EpisodeBatch) -> gym.Space:
-        """The space the batch's observations are in: what it says, if that is one of the known spaces."""
-        if not batch.HasField("observation_space"):
-            return self.observation_spaces[0]
-        space = codec.space_from_proto(batch.observation_space, "observation_space")
-        if space not in self.observation_spaces:
-            raise ValueError(f"observation_space {space} is neither the env's nor an env-to-module piece's")
-        return space
 
     def reject(self, reason: str, chunks: int, what: str, exc_info: BaseException | None = None) -> None:
         """Count `chunks` refused for `reason` (status, and `on_reject`: metrics) and log one line saying `what`
@@ -437,11 +321,6 @@ class Intake:
         ):
             for key, value in returns.items():
                 windows.setdefault(key, deque(maxlen=RETURN_WINDOW)).append(value)
-
-
-def _chunks(batch: learner_pb2.EpisodeBatch) -> int:
-    """The chunks a batch holds, in messages and tables."""
-    return len(batch.episodes) + sum(len(table.ids) for table in batch.chunks)
 
 
 def _newest_version(chunk: SingleAgentEpisode) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 
 from rlgate.core import codec
+from rlgate.learner.batch_decoder import BatchDecoder, DecodedBatch
 from rlgate.learner.best_checkpoint import BestCheckpoint
 from rlgate.learner.chunk_check import learner_output_shapes
 from rlgate.learner.data_parallel import GroupFailed, fail
@@ -118,16 +119,18 @@ class Learner:
         ]
         self.intake = Intake(
             settings.checkpoint_dir / "intake",
-            [self.connectors.observation_space, self.observation_space, *pieces],
-            self.action_space,
+            BatchDecoder(
+                [self.connectors.observation_space, self.observation_space, *pieces],
+                self.action_space,
+                output_shapes={None: learner_output_shapes(module, self.spec.algorithm.name)},
+                allow_nonfinite_obs=self.spec.env.allow_nonfinite_obs,
+            ),
             trained=set(ckpt.trained_chunks if ckpt else ()),
             stale=set(ckpt.stale_chunks if ckpt else ()),
             partial=dict(ckpt.partial_chunks if ckpt else {}),
             resume=settings.resume,
             lookback=self.spec.sampling.episode_lookback_horizon,
-            allow_nonfinite_obs=self.spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
-            output_shapes={None: learner_output_shapes(module, self.spec.algorithm.name)},
         )
         self._init_service()
 
@@ -190,18 +193,20 @@ class Learner:
             )
         self.intake = Intake(
             settings.checkpoint_dir / "intake",
-            [self.connectors.observation_space],
-            self.action_space,
+            BatchDecoder(
+                [self.connectors.observation_space],
+                self.action_space,
+                module_spaces=episode_module_spaces(spec, agents, self.connectors, self.imports),
+                agents=frozenset(agents),
+                output_shapes={m: learner_output_shapes(module[m], spec.algorithm.name) for m in modules},
+                allow_nonfinite_obs=spec.env.allow_nonfinite_obs,
+            ),
             trained=set(ckpt.trained_chunks if ckpt else ()),
             stale=set(ckpt.stale_chunks if ckpt else ()),
             resume=settings.resume,
-            allow_nonfinite_obs=spec.env.allow_nonfinite_obs,
             on_reject=lambda reason, chunks: self.metrics.rejected.labels(reason).inc(chunks),
             split_chunks=False,
-            module_spaces=episode_module_spaces(spec, agents, self.connectors, self.imports),
-            agents=frozenset(agents),
             count=self.trainer.steps,
-            output_shapes={m: learner_output_shapes(module[m], spec.algorithm.name) for m in modules},
         )
         self._init_service()
 
@@ -233,8 +238,13 @@ class Learner:
 
     # --- data in, weights out ---------------------------------------------------------------------
 
-    async def accept(self, batch: learner_pb2.EpisodeBatch) -> learner_pb2.EpisodeAck:
-        """Take a server's batch into the intake (durably), merge its connector statistics; the ack.
+    def decode(self, batch: learner_pb2.EpisodeBatch, payload: bytes | None = None) -> DecodedBatch:
+        """A server's batch as `accept` takes it (`payload`: its bytes as received, if known): decoded in this
+        run's spaces, its chunks checked (`batch_decoder`)."""
+        return self.intake.decoder.decode(batch, payload)
+
+    async def accept(self, batch: DecodedBatch) -> learner_pb2.EpisodeAck:
+        """Take a server's decoded batch into the intake (durably), merge its connector statistics; the ack.
 
         Pacing: a batch is taken (and acknowledged) only while the intake holds less than one train batch,
         and the ack says how many steps the next update still needs (`room`). While an update runs, the
@@ -252,10 +262,12 @@ class Learner:
             ack = self.intake.accept(batch)
             if self.updating_since is not None:
                 self._steps_in_while_updating += self.intake.pending_steps - pending
-            ack.room = self._room()
+            ack.room, ack.version = self._room(), self.weights.version
             self._intake_changed.notify_all()
-        if batch.HasField("connector_state"):
-            self._merge_connector_state(batch)
+        if batch.connector_state_error:
+            self.intake.reject("malformed connector state", 1, batch.connector_state_error)
+        elif batch.connector_state is not None:
+            self._merge_connector_state(batch.connector_state, batch.server_id)
         self.chunks_accepted += ack.accepted
         self.progress.episodes_finished(self.intake.take_finished(), self.env_steps_received())
         self.metrics.duplicates.inc(ack.duplicates)
@@ -273,7 +285,11 @@ class Learner:
             ahead = self.trainer.steps_trained_for() + 2 * self.off_policy_window()
             return max(0, int(ahead) - self.env_steps_received())
         assert isinstance(algorithm, PPOConfig)
-        if self.updating_since is not None and not algorithm.overlap_sampling:
+        # Without overlap_sampling, no room from the update's start until its version is published: the acks that
+        # then make room say that version, and servers sample the next batch with it.
+        if not algorithm.overlap_sampling and (
+            self.updating_since is not None or self.trainer.version != self.weights.version
+        ):
             return 0
         return max(0, algorithm.train_batch_size - self.intake.pending_steps)
 
@@ -470,7 +486,7 @@ class Learner:
     def _module_weights(self) -> dict[str, bytes]:
         return {module_id: weights_to_bytes(module) for module_id, module in self.trainer.module.items()}
 
-    def _merge_connector_state(self, batch: learner_pb2.EpisodeBatch) -> None:
+    def _merge_connector_state(self, delta: Any, server_id: str) -> None:
         """Add a server's statistics delta to the merged ones, which go out with the next weights.
 
         A state that does not fit this learner's pipeline (its pieces' `check_state`), or whose merge does not,
@@ -478,12 +494,11 @@ class Learner:
         connector state"), so it never reaches the servers, and the batch's chunks are taken all the same.
         """
         try:
-            delta = codec.from_value(batch.connector_state, "connector_state")
             self.connectors.check_state(delta)
             merged = self.connectors.merge_states([delta])
             self.connectors.check_state(merged)  # e.g. finite statistics whose merge overflowed
         except Exception as exc:  # a user's piece may raise anything: the batch is stored, its ack must come
-            self.intake.reject("malformed connector state", 1, f"connector state from server {batch.server_id}: {exc}")
+            self.intake.reject("malformed connector state", 1, f"connector state from server {server_id}: {exc}")
             return
         self.connectors.set_state(merged)
 
@@ -499,6 +514,8 @@ class Learner:
         async with self._published:
             self.weights = weights
             self._published.notify_all()
+        async with self._intake_changed:  # where room waited for this version (no overlap_sampling)
+            self._intake_changed.notify_all()
         self.metrics.model_version.set(weights.version)
 
     def _weights_message(self) -> learner_pb2.Weights:

@@ -36,7 +36,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServiceServicer):
         self, request_iterator: AsyncIterator[learner_pb2.EpisodeBatch], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[learner_pb2.EpisodeAck]:
         async for batch in request_iterator:
-            yield await self.learner.accept(batch)
+            yield await self.learner.accept(self.learner.decode(batch))
 
     async def WatchWeights(
         self, request: learner_pb2.WatchWeightsRequest, context: grpc.aio.ServicerContext

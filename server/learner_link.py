@@ -99,6 +99,8 @@ class LearnerLink:
         self._on_room = on_room
         self.window = 0  # max unacked env steps, from the learner's weights; 0: no limit
         self.room: int | None = None  # steps the learner's next update still needs, from its last ack
+        self.room_version: int | None = None  # the weights version that room is for (the ack's `version`)
+        self._weights_seen = -1  # the newest version the learner sent, once the server took it (or refused it)
         self._unshipped = unshipped
         self._may_send = asyncio.Event()
         if not hold_episodes:
@@ -167,7 +169,17 @@ class LearnerLink:
         unacked = self.unacked_steps()
         if 0 < self.window <= unacked:
             return True
-        return self.room is not None and unacked + self._unshipped() > self.room
+        if self.room is None:
+            return False
+        return self.behind() or unacked + self._unshipped() > self.room
+
+    def behind(self) -> bool:
+        """The learner's last ack made room for a weights version that has not reached this server yet: sampling
+        waits for it (the ack came before the weights it follows). A version the server refused counts as reached:
+        it sends the learner nothing meanwhile."""
+        if self.room_version is None:
+            return False
+        return max(self._current_version(), self._weights_seen) < self.room_version
 
     def away_for(self) -> float | None:
         """Seconds since the learner became unreachable, or None while it is connected."""
@@ -257,7 +269,8 @@ class LearnerLink:
             await self.shipper.stream(call)
         finally:
             held = self.over_window()
-            self.room = None  # unknown until the next stream's first ack: meanwhile only the window holds sampling
+            self.room = self.room_version = None  # unknown until the next stream's first ack: meanwhile only the
+            # window holds sampling
             if held and not self.over_window():  # the room held sampling: it may go on (the learner may be gone)
                 self._on_room()
 
@@ -270,6 +283,7 @@ class LearnerLink:
         self.spool.ack(ack.seq, path)
         if ack.HasField("room"):
             self.room = ack.room
+            self.room_version = ack.version if ack.HasField("version") else None
         if held and not (self.full() or self.over_window()):
             self._on_room()
 
@@ -283,6 +297,9 @@ class LearnerLink:
             self._on_room()
             if await self._on_weights(weights):
                 self.release_episodes()
+            self._weights_seen = max(self._weights_seen, weights.version)
+            if self.room_version is not None:  # the version a held ack's room was for may be here now
+                self._on_room()
 
     def _answered(self) -> None:
         """An ack came: the learner takes our episodes."""

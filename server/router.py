@@ -102,6 +102,8 @@ class ShippingRouter:
         link = self.learner
         if link is None or link.room is None:
             return None
+        if link.behind():  # the room is for weights not served here yet
+            return 0
         return max(0, link.room - link.unacked_steps() - self.unshipped_steps())
 
     # --- Pacing ---------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""The HTTP side of a service (FastAPI, served by uvicorn on the service's own event loop)."""
+"""The HTTP side of a service (FastAPI, served by uvicorn on the service's own event loop, or on a thread's)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import importlib.resources
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -93,3 +94,24 @@ class HttpServer:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
         self._socket.close()
+
+
+class ThreadedHttpServer:
+    """An HttpServer on an event loop of its own thread, for a process whose main thread is not an event loop (a
+    data-parallel learner's follower, blocked in collectives)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        self._server = HttpServer(app, host, port)  # binds now: a taken port fails before anything starts
+        self.port = self._server.port
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rlgate-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._loop.call_soon_threadsafe(self._server.start)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        asyncio.run_coroutine_threadsafe(self._server.stop(), self._loop).result(timeout_s)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout_s)
+        self._loop.close()

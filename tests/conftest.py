@@ -19,6 +19,12 @@ from rlgate.spec.run import RunSpec
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `slow` tests first (each keeping its order): pytest-xdist's workers take tests in this order, so they
+    end on short ones, instead of one worker running a 30-second test alone at the end while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def examples_importable(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The repository's `examples` package importable (and nothing else of the repository's top level)."""

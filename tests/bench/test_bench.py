@@ -60,7 +60,7 @@ def run_bench(tmp_path: Path, *args: str) -> tuple[str, list[dict]]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # as run_bench's own bound: ~40 s alone, 140 s on the 2-core host busy with other work
+@pytest.mark.timeout(330)  # run_bench waits up to 300 s (the suite's 120 s ran out on a loaded machine)
 def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     stdout, records = run_bench(tmp_path, "--quick", "--warmup-s", "0.2", "--window-s", "0.3")
     assert "goal" in stdout
@@ -91,7 +91,7 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     assert hand_off["max_spool_bytes"] < 2 * hand_off["spool_limit_bytes"], hand_off
     # B8: both placements sampled while the learner trained, local inference's steps/s over server-side's.
     (placement,) = (r for r in records if r["scenario"] == "B8")
-    assert (placement["clients"], placement["envs_per_message"]) == (1, 1)
+    assert (placement["clients"], placement["envs_per_message"], placement["learners"]) == (1, 1, 1)
     for where in ("server", "local", "local-onnxruntime"):  # local: torch (the client's default), and onnxruntime
         figures = placement[where]
         assert figures["env_steps_per_s"] > 0 and figures["trained_per_s"] > 0, (where, figures)

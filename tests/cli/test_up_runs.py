@@ -82,6 +82,7 @@ def up(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, s
     return process.returncode, out, err
 
 
+@pytest.mark.slow
 def test_updates_that_all_fail_stop_the_run_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "pieces.py").write_text(BOOM)
     learner = json.dumps([{"type": "pieces:Boom"}])
@@ -96,6 +97,7 @@ def test_updates_that_all_fail_stop_the_run_with_one_line(tmp_path: Path) -> Non
     assert "this piece is broken" in (run_dir / "learner.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_spec_that_allows_infinite_observations_lets_them_through_the_server(tmp_path: Path) -> None:
     (tmp_path / "infobs.py").write_text(INF_OBS)
     args = ("--env", "infobs:InfObs", "--spec.env.allow-nonfinite-obs", "--stop-return", "1000", "--max-steps", "500")
@@ -105,6 +107,7 @@ def test_a_spec_that_allows_infinite_observations_lets_them_through_the_server(t
     assert "is not finite" not in (run_dir / "envs.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_run_without_a_goal_runs_its_step_budget_and_exits_0(tmp_path: Path) -> None:
     """An env without reward_threshold, no --stop-return, and --max-steps given: the budget is the run (a zero-sum
     game's return is 0 whoever wins), reached as asked, not a goal missed."""
@@ -142,6 +145,7 @@ def test_spec_variables_set_the_run_spec_of_up_and_of_every_process(tmp_path: Pa
     assert "update version=1 " in (run_dir / "learner.log").read_text()  # the learner trained on the server's steps
 
 
+@pytest.mark.slow
 def test_a_multi_agent_run_takes_prev_actions_prev_rewards_per_agent(tmp_path: Path) -> None:
     """PrevActionsPrevRewards(multi_agent=True) through server, flushes and learner (FlattenObservations after it)."""
     pytest.importorskip("pettingzoo")
@@ -155,6 +159,7 @@ def test_a_multi_agent_run_takes_prev_actions_prev_rewards_per_agent(tmp_path: P
         assert "Traceback" not in (run_dir / log).read_text(), log
 
 
+@pytest.mark.slow
 def test_a_multi_agent_run_stacks_frames_per_agent_and_learns(tmp_path: Path) -> None:
     """FrameStackingEnvToModule/-Learner(multi_agent=True) through server, intake and learner: the modules take
     stacked frames, the chunks single ones, and PPO learns (a random policy's return is about 22)."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 RUN = """
@@ -27,6 +29,7 @@ num_epochs = 4
 """
 
 
+@pytest.mark.slow
 def test_a_user_project_trains_its_own_env_and_pieces_through_rlgate_up(tmp_path: Path) -> None:
     package = tmp_path / "mypkg"
     package.mkdir()

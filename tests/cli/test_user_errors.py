@@ -45,6 +45,7 @@ def held_port() -> int:
         yield sock.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port: int) -> None:
     free = ("--port", "0", "--http-port", "0")
@@ -158,6 +159,7 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         ("bench", "--quick", "--warmup-s", "-1"): "--warmup-s must be at least 0, not -1.0",
         ("bench", "--quick", "--window-s", "nan"): "--window-s must be more than 0, not nan",
         ("bench", "--quick", "--repeats", "0"): "--repeats must be at least 1, not 0",
+        ("bench", "--quick", "--num-learners", "0"): "--num-learners must be at least 1, not 0",
         ("bench", "--quick", "--json", str(nowhere / "x.json")): "x.json: not a file in an existing directory",
     }
     # Concurrently: each is a Python start-up, most of it waiting on imports.
@@ -166,6 +168,7 @@ async def test_each_user_error_is_one_line_and_exit_2(tmp_path: Path, held_port:
         assert expected in one_user_error(code, stderr), (args, stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_up_refuses_spaces_the_default_model_cannot_take_in_one_line(tmp_path: Path) -> None:
     """Huge spaces are refused before a model is built (it would take minutes and gigabytes); spaces that are not
@@ -330,6 +333,7 @@ async def test_rlgate_env_refuses_a_space_the_wire_cannot_carry(server) -> None:
     assert line.startswith("rlgate: space Sequence(") and line.endswith("has no wire encoding"), line
 
 
+@pytest.mark.slow
 async def test_rlgate_env_names_the_multi_agent_env_and_what_is_wrong_with_it(server_factory) -> None:
     """A PettingZoo env that raises or breaks PettingZoo's contract: one line naming env and method, as a
     gymnasium env's (was "envs exited with 1" and a traceback); and an env of the other kind than the spec says."""

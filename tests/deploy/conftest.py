@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,14 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
 
 
+def override_services(name: str) -> dict[str, dict[str, Any]]:
+    """The services of the override file `docker-compose.NAME.yml`."""
+    return yaml.safe_load((DEPLOY / f"docker-compose.{name}.yml").read_text())["services"]
+
+
 @pytest.fixture(scope="session")
 def gpu_services() -> dict[str, dict[str, Any]]:
-    return yaml.safe_load((DEPLOY / "docker-compose.gpu.yml").read_text())["services"]
+    return override_services("gpu")
 
 
 def _containers(
@@ -150,11 +156,8 @@ def containers(
 
 
 @pytest.fixture
-def gpu_containers(
-    services: dict[str, dict[str, Any]],
-    gpu_services: dict[str, dict[str, Any]],
-    image_env: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> dict[str, Container]:
-    """The containers of `docker-compose.yml` with `docker-compose.gpu.yml` on top."""
-    return _containers(services, image_env, monkeypatch, overrides=gpu_services)
+def containers_with(
+    services: dict[str, dict[str, Any]], image_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[[str], dict[str, Container]]:
+    """containers_with(NAME): the containers of `docker-compose.yml` with `docker-compose.NAME.yml` on top."""
+    return lambda name: _containers(services, image_env, monkeypatch, overrides=override_services(name))

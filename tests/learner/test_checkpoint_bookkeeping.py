@@ -10,7 +10,7 @@ from support.batches import episode_batch
 from support.learners import submit
 from support.servers import until
 
-from rlgate.learner.intake import chunk_key
+from rlgate.learner.batch_decoder import chunk_key
 from rlgate.learner.main import LearnerServer
 from rlgate.storage import checkpoint
 

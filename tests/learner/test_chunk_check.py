@@ -7,10 +7,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from support.batches import episode_batch
+from support.intakes import accept
 
 from rlgate.core import codec
 from rlgate.core.columns import Columns
 from rlgate.episodes import InfiniteLookbackBuffer, SingleAgentEpisode
+from rlgate.learner.batch_decoder import BatchDecoder
 from rlgate.learner.chunk_check import learner_output_shapes
 from rlgate.learner.intake import Intake
 from rlgate.models import ModelConfig, build_module
@@ -73,10 +75,9 @@ def test_a_chunk_that_does_not_fit_is_refused_and_the_rest_of_its_batch_taken(
     good, bad, later = cartpole_chunks(60)[:3]
     change(bad)
     module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
-    intake = Intake(
-        tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes={None: learner_output_shapes(module, "PPO")}
-    )
-    ack = intake.accept(episode_batch([good, bad, later], tables=tables))
+    shapes = {None: learner_output_shapes(module, "PPO")}
+    intake = Intake(tmp_path, BatchDecoder([OBSERVATION_SPACE], ACTION_SPACE, output_shapes=shapes))
+    ack = accept(intake, episode_batch([good, bad, later], tables=tables))
     assert (ack.accepted, ack.rejected) == (2, 1)
     assert intake.rejected == {reason: 1}
     assert [chunk.id_ for chunk in intake.pending] == [good.id_, later.id_]
@@ -147,15 +148,14 @@ def test_a_chunk_whose_columns_have_other_dtypes_is_refused_and_the_next_batch_t
 ):
     bad, *good = cartpole_chunks(60)[:3]
     module = build_module(OBSERVATION_SPACE, ACTION_SPACE)
-    intake = Intake(
-        tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, output_shapes={None: learner_output_shapes(module, "PPO")}
-    )
+    shapes = {None: learner_output_shapes(module, "PPO")}
+    intake = Intake(tmp_path, BatchDecoder([OBSERVATION_SPACE], ACTION_SPACE, output_shapes=shapes))
     batch = episode_batch([bad], tables=tables)
     change(batch)
-    ack = intake.accept(batch)
+    ack = accept(intake, batch)
     assert (ack.accepted, ack.rejected) == (0, 1)
     assert intake.rejected == {reason: 1}
-    assert intake.accept(episode_batch(good, seq=2, tables=tables)).accepted == 2
+    assert accept(intake, episode_batch(good, seq=2, tables=tables)).accepted == 2
 
 
 @pytest.mark.parametrize(
@@ -180,8 +180,9 @@ def test_a_multi_agent_chunk_is_held_to_its_own_modules_outputs(tmp_path, cartpo
     three = gym.spaces.Discrete(3)
     spaces = {"m0": (OBSERVATION_SPACE, ACTION_SPACE), "m1": (OBSERVATION_SPACE, three)}
     shapes = {m: learner_output_shapes(build_module(OBSERVATION_SPACE, spaces[m][1]), "PPO") for m in spaces}
-    intake = Intake(tmp_path, [], ACTION_SPACE, module_spaces=spaces, agents=frozenset({"a0"}), output_shapes=shapes)
-    ack = intake.accept(episode_batch(chunks))
+    decoder = BatchDecoder([], ACTION_SPACE, module_spaces=spaces, agents=frozenset({"a0"}), output_shapes=shapes)
+    intake = Intake(tmp_path, decoder)
+    ack = accept(intake, episode_batch(chunks))
     assert (ack.accepted, ack.rejected) == (2, 1)
     assert intake.rejected == {"action_dist_inputs of another shape": 1}
     assert [chunk.id_ for chunk in intake.pending] == [chunks[0].id_, chunks[1].id_]

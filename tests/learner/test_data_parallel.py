@@ -117,6 +117,19 @@ async def test_a_rank_that_dies_ends_rank_0_with_one_line_and_exit_1(tmp_path, l
     assert "CRITICAL" in last and "learner rank 1 of 2 exited with status -9; the learner stops" in last
 
 
+async def test_followers_beside_rank_0_leave_its_http_port_to_it(tmp_path, learners, http_get, monkeypatch):
+    """As in one container of compose (RLGATE_HTTP_PORT set for every process there): the ranks rank 0 starts on
+    its host read that port too, and serve no HTTP (only a rank with a host of its own does), so rank 0 gets it."""
+    port = free_port()
+    monkeypatch.setenv("RLGATE_HTTP_PORT", str(port))  # the followers' environment
+    learner = learners.start("learner", "--num-learners", "2", "--http-port", str(port))
+    await until(lambda: "learning grpc=" in (tmp_path / "learner.log").read_text(), timeout=TIMEOUT_S)
+    code, body = await http_get(port, "/status")
+    assert code == 200 and "model_version" in body  # rank 0's, not a follower's
+    learner.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(learner.wait, TIMEOUT_S) == 0
+
+
 QUICK = ("--spec.algorithm.train-batch-size", "128", "--spec.algorithm.minibatch-size", "64")
 QUICK += ("--spec.algorithm.num-epochs", "2", "--spec.sampling.rollout-fragment-length", "16")
 

@@ -9,14 +9,19 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from support.batches import episode_batch as batch
+from support.intakes import accept
 
 from rlgate.core import codec
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.episodes.chunk_codec import episode_to_proto
-from rlgate.learner.intake import Intake, chunk_key
+from rlgate.learner.batch_decoder import BatchDecoder, chunk_key
+from rlgate.learner.intake import Intake
 
 OBSERVATION_SPACE = gym.make("CartPole-v1").observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)
+
+
+DECODER = BatchDecoder([OBSERVATION_SPACE], ACTION_SPACE)
 
 
 def keys(chunks: list[SingleAgentEpisode]) -> list[str]:
@@ -24,7 +29,7 @@ def keys(chunks: list[SingleAgentEpisode]) -> list[str]:
 
 
 def intake_at(directory: Path, trained: set[str] | None = None) -> Intake:
-    return Intake(directory, [OBSERVATION_SPACE], ACTION_SPACE, trained=trained or set())
+    return Intake(directory, DECODER, trained=trained or set())
 
 
 @pytest.fixture
@@ -40,9 +45,9 @@ def test_a_batch_sent_twice_is_acknowledged_twice_and_kept_once(tmp_path, cartpo
     # Long episodes were cut: chunks of one episode share its id and differ by chunk index.
     assert any(c.chunk_index > 0 for c in chunks)
     intake = intake_at(tmp_path)
-    first = intake.accept(batch(chunks, seq=5, tables=tables))
+    first = accept(intake, batch(chunks, seq=5, tables=tables))
     assert (first.seq, first.accepted, first.duplicates) == (5, len(chunks), 0)
-    again = intake.accept(batch(chunks, seq=6, tables=tables))  # the server re-sends after a lost ack
+    again = accept(intake, batch(chunks, seq=6, tables=tables))  # the server re-sends after a lost ack
     assert (again.seq, again.accepted, again.duplicates) == (6, 0, len(chunks))
     assert intake.duplicates == len(chunks)
     assert keys(intake.pending) == keys(chunks)
@@ -54,8 +59,8 @@ def test_a_batch_sent_twice_is_acknowledged_twice_and_kept_once(tmp_path, cartpo
 def test_a_batch_that_overlaps_an_earlier_one_adds_only_its_new_chunks(tmp_path, two_batches, tables):
     old, new = two_batches
     intake = intake_at(tmp_path)
-    intake.accept(batch(old, seq=0, tables=tables))
-    ack = intake.accept(batch(old[-1:] + new, seq=1, tables=tables))
+    accept(intake, batch(old, seq=0, tables=tables))
+    ack = accept(intake, batch(old[-1:] + new, seq=1, tables=tables))
     assert (ack.accepted, ack.duplicates) == (len(new), 1)
     assert keys(intake.pending) == keys(old + new)
 
@@ -63,7 +68,7 @@ def test_a_batch_that_overlaps_an_earlier_one_adds_only_its_new_chunks(tmp_path,
 def test_returns_add_up_over_the_chunks_of_an_episode(tmp_path, cartpole_chunks):
     chunks = cartpole_chunks(200)
     intake = intake_at(tmp_path)
-    intake.accept(batch(chunks, seq=0))
+    accept(intake, batch(chunks, seq=0))
     totals: dict[str, float] = {}
     finished = []
     for chunk in chunks:  # in shipping order: an episode's chunks come in chunk-index order
@@ -78,8 +83,8 @@ def test_returns_add_up_over_the_chunks_of_an_episode(tmp_path, cartpole_chunks)
 def test_intake_files_survive_a_restart_and_reload_all_but_the_trained_chunks(tmp_path, two_batches, tables):
     trained, untrained = two_batches
     before = intake_at(tmp_path)
-    before.accept(batch(trained, seq=0, tables=tables))
-    before.accept(batch(untrained, seq=1, tables=tables))
+    accept(before, batch(trained, seq=0, tables=tables))
+    accept(before, batch(untrained, seq=1, tables=tables))
     # The learner dies; its last checkpoint covered the first batch's chunks.
     after = intake_at(tmp_path, trained=set(keys(trained)))
     assert keys(after.pending) == keys(untrained)
@@ -87,17 +92,17 @@ def test_intake_files_survive_a_restart_and_reload_all_but_the_trained_chunks(tm
     assert [episode_to_proto(e) for e in after.pending] == [episode_to_proto(c) for c in untrained]
     assert after.duplicates == len(trained)
     # A server that re-sends either batch now is answered with duplicates only.
-    ack = after.accept(batch(trained + untrained, seq=2, tables=tables))
+    ack = accept(after, batch(trained + untrained, seq=2, tables=tables))
     assert (ack.accepted, ack.duplicates) == (0, len(trained) + len(untrained))
 
 
 def test_a_checkpoint_deletes_exactly_the_intake_files_of_trained_chunks(tmp_path, two_batches):
     trained, untrained = two_batches
     intake = intake_at(tmp_path)
-    intake.accept(batch(trained, seq=0))
+    accept(intake, batch(trained, seq=0))
     steps = sum(len(c) for c in trained)
     assert keys(intake.take(steps)) == keys(trained) and intake.pending_steps == 0
-    intake.accept(batch(untrained, seq=1))  # arrives while the update runs
+    accept(intake, batch(untrained, seq=1))  # arrives while the update runs
     covered = intake.checkpoint_state()
     assert covered.trained == sorted(keys(trained)) and covered.partial == {} and len(covered.files) == 1
     intake.checkpointed(covered)
@@ -109,14 +114,14 @@ def test_a_checkpoint_deletes_exactly_the_intake_files_of_trained_chunks(tmp_pat
 def test_an_intake_that_does_not_resume_sets_earlier_files_aside_unread(tmp_path, two_batches):
     first, second = two_batches
     earlier = intake_at(tmp_path)
-    earlier.accept(batch(first, seq=0))
+    accept(earlier, batch(first, seq=0))
     (written,) = tmp_path.glob("*.pb")
     data = written.read_bytes()
-    fresh = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, resume=False)
+    fresh = Intake(tmp_path, DECODER, resume=False)
     assert not fresh.pending and fresh.pending_steps == 0
     (aside,) = tmp_path.glob("set-aside-*/*.pb")  # kept, not deleted
     assert aside.read_bytes() == data
-    fresh.accept(batch(second, seq=0))
+    accept(fresh, batch(second, seq=0))
     # Resuming later reads the fresh run's files only.
     assert keys(intake_at(tmp_path).pending) == keys(second)
 
@@ -124,7 +129,7 @@ def test_an_intake_that_does_not_resume_sets_earlier_files_aside_unread(tmp_path
 def test_an_intake_file_that_does_not_decode_is_set_aside_and_the_rest_resume(tmp_path, two_batches):
     """The learner starts (with a warning) instead of failing on a file no learner wrote; nothing is deleted."""
     first, _ = two_batches
-    intake_at(tmp_path).accept(batch(first, seq=0))
+    accept(intake_at(tmp_path), batch(first, seq=0))
     junk = tmp_path / "00000000000000000001-deadbeef.pb"
     junk.write_bytes(b"\xff junk")
     assert keys(intake_at(tmp_path).pending) == keys(first)
@@ -136,8 +141,8 @@ def test_a_stored_batch_that_fails_when_read_back_is_set_aside_not_lost(tmp_path
     file is kept aside, unread, and the learner resumes the rest, instead of deleting it at the next checkpoint."""
     first, second = two_batches
     earlier = intake_at(tmp_path)
-    earlier.accept(batch(first, seq=0))
-    earlier.accept(batch(second, seq=1))
+    accept(earlier, batch(first, seq=0))
+    accept(earlier, batch(second, seq=1))
     stored = sorted(tmp_path.glob("*.pb"))
     doomed = set(keys(second))
 
@@ -146,7 +151,7 @@ def test_a_stored_batch_that_fails_when_read_back_is_set_aside_not_lost(tmp_path
             raise RuntimeError("a bug in counting")
         return sum(map(len, episodes))
 
-    resumed = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, count=count)
+    resumed = Intake(tmp_path, DECODER, count=count)
     assert keys(resumed.pending) == keys(first)
     assert resumed.rejected.total() == 0  # nothing counted as refused: it was taken once, and is kept
     assert stored[0].exists() and not stored[1].exists()
@@ -158,22 +163,22 @@ def test_a_batch_says_which_known_space_its_observations_are_in(tmp_path, cartpo
     written back); the intake decodes with the space the batch names, if it is one it knows."""
     chunks = cartpole_chunks(40)
     stacked = gym.spaces.Box(-1.0, 1.0, (12,), np.float32)  # e.g. the module's input after frame stacking
-    intake = Intake(tmp_path, [stacked, OBSERVATION_SPACE], ACTION_SPACE)
+    intake = Intake(tmp_path, BatchDecoder([stacked, OBSERVATION_SPACE], ACTION_SPACE))
     named = batch(chunks, seq=1)
     named.observation_space.CopyFrom(codec.space_to_proto(OBSERVATION_SPACE))
-    assert intake.accept(named).accepted == len(chunks)
+    assert accept(intake, named).accepted == len(chunks)
     assert all(episode.observation_space == OBSERVATION_SPACE for episode in intake.pending)
     strangers = cartpole_chunks(40, seed=1)
     foreign = batch(strangers, seq=2)
     foreign.observation_space.CopyFrom(codec.space_to_proto(gym.spaces.Box(-1.0, 1.0, (7,), np.float32)))
-    ack = intake.accept(foreign)
+    ack = accept(intake, foreign)
     assert ack.accepted == 0 and ack.rejected == len(strangers)
 
 
 def test_an_update_takes_exactly_its_steps_oldest_first_splitting_the_last_chunk(tmp_path, cartpole_chunks):
     chunks = [c for c in cartpole_chunks(200) if len(c) > 3]
     intake = intake_at(tmp_path)
-    intake.accept(batch(chunks, seq=0))
+    accept(intake, batch(chunks, seq=0))
     total = intake.pending_steps
     want = len(chunks[0]) + len(chunks[1]) // 2  # ends inside the second chunk
     taken = intake.take(want)
@@ -189,16 +194,14 @@ def test_an_update_takes_exactly_its_steps_oldest_first_splitting_the_last_chunk
 def test_a_split_chunk_goes_into_checkpoints_and_a_restart_trains_only_its_remainder(tmp_path, cartpole_chunks):
     chunks = [c for c in cartpole_chunks(100) if len(c) > 3]
     intake = intake_at(tmp_path)
-    intake.accept(batch(chunks, seq=0))
+    accept(intake, batch(chunks, seq=0))
     first = len(chunks[0]) // 2
     intake.take(first)
     covered = intake.checkpoint_state()
     assert covered.trained == [] and covered.files == []  # the batch file still holds untrained steps
     assert covered.partial == {chunk_key(chunks[0].id_, chunks[0].chunk_index): first}
     intake.checkpointed(covered)
-    restarted = Intake(
-        tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, trained=set(covered.trained), partial=covered.partial
-    )
+    restarted = Intake(tmp_path, DECODER, trained=set(covered.trained), partial=covered.partial)
     assert len(restarted.pending[0]) == len(chunks[0]) - first
     assert restarted.pending_steps == sum(len(c) for c in chunks) - first
 
@@ -206,20 +209,20 @@ def test_a_split_chunk_goes_into_checkpoints_and_a_restart_trains_only_its_remai
 def test_chunks_too_stale_to_train_are_dropped_counted_and_covered_by_the_next_checkpoint(tmp_path, cartpole_chunks):
     old, new = cartpole_chunks(60, version=0), cartpole_chunks(60, version=5, seed=1)
     intake = intake_at(tmp_path)
-    intake.accept(batch(old, seq=0))
-    intake.accept(batch(new, seq=1))
+    accept(intake, batch(old, seq=0))
+    accept(intake, batch(new, seq=1))
     assert intake.drop_stale(min_version=3) == sum(len(c) for c in old)
     assert keys(intake.pending) == keys(new) and intake.pending_steps == sum(len(c) for c in new)
     covered = intake.checkpoint_state()
     # Listed as dropped, not as trained (no step of them was); their batch's file may go.
     assert (covered.trained, covered.stale, len(covered.files)) == ([], sorted(keys(old)), 1)
     intake.checkpointed(covered)
-    restarted = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, stale=set(covered.stale))
-    assert restarted.accept(batch(old, seq=2)).duplicates == len(old)  # a re-sent stale chunk is not taken again
+    restarted = Intake(tmp_path, DECODER, stale=set(covered.stale))
+    assert accept(restarted, batch(old, seq=2)).duplicates == len(old)  # a re-sent stale chunk is not taken again
     # drop_stale skips its scan while no pending chunk can be stale: a late chunk of an old version is not missed.
     assert intake.drop_stale(min_version=3) == 0
     late = cartpole_chunks(30, version=1, seed=2)
-    intake.accept(batch(late, seq=2))
+    accept(intake, batch(late, seq=2))
     assert intake.drop_stale(min_version=3) == sum(len(c) for c in late)
     assert keys(intake.pending) == keys(new)
 
@@ -236,10 +239,9 @@ def test_multi_agent_chunks_are_decoded_in_their_modules_spaces_and_dropped_by_t
             chunk.agent_id, chunk.module_id = agent, module
     strangers[1].agent_id, strangers[1].module_id = "a9", "m0"
     spaces = (OBSERVATION_SPACE, ACTION_SPACE)
-    intake = Intake(
-        tmp_path, [], ACTION_SPACE, module_spaces={"m0": spaces, "m1": spaces}, agents=frozenset({"a0", "a1"})
-    )
-    ack = intake.accept(batch(trained + frozen + strangers[:2], seq=0, tables=tables))
+    modules = {"m0": spaces, "m1": spaces}
+    intake = Intake(tmp_path, BatchDecoder([], ACTION_SPACE, module_spaces=modules, agents=frozenset({"a0", "a1"})))
+    ack = accept(intake, batch(trained + frozen + strangers[:2], seq=0, tables=tables))
     assert (ack.accepted, ack.rejected) == (len(trained) + len(frozen), 2)
     assert intake.rejected == {"unknown module": 1, "unknown agent": 1}
     # m0 trained to version 5 (all its chunks came from version 0), m1 never trained: only m0's chunks go.
@@ -254,17 +256,17 @@ def test_a_single_agent_run_refuses_chunks_that_name_a_module(tmp_path, cartpole
     good, named = cartpole_chunks(40)[:2]
     named.module_id = "other"
     intake = intake_at(tmp_path)
-    ack = intake.accept(batch([named], seq=0, tables=tables))
+    ack = accept(intake, batch([named], seq=0, tables=tables))
     assert (ack.accepted, ack.rejected) == (0, 1) and intake.rejected == {"unknown module": 1}
-    assert intake.accept(batch([good], seq=1, tables=tables)).accepted == 1
+    assert accept(intake, batch([good], seq=1, tables=tables)).accepted == 1
 
 
 def test_a_chunk_sent_as_a_message_and_again_in_a_table_is_a_duplicate(tmp_path, cartpole_chunks):
     """A server upgraded with batches in its spool re-sends them in the old form, then sends tables."""
     chunks = cartpole_chunks(60)
     intake = intake_at(tmp_path)
-    intake.accept(batch(chunks[:5], seq=0, tables=False))
-    ack = intake.accept(batch(chunks, seq=1))
+    accept(intake, batch(chunks[:5], seq=0, tables=False))
+    ack = accept(intake, batch(chunks, seq=1))
     assert (ack.accepted, ack.duplicates) == (len(chunks) - 5, 5)
     assert keys(intake.pending) == keys(chunks)
 
@@ -300,7 +302,7 @@ def test_a_table_whose_rows_do_not_add_up_is_rejected_whole_and_the_rest_of_its_
     sent.chunks.append(broken)
     sent.episodes.extend(batch(single, seq=0, tables=False).episodes)
     intake = intake_at(tmp_path)
-    ack = intake.accept(sent)
+    ack = accept(intake, sent)
     assert (ack.accepted, ack.rejected) == (len(good) + 1, len(bad))
     assert intake.rejected == {"malformed": len(bad)}
     assert keys(intake.pending) == keys(single + good)  # messages first, then the tables

@@ -39,6 +39,7 @@ async def answering(port: int, timeout: float = 120) -> float:
             await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "away_s",
     # 18 s: gRPC's default backoff (1 s, x1.6 per try) would next try ~26 s in, ~8 s after the learner is back

@@ -63,6 +63,7 @@ KILLS: list[Any] = [(inference, moment, 1) for inference in ("server", "local") 
 KILLS.append(pytest.param("server", shipping, 2, marks=pytest.mark.slow))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("inference", "moment", "num_learners"),
     KILLS,

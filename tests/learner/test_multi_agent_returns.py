@@ -15,13 +15,15 @@ from typing import Any
 import grpc
 import pytest
 from support.chunks import decoded
+from support.intakes import accept
 from support.servers import SELF_PLAY
 
 from rlgate.core.columns import Columns
 from rlgate.envs.agent_envs import AgentEnvs
 from rlgate.episodes.chunk import Chunk
 from rlgate.episodes.chunk_codec import chunk_tables
-from rlgate.learner.intake import RETURN_WINDOW, Intake, chunk_key
+from rlgate.learner.batch_decoder import BatchDecoder, chunk_key
+from rlgate.learner.intake import RETURN_WINDOW, Intake
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.multi_agent_returns import MultiAgentReturns
 from rlgate.policy.acting import ActingCore
@@ -59,9 +61,8 @@ class Played:
         """A learner's intake for this play's modules and agents (as the learner builds it)."""
         modules = self.policy.env_to_module
         spaces = {m: (modules.observation_space[m], modules.action_space[m]) for m in modules.observation_space.spaces}
-        return Intake(
-            directory, [], None, trained=trained or set(), module_spaces=spaces, agents=self.agents, split_chunks=False
-        )
+        decoder = BatchDecoder([], None, module_spaces=spaces, agents=self.agents)
+        return Intake(directory, decoder, trained=trained or set(), split_chunks=False)
 
 
 def play(env_factory: Any, spec: dict, rounds: int, *, fragment: int, seed: int = 0) -> Played:
@@ -177,7 +178,7 @@ def test_multi_agent_cartpole_counts_each_episode_once_as_both_poles_return_over
     counted = []
     messages = batches(played)
     for message in messages:
-        assert intake.accept(message).accepted == sum(len(t.ids) for t in message.chunks)
+        assert accept(intake, message).accepted == sum(len(t.ids) for t in message.chunks)
         counted += intake.take_finished()
     order = closing_order(messages)
     expected = [played.episodes[e] for e in order]
@@ -208,7 +209,7 @@ def test_a_turn_based_games_module_returns_sum_each_modules_agents_per_episode(t
     intake = played.intake(tmp_path)
     messages = batches(played)
     for message in messages:
-        intake.accept(message)
+        accept(intake, message)
     counted, order = intake.take_finished(), closing_order(messages)
     assert counted == [played.episodes[e] for e in order] and set(order) == set(played.episodes)
     assert all(episode_return == 0 for episode_return, _ in counted)
@@ -229,18 +230,18 @@ def test_re_delivered_and_reordered_chunks_count_each_episode_once(tmp_path):
     messages = batches(played)
     intake = played.intake(tmp_path / "again")
     for message in messages:
-        intake.accept(message)
+        accept(intake, message)
     first = intake.take_finished()
     chunks = sum(len(t.ids) for m in messages for t in m.chunks)
     for message in messages:
-        intake.accept(message)
+        accept(intake, message)
     again = [chunk for shipment in played.shipments for chunk in shipment[:1]][-2:]  # in one batch this time
-    assert intake.accept(batch(again, 999)).duplicates == 2
+    assert accept(intake, batch(again, 999)).duplicates == 2
     assert intake.take_finished() == [] and intake.duplicates == chunks + 2
     assert first == [played.episodes[e] for e in closing_order(messages)] and intake.episodes_finished == len(first)
     reordered = played.intake(tmp_path / "reversed")
     for message in reversed(messages):
-        reordered.accept(message)
+        accept(reordered, message)
     assert sorted(reordered.take_finished()) == sorted(first)
 
 
@@ -252,14 +253,14 @@ def test_episodes_cut_off_as_their_client_leaves_train_but_are_not_counted(tmp_p
     played = play(cartpoles, CARTPOLES, 100, fragment=8)
     intake = played.intake(tmp_path)
     for message in batches(played):
-        intake.accept(message)
+        accept(intake, message)
     counted = intake.episodes_finished
     intake.take_finished()
     closing = played.session.close()
     cut_off = {c.columns.multi_agent_episode_id for c in closing}
     assert cut_off and all(_last(c) and c.columns.session_closed for c in closing)
     assert all(c.columns.truncated for c in closing if not c.columns.terminated)
-    ack = intake.accept(batch(closing, 1000))
+    ack = accept(intake, batch(closing, 1000))
     assert ack.accepted == len(closing) and intake.pending_steps  # taken, to train on
     assert intake.take_finished() == [] and intake.episodes_finished == counted
     assert len(intake._multi_agent.open) <= 4 - len(cut_off)
@@ -273,10 +274,10 @@ def test_chunks_dropped_as_stale_still_count_in_their_episode(tmp_path):
     intake = played.intake(tmp_path)
     half = len(messages) // 2
     for message in messages[:half]:
-        intake.accept(message)
+        accept(intake, message)
     assert intake.drop_stale({"default_policy": 10**9}) > 0 and not intake.pending  # every chunk so far: version 0
     for message in messages[half:]:
-        intake.accept(message)
+        accept(intake, message)
     assert intake.take_finished() == [played.episodes[e] for e in closing_order(messages)]
 
 
@@ -290,7 +291,7 @@ def test_a_restarted_learner_counts_no_episode_twice_or_in_part(tmp_path):
     before = played.intake(tmp_path)
     half = len(messages) // 2
     for message in messages[:half]:
-        before.accept(message)
+        accept(before, message)
     counted_before = before.take_finished()
     trained = before.take(before.pending_steps // 2)  # an update took the oldest chunks, then a checkpoint
     covered = before.checkpoint_state()
@@ -298,7 +299,7 @@ def test_a_restarted_learner_counts_no_episode_twice_or_in_part(tmp_path):
     trained_episodes = {c.multi_agent_episode_id for c in trained}
     after = played.intake(tmp_path, trained=set(covered.trained))  # reads the files left
     for message in messages:  # the servers re-send everything unacknowledged (here: everything)
-        after.accept(message)
+        accept(after, message)
     counted_after = after.take_finished()
     assert counted_before and counted_after
     expected = [played.episodes[e] for e in closing_order(messages) if e not in trained_episodes]

@@ -13,10 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load as load_tensors
 from support.batches import episode_batch as batch
+from support.intakes import accept
 from support.learners import submit, weights_after
 
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.learner.batch_decoder import BatchDecoder
 from rlgate.learner.intake import Intake
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.trainer import Trainer
@@ -45,10 +47,9 @@ def test_the_intake_rejects_chunks_with_nonfinite_rewards_observations_or_model_
     poison(bad[1], "observations", -np.inf)  # CartPole's velocity bounds are infinite: the space allows it
     poison(bad[2], Columns.ACTION_LOGP, np.nan)
     rejected = []
-    intake = Intake(
-        tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, on_reject=lambda reason, n: rejected.extend([reason] * n)
-    )
-    ack = intake.accept(batch([good, *bad], tables=tables))
+    decoder = BatchDecoder([OBSERVATION_SPACE], ACTION_SPACE)
+    intake = Intake(tmp_path, decoder, on_reject=lambda reason, n: rejected.extend([reason] * n))
+    ack = accept(intake, batch([good, *bad], tables=tables))
     assert (ack.accepted, ack.rejected) == (1, 3)
     assert [c.id_ for c in intake.pending] == [good.id_]
     reasons = ["non-finite rewards", "non-finite observations", "non-finite model outputs"]
@@ -57,8 +58,8 @@ def test_the_intake_rejects_chunks_with_nonfinite_rewards_observations_or_model_
 
 def test_an_env_that_means_infinite_observations_may_send_them(tmp_path, cartpole_chunks):
     chunk, other = cartpole_chunks(40)[:2]
-    intake = Intake(tmp_path, [OBSERVATION_SPACE], ACTION_SPACE, allow_nonfinite_obs=True)
-    ack = intake.accept(batch([poison(chunk, "observations"), poison(other, "rewards")]))
+    intake = Intake(tmp_path, BatchDecoder([OBSERVATION_SPACE], ACTION_SPACE, allow_nonfinite_obs=True))
+    ack = accept(intake, batch([poison(chunk, "observations"), poison(other, "rewards")]))
     assert (ack.accepted, ack.rejected) == (1, 1)  # rewards must be finite all the same
     assert intake.rejected == Counter(["non-finite rewards"])
 

@@ -58,6 +58,7 @@ def processes(tmp_path: Path):
             process.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overlap", "inference"),
     [(True, "server"), (False, "server"), (True, "local")],
@@ -139,10 +140,29 @@ async def test_dropping_stale_chunks_makes_room_for_the_batches_waiting_for_it(l
         chunks = cartpole_chunks(size, version=version, seed=seq)
         return episode_batch(chunks, seq)
 
-    await learner.accept(batch(1, version=0))  # fills the intake
-    waiting = asyncio.create_task(learner.accept(batch(2, version=10)))  # no room until the stale go
+    await learner.accept(learner.decode(batch(1, version=0)))  # fills the intake
+    waiting = asyncio.create_task(learner.accept(learner.decode(batch(2, version=10))))  # no room until the stale go
     await asyncio.sleep(0)
     assert not waiting.done()
     await asyncio.wait_for(learner.train_once(), 60)  # drops the stale, takes batch 2 in, trains on it
     assert (await asyncio.wait_for(waiting, 1)).accepted > 0
     assert learner.stale_steps >= size and learner.trainer.version == 11
+
+
+async def test_taking_turns_the_room_after_an_update_comes_with_its_published_version(
+    learner_settings, cartpole_chunks
+):
+    """Without overlap_sampling, an update's acks make room only once its version is published, and say that
+    version: a server that took room before the weights (the two streams race) sampled the next batch with the old
+    ones, a whole version of lag (test_pacing's no-overlap case saw 1.0-1.02 on a loaded machine)."""
+    learner = Learner(learner_settings({"algorithm": {"train_batch_size": 128, "overlap_sampling": False}}))
+    size = learner.spec.algorithm.train_batch_size
+    first = await learner.accept(learner.decode(episode_batch(cartpole_chunks(size // 2, seed=1), 1)))
+    assert first.version == 0 and 0 < first.room < size
+    learner.trainer.version = 1  # an update done, its version not yet published
+    waiting = asyncio.create_task(learner.accept(learner.decode(episode_batch(cartpole_chunks(8, seed=2), 2))))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # no room for steps that the old weights would sample
+    await learner._publish()
+    ack = await asyncio.wait_for(waiting, 5)
+    assert ack.version == 1 and ack.room > 0

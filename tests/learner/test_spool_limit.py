@@ -24,6 +24,7 @@ NEVER = ("--spec.algorithm.train-batch-size", "1000000000", "--checkpoint-every"
 NEVER += ("--spec.sampling.rollout-fragment-length", "8")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("falls_behind", ["stalled", "gone"])
 async def test_a_full_spool_pauses_sampling_until_the_learner_catches_up(
     learners, server_factory, tmp_path, falls_behind

@@ -12,10 +12,12 @@ import gymnasium as gym
 import pytest
 from gymnasium.spaces import Discrete
 from support.batches import episode_batch
+from support.intakes import accept
 from support.learners import intake_chunks
 
 from rlgate.core import codec
-from rlgate.learner.intake import Intake, chunk_key
+from rlgate.learner.batch_decoder import BatchDecoder, chunk_key
+from rlgate.learner.intake import Intake
 from rlgate.learner.main import LearnerServer
 from rlgate.v1 import learner_pb2_grpc
 
@@ -71,16 +73,16 @@ def test_a_batch_that_fails_midway_leaves_nothing_behind(tmp_path, cartpole_chun
         return sum(map(len, episodes))
 
     spaces = ([gym.make("CartPole-v1").observation_space], Discrete(2))
-    intake = Intake(tmp_path / "intake", *spaces, count=count)
-    refused = intake.accept(episode_batch(chunks, seq=1))
+    intake = Intake(tmp_path / "intake", BatchDecoder(*spaces), count=count)
+    refused = accept(intake, episode_batch(chunks, seq=1))
     assert (refused.accepted, refused.duplicates, refused.rejected) == (0, 0, len(chunks))
     assert (list(intake.pending), intake.pending_steps, intake.episodes_finished) == ([], 0, 0)
     assert list((tmp_path / "intake").glob("*.pb")) == []
     broken[0] = False
-    taken = intake.accept(episode_batch(chunks, seq=2))
+    taken = accept(intake, episode_batch(chunks, seq=2))
     assert (taken.accepted, taken.duplicates, taken.rejected) == (len(chunks), 0, 0)
-    reference = Intake(tmp_path / "reference", *spaces)
-    reference.accept(episode_batch(chunks, seq=1))
+    reference = Intake(tmp_path / "reference", BatchDecoder(*spaces))
+    accept(reference, episode_batch(chunks, seq=1))
     assert reference.episodes_finished > 0  # episodes that began before the failing chunk end in this batch
     assert (list(intake.returns), list(intake.lengths)) == (list(reference.returns), list(reference.lengths))
     assert intake.pending_steps == reference.pending_steps

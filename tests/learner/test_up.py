@@ -186,8 +186,9 @@ async def signalled(process: asyncio.subprocess.Process, stages: dict[bytes, sig
             if held is not None:
                 os.kill(held, signal.SIGSTOP)
             process.send_signal(left.pop(marker))
-            if held is not None:
-                os.kill(held, signal.SIGCONT)
+            if held is not None:  # up may have killed it meanwhile (its grace period over, on a slow machine)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(held, signal.SIGCONT)
         await process.wait()
     return output.decode(errors="replace"), started
 

@@ -39,6 +39,7 @@ async def poll(get: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], t
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_workers_share_the_port_the_clients_and_the_learners_weights(tmp_path: Path, http_get) -> None:
     learners = Learners(tmp_path)

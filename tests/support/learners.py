@@ -13,7 +13,7 @@ import grpc
 import gymnasium as gym
 
 from rlgate.episodes.chunk_codec import episode_from_proto
-from rlgate.learner.intake import chunk_key
+from rlgate.learner.batch_decoder import chunk_key
 from rlgate.v1 import episode_pb2, learner_pb2, learner_pb2_grpc
 
 if TYPE_CHECKING:

@@ -85,6 +85,7 @@ class EpisodeAck(_message.Message):
     DUPLICATES_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
     ROOM_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     accepted: _builtins.int
     """Chunks taken into training."""
@@ -98,6 +99,11 @@ class EpisodeAck(_message.Message):
     running episodes' steps, once it holds more than this (unacknowledged or not yet shipped), so that what the
     learner trains next was sampled by the newest weights.
     """
+    version: _builtins.int
+    """The newest weights version the learner had published when it sent this ack: `room` is for steps sampled with
+    it. A server still serving an older version counts no room until that version's weights reach it (the weights
+    stream and the ack stream are separate, and an ack can overtake the weights it follows).
+    """
     def __init__(
         self,
         *,
@@ -106,14 +112,20 @@ class EpisodeAck(_message.Message):
         duplicates: _builtins.int = ...,
         rejected: _builtins.int = ...,
         room: _builtins.int | None = ...,
+        version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_room", b"_room", "room", b"room"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_room", b"_room", "_version", b"_version", "room", b"room", "version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_room", b"_room", "accepted", b"accepted", "duplicates", b"duplicates", "rejected", b"rejected", "room", b"room", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_room", b"_room", "_version", b"_version", "accepted", b"accepted", "duplicates", b"duplicates", "rejected", b"rejected", "room", b"room", "seq", b"seq", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__room: _TypeAlias = _typing.Literal["room"]  # noqa: Y015
     _WhichOneofArgType__room: _TypeAlias = _typing.Literal["_room", b"_room"]  # noqa: Y015
+    _WhichOneofReturnType__version: _TypeAlias = _typing.Literal["version"]  # noqa: Y015
+    _WhichOneofArgType__version: _TypeAlias = _typing.Literal["_version", b"_version"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__room) -> _WhichOneofReturnType__room | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__version) -> _WhichOneofReturnType__version | None: ...
 
 Global___EpisodeAck: _TypeAlias = EpisodeAck  # noqa: Y015
 
