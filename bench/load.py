@@ -33,6 +33,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
 import grpc
 import gymnasium as gym
@@ -42,6 +43,7 @@ from rlgate.bench.cartpole import SyntheticCartPole, make_env, spaces
 from rlgate.client.connection import ClientStats
 from rlgate.client.env_client import EnvClient, hello_message, step_message
 from rlgate.core import codec
+from rlgate.service.settings import Backend
 from rlgate.spec.env import make_env as make_spec_env
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
@@ -63,11 +65,13 @@ class LoadGenerator:
         real_envs: bool,
         spec: Path | None = None,
         local_spool: Path | None = None,
+        local_backend: Backend = "torch",
     ) -> None:
         """`local_spool`: the clients act themselves (local inference), keeping their episodes there until the
-        server has them."""
+        server has them, with their forward pass in `local_backend`."""
         self.target = target
         self.local_spool = local_spool
+        self.local_backend = local_backend
         self.clients = clients
         self.envs = envs
         self.make_env = _spec_envs(spec, envs) if spec else functools.partial(make_env, envs, real=real_envs)
@@ -130,6 +134,7 @@ class LoadGenerator:
             client_id=f"bench-{os.getpid()}-{index}",
             inference="local",
             spool_dir=self.local_spool,
+            backend=self.local_backend,
             on_step=stepped,
             connect_timeout_s=30,
         )
@@ -217,9 +222,15 @@ def _exit_on_failure(task: asyncio.Task) -> None:
 
 
 async def run(
-    target: str, clients: int, envs: int, real_envs: bool, spec: Path | None, local_spool: Path | None
+    target: str,
+    clients: int,
+    envs: int,
+    real_envs: bool,
+    spec: Path | None,
+    local_spool: Path | None,
+    local_backend: Backend,
 ) -> None:
-    load = LoadGenerator(target, clients, envs, real_envs, spec, local_spool)
+    load = LoadGenerator(target, clients, envs, real_envs, spec, local_spool, local_backend)
     client = load.client if local_spool is None else load.local_client
     tasks = [asyncio.create_task(client(i)) for i in range(clients)]
     for task in tasks:
@@ -247,8 +258,13 @@ def main() -> None:
     parser.add_argument(
         "--local-spool", type=Path, metavar="DIR", help="clients act themselves (local inference), spooling here"
     )
+    parser.add_argument(
+        "--local-backend", choices=get_args(Backend), default="torch", help="what runs the local clients' forward pass"
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.target, args.clients, args.envs, args.real_envs, args.spec, args.local_spool))
+    asyncio.run(
+        run(args.target, args.clients, args.envs, args.real_envs, args.spec, args.local_spool, args.local_backend)
+    )
 
 
 if __name__ == "__main__":

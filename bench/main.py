@@ -120,6 +120,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="N",
         help="B8's learner as N data-parallel ranks (`rlgate learn --num-learners N`); default 1",
     )
+    parser.add_argument(
+        "--placement",
+        nargs="+",
+        type=_load,
+        metavar="KxE",
+        help="instead of B1-B7: B8 alone, at these loads (clients x envs each, e.g. 1x1 4x1)",
+    )
     parser.add_argument("--micro", action="store_true", help="also run the micro benchmarks")
     parser.add_argument("--py-spy", metavar="PATH", help="profile one more window per point with this py-spy")
     parser.add_argument("--logs", type=Path, metavar="DIR", help="keep logs and profiles here (default: discarded)")
@@ -156,12 +163,17 @@ def main(argv: list[str]) -> int:
         profiles: dict[str, Any]
         if args.env:
             records, profiles = envs.run(args.env, timing, logs), {}
+        elif args.placement:
+            records, profiles = placement_only(args.placement, timing, logs, args.num_learners), {}
         else:
             records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs, args.num_learners)
         micro = {module: _micro(module, logs) for module in MICRO} if args.micro else {}
     elapsed = time.perf_counter() - started
     others = max(0.0, (host_busy_seconds() - host_busy) - (own_seconds() - own))  # clock ticks: can dip below 0
-    print(report.render_envs(records) if args.env else report.render(records))
+    if args.env:
+        print(report.render_envs(records))
+    else:
+        print(report.render_placement(records) if args.placement else report.render(records))
     busy = "; the host was busy: rerun" if others > BUSY * elapsed else ""
     print(
         f"\nhost: {os.cpu_count()} cores, run took {elapsed:.0f} s; CPU used outside the bench's processes meanwhile "
@@ -271,14 +283,36 @@ def _records(
     return records
 
 
+def placement_only(
+    loads: list[tuple[int, int]], timing: Timing, logs: Path, num_learners: int = 1
+) -> list[dict[str, Any]]:
+    """`--placement`: B8 alone at these (clients, envs per client) loads; its records."""
+    placed = [Load(clients, envs, real_envs=True) for clients, envs in loads]
+    measured = placements(placed, timing, SERVE_FED, split_cores(), logs, num_learners)
+    return [_rounded(r) for r in _placement_records(placed, measured, num_learners)]
+
+
+def _load(text: str) -> tuple[int, int]:
+    """A load as `--placement` names it: KxE, K clients of E envs each."""
+    clients, _, envs = text.partition("x")
+    if not (clients.isdigit() and envs.isdigit() and int(clients) > 0 and int(envs) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: write clients x envs each, e.g. 4x1")
+    return int(clients), int(envs)
+
+
 def _placement_records(
     loads: list[Load], measured: dict[tuple[str, Load], dict[str, Any]], num_learners: int
 ) -> list[dict[str, Any]]:
-    """One B8 record per load: each placement's figures, and local inference's env steps/s over server-side's."""
+    """One B8 record per load: each placement's figures, and each local placement's env steps/s over server-side's
+    (`local_x_server`, `local_onnxruntime_x_server`)."""
     records = []
     for load in loads:
         placed = {placement: {key: measured[placement, load][key] for key in PLACED} for placement in PLACEMENTS}
-        ratio = placed["local"]["env_steps_per_s"] / max(placed["server"]["env_steps_per_s"], 1e-9)
+        server = max(placed["server"]["env_steps_per_s"], 1e-9)
+        ratios = {
+            f"{placement.replace('-', '_')}_x_server": placed[placement]["env_steps_per_s"] / server
+            for placement in PLACEMENTS[1:]
+        }
         records.append(
             {
                 "scenario": "B8",
@@ -286,7 +320,7 @@ def _placement_records(
                 "envs_per_message": load.envs,
                 "learners": num_learners,
                 **placed,
-                "local_x_server": ratio,
+                **ratios,
             }
         )
     return records

@@ -20,6 +20,7 @@ import numpy as np
 from rlgate.bench import profile
 from rlgate.bench.procs import Child, LoadProcess, ServerProcess
 from rlgate.server.metrics import STAGES  # rlgate_stage_seconds_total{stage=...}: CPU time of the thread
+from rlgate.service.settings import Backend
 
 # Sleeps through a measuring window of this many seconds; may return figures it watched meanwhile.
 Watch = Callable[[float], dict[str, Any]]
@@ -127,6 +128,7 @@ def under_load(
     watch: Watch = sleep,
     py_spy: str | None = None,
     local_spool: Path | None = None,
+    local_backend: Backend = "torch",
 ) -> dict[str, Any]:
     """Run `load` against `server`: warm up, measure `timing.repeats` windows; the medians, the busiest
     load process's share of its core in the busiest window (`client_cpu_peak`), which side limited the
@@ -134,11 +136,11 @@ def under_load(
 
     With `py_spy`, one more window is sampled (server and one client process) into `logs`/profiles and
     summarised under `profile`; its figures are not among the medians. With `local_spool`, the clients act
-    themselves (local inference) and spool their episodes there.
+    themselves (local inference) and spool their episodes there, their forward pass in `local_backend`.
     """
     cores = sorted(client_cores)
     shares = [load.clients // len(cores) + (i < load.clients % len(cores)) for i in range(len(cores))]
-    placement = "local-" if local_spool is not None else ""
+    placement = f"local-{local_backend}-" if local_spool is not None else ""
     loaders = [
         LoadProcess(
             server.target,
@@ -149,6 +151,7 @@ def under_load(
             logs / f"load-{placement}{load.label}-{core}.log",
             load.spec,
             local_spool,
+            local_backend,
         )
         for core, n in zip(cores, shares, strict=True)
         if n

@@ -4,7 +4,8 @@ One learner (`rlgate learn`, CartPole-v1's preset: what `rlgate up` trains) and 
 serve both placements, load after load, the two interleaved so that drift on a shared host hits both alike:
 - server-side inference: `bench.load`'s lean clients stream every env step to the server, which acts for them;
 - local inference: each client is an `EnvClient(inference="local")` that acts with the weights the server relays,
-  records its episodes and sends them to the server, which relays them to the learner.
+  records its episodes and sends them to the server, which relays them to the learner; once with its default
+  backend (torch), once with onnxruntime (`local-onnxruntime`, as `--backend auto` picks for CartPole's model).
 Both step gymnasium's vectorised CartPole-v1 and sample at the learner's pace, so the figures are env steps/s while
 training, with what the learner trained meanwhile (`trained_per_s`, `updates_per_s`, from its own counters) and the
 staleness of its last update. The learner (all its ranks, with `num_learners` above 1) runs on every core (it trains
@@ -21,11 +22,15 @@ from typing import Any
 
 from rlgate.bench.measure import Load, Timing, under_load
 from rlgate.bench.procs import ServerProcess
+from rlgate.service.settings import Backend
 
 #: The loads (clients, envs per client) B8 measures at.
 LOADS = ((1, 1), (4, 1), (16, 1), (16, 8))
-#: The placements, in the order each load runs them.
-PLACEMENTS = ("server", "local")
+#: The placements, in the order each load runs them: acting on the server, in the clients with their default
+#: backend (torch), and in the clients with onnxruntime (what `--backend auto` picks for CartPole's model).
+PLACEMENTS = ("server", "local", "local-onnxruntime")
+#: What runs each local placement's forward pass.
+LOCAL_BACKENDS: dict[str, Backend] = {"local": "torch", "local-onnxruntime": "onnxruntime"}
 
 
 def placements(
@@ -53,10 +58,11 @@ def placements(
         server.wait_serving().wait_ready()  # ready: the learner's first weights have arrived
         for load in loads:
             for placement in PLACEMENTS:
-                spool = directory / "client-spool" if placement == "local" else None
+                spool = directory / "client-spool" if placement in LOCAL_BACKENDS else None
+                backend = LOCAL_BACKENDS.get(placement, "torch")
                 watch = partial(_watch, learner)
                 measured[placement, load] = under_load(
-                    server, load, timing, client_cores, logs, watch=watch, local_spool=spool
+                    server, load, timing, client_cores, logs, watch=watch, local_spool=spool, local_backend=backend
                 )
     finally:
         if server is not None:

@@ -23,6 +23,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rlgate.service.settings import Backend
+
 # The line a service logs once it is up: `serving grpc=...` (rlgate serve, the floor) or `learning grpc=...`.
 _SERVING = re.compile(r"(?:serving|learning) grpc=(\S+)(?: http=(\S+))?")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -184,13 +186,14 @@ class LoadProcess(Child):
         log: Path,
         spec: Path | None = None,
         local_spool: Path | None = None,
+        local_backend: Backend = "torch",
     ) -> None:
         """`spec`: the env of this run spec file; `local_spool`: the clients act themselves (local inference) and
-        spool their episodes there."""
+        spool their episodes there, their forward pass in `local_backend`."""
         args = ["--target", target, "--clients", str(clients), "--envs", str(envs)]
         args += ["--real-envs"] if real_envs else []
         args += ["--spec", str(spec)] if spec else []
-        args += ["--local-spool", str(local_spool)] if local_spool is not None else []
+        args += ["--local-spool", str(local_spool), "--local-backend", local_backend] if local_spool is not None else []
         super().__init__("rlgate.bench.load", args, cores, log, pipes=True)
 
     def send(self, command: str) -> None:

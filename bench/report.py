@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rlgate.bench.placement import PLACEMENTS
 from rlgate.server.metrics import STAGES
 
 Record = dict[str, Any]
@@ -127,20 +128,26 @@ def render(records: list[Record]) -> str:
             for r in by_scenario["B7"]
         ],
     )  # fmt: skip
+    parts = [throughput, floors, LIMITS, stages, hand_off, HAND_OFF_LIMITS, render_placement(records)]
+    return "\n\n".join(parts)
+
+
+def render_placement(records: list[Record]) -> str:
+    """B8's table, its note and the goals measured."""
     placement = table(
         ["B8 acting", "clients", "envs/client", "steps/s", "x server-side", "trained/s", "ranks", "updates/s",
          "staleness", "p50 ms", "p99 ms", "cpu us/step", "server cpu", "client cpu", "limited by"],
         [
             [where, r["clients"], r["envs_per_message"], p["env_steps_per_s"],
-             r["local_x_server"] if where == "local" else "", p["trained_per_s"], r["learners"], p["updates_per_s"],
+             r.get(f"{where.replace('-', '_')}_x_server", ""), p["trained_per_s"], r["learners"], p["updates_per_s"],
              p["staleness"], p["p50_ms"], p["p99_ms"], p["server_cpu_us_per_step"], p["server_cpu"],
              p["client_cpu_peak"], p["limited_by"]]
-            for r in by_scenario["B8"]
-            for where, p in (("server", r["server"]), ("local", r["local"]))
+            for r in records
+            if r["scenario"] == "B8"
+            for where, p in ((where, r[where]) for where in PLACEMENTS)
         ],
     )  # fmt: skip
-    parts = [throughput, floors, LIMITS, stages, hand_off, HAND_OFF_LIMITS, placement, PLACEMENT_NOTE, goals(records)]
-    return "\n\n".join(parts)
+    return "\n\n".join([placement, PLACEMENT_NOTE, goals(records)])
 
 
 def render_envs(records: list[Record]) -> str:

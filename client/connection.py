@@ -75,6 +75,7 @@ class ClientStats:
     model_version: int = -1
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     paused: str | None = None  # local inference: why the client does not sample now (the learner's pace)
+    backend: str | None = None  # local inference: what runs the forward pass ("torch" or "onnxruntime")
 
     def mean_return(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None

@@ -39,6 +39,7 @@ from rlgate.core import codec
 from rlgate.core.agents_step import AgentsStep
 from rlgate.core.errors import UserError
 from rlgate.envs.agent_envs import AgentEnvs
+from rlgate.service.settings import Backend
 from rlgate.spec.env import is_multi_agent_env
 from rlgate.v1 import policy_pb2 as pb
 from rlgate.v1 import policy_pb2_grpc
@@ -70,6 +71,7 @@ class EnvClient:
         spool_dir: Path = Path("spool"),
         max_spool_bytes: int = 1 << 30,
         drain_timeout_s: float = 10.0,
+        backend: Backend = "torch",
     ) -> None:
         """`env`: a gymnasium env or vector env, or a PettingZoo ParallelEnv / AECEnv (or a list of them: one
         sub-env each). `connect_timeout_s`: how long each connection (the first, and each after a broken
@@ -78,7 +80,9 @@ class EnvClient:
         `inference="local"`: act here with the server's policy instead (client/local.py; single-agent envs): code
         its run spec names is imported only from the modules in `allow_import`; the episodes wait for the
         server's acks in `spool_dir`/<client id> (at most `max_spool_bytes`), and a stopping client gives the
-        server `drain_timeout_s` to take them (what is left is sent at the next start with the same client id)."""
+        server `drain_timeout_s` to take them (what is left is sent at the next start with the same client id);
+        `backend` runs its forward pass, as a server's --backend does (auto: onnxruntime where it serves; torch by
+        default: at one env per client neither is reliably faster, BENCHMARKS.md, B8)."""
         if isinstance(env, list) or is_multi_agent_env(env):
             env = AgentEnvs(env if isinstance(env, list) else [env])
         elif not isinstance(env, gym.vector.VectorEnv):
@@ -104,6 +108,7 @@ class EnvClient:
         self.spool_dir = spool_dir
         self.max_spool_bytes = max_spool_bytes
         self.drain_timeout_s = drain_timeout_s
+        self.backend = backend
         if inference == "local" and isinstance(env, AgentEnvs):
             raise UserError(
                 "inference local acts in single-agent runs: a multi-agent env (PettingZoo) needs the server to act "

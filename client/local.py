@@ -6,8 +6,10 @@ go to the server, one address as before:
 
 - `PolicyService.WatchWeights`: the weights the server serves (its learner's, relayed, or its own policy's): the
   run spec, the env's spaces, safetensors and connector state. The first builds the same `ActingCore` a server
-  acts with (code the spec names is imported only from the modules the operator allowed, as a server's); each
-  newer version is swapped in between two steps, so stepping never waits for it.
+  acts with (code the spec names is imported only from the modules the operator allowed, as a server's), its
+  forward pass in torch or onnxruntime as the client's `backend` says (a server's `--backend`); each newer
+  version is swapped in between two steps, so stepping never waits for it (onnxruntime's sessions for it are
+  built on a worker thread meanwhile).
 - `PolicyService.SubmitEpisodes`: the episodes, recorded as a server session records them (`episodes.session`:
   log-probabilities, action distribution inputs, values, model versions, cut every rollout_fragment_length steps),
   with the connector statistics gathered since the last batch (MeanStdFilter), through a spool on disk
@@ -46,7 +48,7 @@ from rlgate.delivery.spool import Spool
 from rlgate.episodes.chunk import Chunk
 from rlgate.episodes.session import Session, SessionSpec
 from rlgate.policy.acting import ActingCore
-from rlgate.policy.published import core_from_weights, spec_of, swap_weights
+from rlgate.policy.published import acts_only_newest, core_from_weights, spec_of, swap_weights
 from rlgate.spec.imports import ImportPolicy
 from rlgate.v1 import learner_pb2, policy_pb2_grpc
 from rlgate.v1 import policy_pb2 as pb
@@ -64,17 +66,16 @@ SPOOL_FULL = "spool full: waiting for the server"
 
 async def act_locally(client: EnvClient, max_steps: int) -> None:
     """Step `client.env` with actions of the server's policy, acting here, until `max_steps` or `client.stop()`."""
-    async with client.channel() as channel:
-        if not await client.connected(channel):
+    link = ServerLink(client)
+    try:
+        if not await client.connected(link.channel):
             return  # stopped while waiting
-        link = ServerLink(channel, client)
         link.start()
-        try:
-            core = await link.first_core()
-            if core is not None:
-                await _act(client, link, core, max_steps)
-        finally:
-            await link.stop()
+        core = await link.first_core()
+        if core is not None:
+            await _act(client, link, core, max_steps)
+    finally:
+        await link.stop()
 
 
 async def _act(client: EnvClient, link: ServerLink, core: ActingCore, max_steps: int) -> None:
@@ -100,7 +101,7 @@ async def _act(client: EnvClient, link: ServerLink, core: ActingCore, max_steps:
         while True:
             if explore and link.held(session.unshipped_steps()) and not await link.paced(session):
                 return  # stopped while paused
-            link.apply_newest(core)  # after a pause: the version that came meanwhile
+            await link.apply_newest(core)  # after a pause: the version that came meanwhile
             episodes, _ = session.observe(obs, rewards, terminateds, truncateds, None)
             outputs = core.act(episodes, explore, obs)
             link.ship(session.record(outputs))
@@ -117,10 +118,11 @@ async def _act(client: EnvClient, link: ServerLink, core: ActingCore, max_steps:
 
 class ServerLink:
     """A local-inference client's two streams to its server: weights in, episodes out (spooled until acknowledged),
-    and the pace they set."""
+    and the pace they set; both move to a new channel through the same target when the server hands the client
+    over (`_move`)."""
 
-    def __init__(self, channel: grpc.aio.Channel, client: EnvClient) -> None:
-        self.channel = channel
+    def __init__(self, client: EnvClient) -> None:
+        self.channel = client.channel()
         self.client = client
         self.core: ActingCore | None = None
         self.weights: learner_pb2.Weights | None = None  # the newest version received, until it is acted with
@@ -131,6 +133,11 @@ class ServerLink:
         self._version = -1  # the newest version received
         self._changed = asyncio.Event()  # weights, an ack or a failure came
         self._may_send = asyncio.Event()  # the run spec acted with is known: the hello may name it
+        self._settled = asyncio.Event()  # no handover under way: the episode stream may open
+        self._settled.set()
+        self._handover = asyncio.Event()  # the server handed this client over: the episode stream is to end
+        self._idle = asyncio.Event()  # no episode stream open
+        self._idle.set()
         self._tasks: list[asyncio.Task] = []
         self._lock: IO | None = None
         self.shipper: BatchShipper | None = None
@@ -162,6 +169,7 @@ class ServerLink:
             await self.shipper.stop()
         if self._lock is not None:
             self._lock.close()
+        await self.channel.close()
 
     async def first_core(self) -> ActingCore | None:
         """The acting core of the server's first weights, once they come (None: stopped before)."""
@@ -176,7 +184,9 @@ class ServerLink:
                 f"the server at {client.target} serves a multi-agent run: inference local acts in single-agent runs"
             )
         imports = ImportPolicy(client.allow_import)
-        core = await asyncio.to_thread(core_from_weights, weights, spec, imports, seed=client.seed)
+        core = await asyncio.to_thread(
+            core_from_weights, weights, spec, imports, seed=client.seed, backend=client.backend
+        )
         env = client.env
         assert isinstance(env, gym.vector.VectorEnv)  # inference local takes single-agent envs (EnvClient checks)
         differences = space_differences(
@@ -188,13 +198,19 @@ class ServerLink:
                 "in (server != client): " + "; ".join(differences)
             )
         self.core, self.spec_json = core, weights.spec_json
+        client.stats.backend = "torch" if core.onnx is None else "onnxruntime"
         self._may_send.set()
         return core
 
-    def apply_newest(self, core: ActingCore) -> None:
-        """Act with the newest version received, if newer (between two steps); raise what ended a stream for good."""
+    async def apply_newest(self, core: ActingCore) -> None:
+        """Act with the newest version received, if newer (between two steps); raise what ended a stream for good.
+
+        An onnxruntime core builds the new version's sessions on a worker thread while the old ones act, and acts
+        with them from the first step after they are done (or waits for them where the run's sampling and
+        training take turns), as a server does."""
         if self.failure is not None:
             raise self.failure
+        core.take_rebound()
         weights = self.weights
         if weights is None:
             return
@@ -203,7 +219,10 @@ class ServerLink:
             raise UserError(
                 f"the server at {self.client.target} now serves another run spec: restart this client to act with it"
             )
-        swap_weights(core, weights)
+        rebinding = swap_weights(core, weights)
+        if rebinding is not None and acts_only_newest(core.spec):
+            await asyncio.wrap_future(rebinding)
+            core.take_rebound()
 
     def ship(self, chunks: list[Chunk]) -> None:
         if self.shipper is not None:
@@ -284,7 +303,8 @@ class ServerLink:
         self._changed.set()
 
     async def _watch(self) -> None:
-        """One WatchWeights stream: keep the newest version for the step loop."""
+        """One WatchWeights stream: keep the newest version for the step loop. Its end (OK) is the server handing
+        this client over."""
         client = self.client
         request = learner_pb2.WatchWeightsRequest(server_id=client.client_id, after_version=self._version)
         stub = policy_pb2_grpc.PolicyServiceStub(self.channel)
@@ -293,21 +313,39 @@ class ServerLink:
             self.window = weights.max_unacked_steps
             self.weights = weights
             self._changed.set()
+        await self._move()
+
+    async def _move(self) -> None:
+        """The server ended the weights stream: it hands this client over (its max session age, or it is stopping).
+        The episode stream sends nothing more and ends once what it sent is acknowledged (nothing lost, nothing
+        twice; stepping goes on meanwhile, into the spool), then both streams open again on a new channel through
+        the same target, which may reach another replica (proto/README.md, "Moving to another replica")."""
+        self.client.stats.handovers += 1
+        self._settled.clear()  # no episode stream opens until the move is done
+        self._handover.set()
+        await self._idle.wait()  # (within drain_timeout_s: the stream waits no longer for its acks)
+        old, self.channel = self.channel, self.client.channel()
+        await old.close()
+        self._handover.clear()
+        self._settled.set()
 
     async def _send(self) -> None:
         """One SubmitEpisodes stream: the hello naming the run spec acted with, then every spooled batch in order."""
         await self._may_send.wait()
+        await self._settled.wait()
+        self._idle.clear()  # (no await since the move was known settled: none begins while this stream opens)
         assert self.shipper is not None
         client = self.client
-        call = self.channel.stream_stream(
-            SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
-        )(metadata=client.metadata, wait_for_ready=True)
-        hello = pb.SubmitHello(client_id=client.client_id, spec_json=self.spec_json, num_envs=client.env.num_envs)
         try:
+            call = self.channel.stream_stream(
+                SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
+            )(metadata=client.metadata, wait_for_ready=True)
+            hello = pb.SubmitHello(client_id=client.client_id, spec_json=self.spec_json, num_envs=client.env.num_envs)
             await call.write(pb.EpisodeSubmission(hello=hello).SerializeToString())
-            await self.shipper.stream(call, frame=_submission)
+            await self.shipper.stream(call, _submission, self._handover, client.drain_timeout_s)
         finally:
             self.room = None  # unknown until the next stream's first ack: meanwhile only the window holds sampling
+            self._idle.set()
 
     async def _retry(self, stream: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run a stream forever, re-opening it when it breaks (with backoff while it keeps failing); a status that a

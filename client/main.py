@@ -140,6 +140,7 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
             spool_dir=settings.spool_dir,
             max_spool_bytes=settings.max_spool,
             drain_timeout_s=settings.drain_timeout_s,
+            backend=settings.backend,
         )
 
         async def main() -> None:

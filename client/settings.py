@@ -5,11 +5,11 @@ from typing import ClassVar, Literal
 
 from pydantic import ByteSize, Field, FilePath
 
-from rlgate.service.settings import Directory, ImportSettings
+from rlgate.service.settings import Backend, BackendSettings, Directory, ImportSettings
 from rlgate.spec.settings import SpecSettings
 
 
-class ClientSettings(SpecSettings, ImportSettings):
+class ClientSettings(SpecSettings, ImportSettings, BackendSettings):
     """Every knob of `rlgate env`; `RLGATE_SERVER=host:50051` and `--server host:50051` set the same field.
 
     The env comes from the run spec's env section (--config run.toml, or --env and --envs-per-client).
@@ -58,3 +58,10 @@ class ClientSettings(SpecSettings, ImportSettings):
         10.0, ge=0, description="Local inference: on stop, how long each client waits for the server to take its spool."
     )
     torch_threads: int = Field(1, ge=1, description="Local inference: torch intra-op threads of each client.")
+    backend: Backend = Field(
+        "torch",
+        description="Local inference: what runs each client's forward pass, as a server's --backend (auto: "
+        "onnxruntime for the default model where it exports, torch otherwise). torch by default: at one env per "
+        "client neither was reliably faster while a learner trains (onnxruntime's cheaper forward pass is spent "
+        "rebuilding its sessions for every weights version; BENCHMARKS.md, B8).",
+    )

@@ -116,10 +116,18 @@ class BatchShipper:
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)
 
-    async def stream(self, call: grpc.aio.StreamStreamCall, frame: Callable[[bytes], bytes] = bytes) -> None:
+    async def stream(
+        self,
+        call: grpc.aio.StreamStreamCall,
+        frame: Callable[[bytes], bytes] = bytes,
+        until: asyncio.Event | None = None,
+        settle_timeout_s: float = 0.0,
+    ) -> None:
         """Send every spooled batch over `call` (already open, its own first messages written), in order, and each
         newly spooled one, until the stream breaks (raising its error). `frame`: a spool file's bytes (an
-        EpisodeBatch) as the stream's message."""
+        EpisodeBatch) as the stream's message. Once `until` is set, nothing more is sent: the stream half-closes
+        once the batches in flight are acknowledged (waiting at most `settle_timeout_s`: those left unacknowledged
+        are sent again on the next stream), and returns."""
         in_flight: dict[int, Path] = {}
         room = asyncio.Event()
         room.set()
@@ -132,6 +140,8 @@ class BatchShipper:
         reader = asyncio.get_running_loop().create_task(read_acks())
         try:
             while True:
+                if until is not None and until.is_set():
+                    return await _settle(call, in_flight, room, reader, settle_timeout_s)
                 self._spooled.clear()  # before listing: a file written from here on sets it again
                 for path in self.spool.files():
                     seq = int(path.stem)
@@ -150,7 +160,7 @@ class BatchShipper:
                         # raised in its place.
                         await _first(asyncio.sleep(WRITE_FAILED_WAIT_S), reader)
                         raise
-                await _first(self._spooled.wait(), reader)
+                await _first(_either(self._spooled, until), reader)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -203,6 +213,36 @@ class BatchShipper:
         env steps of it that were counted as queued."""
         self.spool.add(*written)
         self._queued_steps -= queued
+
+
+async def _settle(
+    call: grpc.aio.StreamStreamCall, in_flight: dict, acked: asyncio.Event, reader: asyncio.Task, timeout_s: float
+) -> None:
+    """Wait (at most `timeout_s`) for the acks of the batches in flight, then half-close the stream."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while in_flight:
+                acked.clear()
+                await _first(acked.wait(), reader)
+    except TimeoutError:
+        log.warning(
+            "%d batches not acknowledged in %g s: they are sent again on the next stream", len(in_flight), timeout_s
+        )
+        return
+    await call.done_writing()
+
+
+async def _either(first: asyncio.Event, second: asyncio.Event | None) -> None:
+    """Wait until either event is set."""
+    if second is None:
+        await first.wait()
+        return
+    waiters = {asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())}
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 async def _first(waiting: Awaitable[object], reader: asyncio.Task) -> None:

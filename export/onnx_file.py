@@ -10,6 +10,7 @@ export, decomposition and optimisation passes take seconds. Opset 15: what Unity
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import threading
@@ -23,8 +24,10 @@ from onnx import numpy_helper
 
 from rlgate.export.contract import CONTRACT_KEY
 from rlgate.export.graph import PolicyGraph
+from rlgate.models import RLModule
 
 OPSET = 15
+PREFIX = "module."  # the module's parameters' names in the graph (PolicyGraph.module)
 # torch.onnx's exporter keeps global state (and warnings filters are process-wide): one export at a time per
 # process, or a second thread's (a server and an in-process local client building their cores) fails with
 # "GLOBALS.in_onnx_export must be False".
@@ -79,3 +82,21 @@ def rebind(model: onnx.ModelProto, tensors: dict[str, np.ndarray]) -> bytes:
         if value is not None:
             bound.graph.initializer[i].CopyFrom(numpy_helper.from_array(value, initializer.name))
     return bound.SerializeToString()
+
+
+def placeholder(module: RLModule) -> RLModule:
+    """A copy of `module` to trace a graph that `rebind` takes each version's weights into: every floating-point
+    tensor set to distinct values (the exporter merges initializers that are equal, which rebind could not tell
+    apart)."""
+    copied = copy.deepcopy(module)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tensor in copied.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    return copied
+
+
+def parameters(module: RLModule) -> dict[str, np.ndarray]:
+    """The module's weights as `rebind` takes them for a graph traced from its placeholder (copies)."""
+    return {PREFIX + name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()}

@@ -15,7 +15,6 @@ between batches (`ready`).
 
 from __future__ import annotations
 
-import copy
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -31,11 +30,9 @@ from rlgate.export import contract
 from rlgate.export.actions import ActionSelection
 from rlgate.export.contract import at, nest
 from rlgate.export.graph import PolicyGraph
-from rlgate.export.onnx_file import rebind, to_onnx
+from rlgate.export.onnx_file import parameters, placeholder, rebind, to_onnx
 from rlgate.export.pieces import NotExportable
 from rlgate.models import RLModule
-
-PREFIX = "module."  # the module's parameters' names in the graph (PolicyGraph.module)
 
 
 class OnnxForward:
@@ -45,15 +42,10 @@ class OnnxForward:
 
     def __init__(self, module: RLModule, action_space: gym.Space, threads: int):
         self.stateful = module.is_stateful()
-        placeholder = copy.deepcopy(module)
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():  # distinct values: the exporter merges initializers that are equal
-            for tensor in placeholder.state_dict().values():
-                if tensor.is_floating_point():
-                    tensor.copy_(torch.randn(tensor.shape, generator=generator))
+        traced = placeholder(module)
         shape = {"observation_space": module.observation_space, "module_only": True}
         self.graphs = {
-            explore: PolicyGraph(placeholder, [], ActionSelection(placeholder, action_space, explore), **shape)
+            explore: PolicyGraph(traced, [], ActionSelection(traced, action_space, explore), **shape)
             for explore in (False, True)
         }
         self.models = {
@@ -65,7 +57,7 @@ class OnnxForward:
         self._options = ort.SessionOptions()
         self._options.intra_op_num_threads = threads
         self._options.inter_op_num_threads = 1
-        self.sessions = self._bind(_parameters(module))
+        self.sessions = self._bind(parameters(module))
         for explore in (False, True):
             self._check(PolicyGraph(module, [], ActionSelection(module, action_space, explore), **shape), explore)
         self._binding: Future | None = None
@@ -79,16 +71,7 @@ class OnnxForward:
         }
 
     def _check(self, reference: PolicyGraph, explore: bool) -> None:
-        """A session's distribution inputs are the module's (`reference`: its graph traced from the module itself)
-        on the graph's example inputs: every parameter was rebound (one the trace had renamed would keep its
-        placeholder value), and the trace holds (a forward whose path depends on its inputs' values may not)."""
-        example = reference.example_inputs()
-        with torch.no_grad():
-            values = reference(*example)  # (names reference.outputs)
-        expected = dict(zip([spec.name for spec in reference.outputs], values, strict=True))
-        feeds = {spec.name: x.numpy() for spec, x in zip(reference.inputs, example, strict=True)}
-        (got,) = self.sessions[explore].run([contract.ACTION_DIST_INPUTS], feeds)
-        if not np.allclose(got, expected[contract.ACTION_DIST_INPUTS].numpy(), rtol=1e-4, atol=1e-5):
+        if not reproduces(reference, self.sessions[explore]):
             raise NotExportable("the module's exported graph does not reproduce its outputs: use --backend torch")
 
     def forward(self, batch: dict[str, Any], explore: bool) -> dict[str, Any]:
@@ -124,7 +107,7 @@ class OnnxForward:
     def rebind(self, version: int, module: RLModule) -> Future:
         """Act with the module's weights as they are now, as `version`, once `ready` says so: the new sessions
         are built on a worker thread (a binding still running is superseded); the future is done when they are."""
-        tensors = _parameters(module)  # copied now: the module's weights may change again meanwhile
+        tensors = parameters(module)  # copied now: the module's weights may change again meanwhile
         self._binding = self._worker.submit(self._bind, tensors)
         self._pending = version
         return self._binding
@@ -139,5 +122,14 @@ class OnnxForward:
         return self._pending
 
 
-def _parameters(module: RLModule) -> dict[str, np.ndarray]:
-    return {PREFIX + name: tensor.detach().cpu().numpy().copy() for name, tensor in module.state_dict().items()}
+def reproduces(reference: PolicyGraph, session: ort.InferenceSession) -> bool:
+    """Whether a session of a rebound graph gives the distribution inputs of `reference` (the graph traced from the
+    module itself) on the graph's example inputs: every parameter was rebound (one the trace had renamed would keep
+    its placeholder value), and the trace holds (a forward whose path depends on its inputs' values may not)."""
+    example = reference.example_inputs()
+    with torch.no_grad():
+        values = reference(*example)  # (names reference.outputs)
+    expected = dict(zip([spec.name for spec in reference.outputs], values, strict=True))
+    feeds = {spec.name: x.numpy() for spec, x in zip(reference.inputs, example, strict=True)}
+    (got,) = session.run([contract.ACTION_DIST_INPUTS], feeds)
+    return bool(np.allclose(got, expected[contract.ACTION_DIST_INPUTS].numpy(), rtol=1e-4, atol=1e-5))

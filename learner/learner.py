@@ -221,6 +221,7 @@ class Learner:
         self.progress.episodes_finished(self.intake.take_finished(), self.env_steps_received())
         self.servers = Servers()  # the inference servers that report to this learner
         self.updating_since: float | None = None  # when the update in progress started (time.time())
+        self._waiting_for_batch = False  # train_once waits for the intake to hold a train batch
         self._steps_in_while_updating = 0  # steps (as train_batch_size counts) taken in while the update trains
         self._published = asyncio.Condition()
         # Updates, weight snapshots and checkpoints run here one at a time, off the event loop.
@@ -291,7 +292,13 @@ class Learner:
             self.updating_since is not None or self.trainer.version != self.weights.version
         ):
             return 0
-        return max(0, algorithm.train_batch_size - self.intake.pending_steps)
+        size, pending = algorithm.train_batch_size, self.intake.pending_steps
+        if algorithm.overlap_sampling and self._waiting_for_batch and pending >= size:
+            # The update waiting for this batch takes it at once: the room is the next batch's. Said now, in the ack
+            # that filled the batch, a server samples on; said by the ack of a later batch, it would first pause,
+            # ship its running episodes and wait for their ack (a local client at 1x1 spent 18-24% of its time so).
+            pending -= size
+        return max(0, size - pending)
 
     def off_policy_window(self) -> float:
         """DQN's and SAC's env steps per call of the trainer: those `broadcast_interval` updates earn, or one chunk
@@ -375,7 +382,11 @@ class Learner:
                     self._intake_changed.notify_all()  # that made room: batches waiting for it may come in
                 if self.intake.pending_steps >= size:
                     break
-                await self._intake_changed.wait()
+                self._waiting_for_batch = True
+                try:
+                    await self._intake_changed.wait()
+                finally:
+                    self._waiting_for_batch = False
             episodes = self.intake.take(size)
             self._intake_changed.notify_all()  # room for the next batch, sampled while this one trains
         await self._update(episodes)

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +33,7 @@ from rlgate.episodes.multi_agent_episode import MappingFn
 from rlgate.models import RLModule, load_weights
 from rlgate.models.actor_critic import ActorCriticModule
 from rlgate.policy.fast_path import Pieces, batched_pieces
+from rlgate.service.settings import Backend
 from rlgate.spec.build import build_policy
 from rlgate.spec.imports import ImportPolicy, SpecError
 from rlgate.spec.multi_agent import AgentSpaces, agent_spaces_of, build_multi_agent_policy
@@ -50,8 +51,8 @@ NO_ACTIONS = (Columns.ACTIONS, Columns.ACTIONS_FOR_ENV)
 #: What runs the module's forward pass: torch, or (single-agent, CPU) onnxruntime with the exported module;
 #: "auto": onnxruntime for the default model of a single-agent run on the CPU (it costs less CPU at every batch
 #: size measured: BENCHMARKS.md, "ONNX Runtime backend"), torch for everything else (a module of the user's keeps
-#: its own Python forward).
-BACKENDS = ("auto", "torch", "onnxruntime")
+#: its own Python forward, and so does a module that does not export, or an install without onnxruntime).
+BACKENDS = get_args(Backend)
 
 
 class ActingCore:
@@ -101,10 +102,12 @@ class ActingCore:
             raise SpecError("--backend onnxruntime serves single-agent runs: use --backend torch")
         if any(parameter.device.type != "cpu" for parameter in self.module.parameters()):
             raise SpecError("--backend onnxruntime runs on the CPU: use --device cpu")
-        from rlgate.export.serving import OnnxForward  # onnx and onnxruntime load only for this backend
-
         try:
+            from rlgate.export.serving import OnnxForward  # onnx and onnxruntime load only for this backend
+
             self.onnx = OnnxForward(self.module, self.action_space, torch.get_num_threads())
+        except ImportError as exc:  # an install without them
+            raise SpecError(f"--backend onnxruntime: {exc}: install onnx and onnxruntime") from None
         except UserError as exc:
             raise SpecError(f"--backend onnxruntime: {exc}") from None
         log.info("forward pass in onnxruntime (the module exported to ONNX; --backend torch to keep torch)")
@@ -124,7 +127,7 @@ class ActingCore:
         device: str = "cpu",
         seed: int | None = None,
         stage_seconds: dict[str, float] | None = None,
-        backend: str = "torch",
+        backend: Backend = "torch",
     ) -> ActingCore:
         """The spec's policy for the env's spaces (Dicts by agent id in a multi-agent run): fresh, or with these
         weights (one set per module id in a multi-agent run) and connector state (MeanStdFilter's statistics).
@@ -173,8 +176,12 @@ class ActingCore:
         )
         if backend == "auto":
             default_model = type(core.module) is ActorCriticModule and device == "cpu"
-            backend = "onnxruntime" if default_model and not core.multi_agent else "torch"
-        if backend == "onnxruntime":
+            if default_model and not core.multi_agent:
+                try:
+                    core.use_onnxruntime()
+                except SpecError as exc:  # not installed, or the module does not export: torch acts
+                    log.warning("forward pass in torch: %s", exc)
+        elif backend == "onnxruntime":
             core.use_onnxruntime()
         return core
 

@@ -51,6 +51,13 @@ def swap_weights(core: ActingCore, weights: learner_pb2.Weights) -> Future | Non
     )
 
 
+def acts_only_newest(spec: RunSpec) -> bool:
+    """Whether sampling and training take turns (on-policy without `overlap_sampling`): every step after a new
+    version came must be that version's, so acting waits the few milliseconds an onnxruntime core takes to rebind
+    (elsewhere the old version acts meanwhile)."""
+    return not getattr(spec.algorithm, "overlap_sampling", True)
+
+
 def module_weights(weights: learner_pb2.Weights, spec: RunSpec) -> dict[str, Any]:
     """A Weights message's weights, as the acting core of `spec` takes them (per module when multi-agent)."""
     if spec.multi_agent:

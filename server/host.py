@@ -21,7 +21,7 @@ import gymnasium as gym
 from rlgate.core.spaces import flat_size
 from rlgate.episodes.session import SessionSpec
 from rlgate.policy.acting import ActingCore
-from rlgate.policy.published import core_from_weights, spec_of, swap_weights, weights_message
+from rlgate.policy.published import acts_only_newest, core_from_weights, spec_of, swap_weights, weights_message
 from rlgate.server.batcher import Batcher
 from rlgate.server.errors import NotServing, OverLimit, WrongState
 from rlgate.server.metrics import ServerMetrics
@@ -241,9 +241,7 @@ class PolicyHost:
         elif self.batcher is not None:
             rebinding = await self.batcher.between_batches(self._swap, weights)
             if rebinding is not None:  # onnxruntime: act with the new sessions once they are built
-                # Where sampling and training take turns, every step of the next batch must be the new version's:
-                # sampling waits the few milliseconds the sessions take (elsewhere the old version acts meanwhile).
-                self.batcher.hold(not getattr(spec.algorithm, "overlap_sampling", True))
+                self.batcher.hold(acts_only_newest(spec))
                 try:
                     await asyncio.wrap_future(rebinding)
                     await self.batcher.between_batches(self.core.take_rebound)

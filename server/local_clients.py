@@ -14,11 +14,12 @@ page show of it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
@@ -34,6 +35,9 @@ from rlgate.spec.imports import SpecError
 from rlgate.spec.run import RunSpec
 from rlgate.v1 import learner_pb2
 from rlgate.v1 import policy_pb2 as pb
+
+if TYPE_CHECKING:
+    from rlgate.policy.published_onnx import OnnxWeights
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,8 @@ class LocalClients:
         self.env_steps = 0  # env steps taken in from local clients since start
         self._spaces: dict[bytes, gym.Space] = {}  # batch observation spaces found good, by their wire bytes
         self._spaces_of: ActingCore | None = None  # the served core they were checked against
+        self._onnx: OnnxWeights | None = None  # the served run's ONNX files, for clients that ask for them
+        self._exporting = asyncio.Lock()
         metrics.local_clients.set_function(lambda: len(self.clients))
         metrics.local_staleness.set_function(lambda: max(self.staleness().values(), default=0))
 
@@ -91,7 +97,29 @@ class LocalClients:
                 "no model yet: this server builds its fresh model for the first server-side session's spaces "
                 "(name the env in its run spec to build it at start)"
             )
+        if request.onnx:
+            return self._with_onnx(self.relay.after(request.after_version))
         return self.relay.after(request.after_version)
+
+    async def _with_onnx(self, relayed: AsyncIterator[learner_pb2.Weights]) -> AsyncIterator[learner_pb2.Weights]:
+        """Each relayed version with its ONNX file (`Weights.onnx`), for a client that acts with an ONNX runtime;
+        WrongState for a run such a client cannot act in as a server would (`OnnxWeights` says why)."""
+        from rlgate.export.pieces import NotExportable  # onnx and onnxruntime load only for such a client
+        from rlgate.policy.published_onnx import OnnxWeights
+
+        async for weights in relayed:
+            async with self._exporting:  # one trace per run, however many clients ask at once
+                exporter = self._onnx
+                if exporter is None or exporter.spec_json != weights.spec_json:
+                    try:
+                        exporter = await asyncio.to_thread(OnnxWeights, weights, self.host.imports)
+                    except (NotExportable, SpecError) as exc:
+                        raise WrongState(f"no ONNX file for this run: {exc}") from exc
+                    self._onnx = exporter
+            with_file = learner_pb2.Weights()
+            with_file.CopyFrom(weights)
+            with_file.onnx = await asyncio.to_thread(exporter.file, weights)
+            yield with_file
 
     # --- SubmitEpisodes -------------------------------------------------------------------------------------
 
@@ -191,10 +219,11 @@ class LocalClients:
 
     def _observation_space(self, batch: learner_pb2.EpisodeBatch, core: ActingCore) -> gym.Space | None:
         """The space the batch's observations are in: one the served pipeline leaves them in (the env's, or a
-        piece's output), else WrongState. None where the batch does not say (the pipeline's output). Each space
-        is decoded and checked once per served core (a client sends the same one with every batch)."""
+        piece's output), else WrongState; where the batch does not say, the pipeline's output (a multi-agent run's:
+        None). Each space is decoded and checked once per served core (a client sends the same one with every
+        batch)."""
         if not batch.HasField("observation_space"):
-            return None
+            return None if core.multi_agent else core.env_to_module.observation_space
         if self._spaces_of is not core:
             self._spaces_of, self._spaces = core, {}
         wire = batch.observation_space.SerializeToString()

@@ -29,7 +29,8 @@ class ServerMetrics:
         self.sessions = Gauge("rlgate_sessions", "Open client sessions.", registry=r)
         self.handovers = Counter(
             "rlgate_handovers",
-            "Sessions told to reconnect at their episodes' end (max session age, or a stopping server).",
+            "Sessions told to reconnect at their episodes' end, and local clients told to reconnect (max session age, "
+            "or a stopping server).",
             registry=r,
         )
         self.batch_size = HotHistogram(

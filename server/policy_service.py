@@ -135,6 +135,7 @@ class PolicyService:
         self.non_finite_rejected = {"obs": 0, "reward": 0}  # as rlgate_non_finite_rejected_total counts them
         self.draining = False  # handing sessions over, refusing new ones
         self.drain_over = False  # the drain timeout passed: sessions still open end at their next message
+        self._watches: set[asyncio.Timeout] = set()  # the WatchWeights streams' age limits: a drain ends them now
         self._no_sessions = asyncio.Event()
         self._stage_seconds = metrics.stage_seconds
 
@@ -180,11 +181,25 @@ class PolicyService:
 
     @ends_with_status
     async def watch_weights(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
-        """A local-inference client's weights: every version this server relays, newest first."""
+        """A local-inference client's weights: every version this server relays, newest first, until the client is
+        handed over (its max session age, or this server drains): the stream then ends with OK, and the client
+        reconnects through its target once its episodes sent here are acknowledged (proto/README.md)."""
         if self.draining:
             raise NotServing("server is shutting down: connect to another one")
-        async for weights in self.local.weights_after(_parse(learner_pb2.WatchWeightsRequest, raw)):
-            await context.write(weights)
+        request = _parse(learner_pb2.WatchWeightsRequest, raw)
+        versions = self.local.weights_after(request)
+        age = self.settings.max_session_age_s
+        try:
+            async with asyncio.timeout(age * random.uniform(*AGE_JITTER) if age else None) as limit:
+                self._watches.add(limit)
+                try:
+                    async for weights in versions:
+                        await context.write(weights)
+                finally:
+                    self._watches.discard(limit)
+        except TimeoutError:
+            self.metrics.handovers.inc()
+            log.info("local client handed over client=%r", request.server_id)
 
     @ends_with_status
     async def submit_episodes(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
@@ -214,6 +229,9 @@ class PolicyService:
         """Refuse new sessions and hand every open one over at its episodes' end (Actions.reconnect); after
         `timeout_s` those still open end UNAVAILABLE at their next message, their running episodes cut."""
         self.draining = True
+        now = asyncio.get_running_loop().time()
+        for limit in self._watches:  # local clients: handed over at once (their episodes run on in the client)
+            limit.reschedule(now)
         self._no_sessions.clear()
         if not self.sessions:
             return

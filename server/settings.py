@@ -6,10 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ByteSize, Field, FilePath
 
-from rlgate.service.settings import Directory, ServiceSettings, grpc_target
+from rlgate.service.settings import BackendSettings, Directory, ServiceSettings, grpc_target
 
 
-class ServerSettings(ServiceSettings):
+class ServerSettings(ServiceSettings, BackendSettings):
     """Every knob of `rlgate serve`: `RLGATE_MAX_BATCH_SIZE=64` equals `--max-batch-size 64`."""
 
     port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one (logged at start).")
@@ -66,12 +66,6 @@ class ServerSettings(ServiceSettings):
         1, ge=1, description="Torch intra-op threads for the forward pass (1 avoids thread stalls on tiny batches)."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Torch device of the forward pass.")
-    backend: Literal["auto", "torch", "onnxruntime"] = Field(
-        "auto",
-        description="What runs the forward pass: torch, or onnxruntime with the module exported to ONNX (single-agent "
-        "runs on the CPU; rebound to each weights version; the connector pieces run as they are; docs/onnx.md). "
-        "auto: onnxruntime for the default model on the CPU (less CPU per env step), torch otherwise.",
-    )
     inference_thread: bool | None = Field(
         None,
         description="Run batches on a thread of their own, so the event loop keeps serving streams during a "

@@ -1,7 +1,8 @@
 """The settings fields every rlgate process shares: environment variables `RLGATE_*`, overridden by flags.
 
 `RlgateSettings` is the base of every process's settings (the bearer token, given as a value or as a
-file); `ServiceSettings` adds what a gRPC + HTTP service binds to and serves with (address, TLS).
+file); `BackendSettings` says what runs the forward pass of a process that acts (a server, a local-inference
+client); `ServiceSettings` adds what a gRPC + HTTP service binds to and serves with (address, TLS).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 import ssl
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, Field, FilePath, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -103,6 +104,22 @@ class ImportSettings(RlgateSettings):
         description="Modules (each with its submodules) that a run spec from elsewhere (the learner, a "
         "checkpoint, the server) may name code in: connector pieces, a model class. rlgate's own are always "
         "allowed; a spec given with --config allows what it names.",
+    )
+
+
+#: What runs an acting core's forward pass (policy/acting.py's BACKENDS).
+Backend = Literal["auto", "torch", "onnxruntime"]
+
+
+class BackendSettings(RlgateSettings):
+    """For a process that acts with a policy it built (a server, a local-inference client)."""
+
+    backend: Backend = Field(
+        "auto",
+        description="What runs the forward pass: torch, or onnxruntime with the module exported to ONNX (single-agent "
+        "runs on the CPU; rebound to each weights version; the connector pieces run as they are; docs/onnx.md). "
+        "auto: onnxruntime for the default model on the CPU (less CPU per env step), torch otherwise (and where "
+        "the module does not export).",
     )
 
 

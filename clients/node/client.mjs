@@ -13,6 +13,12 @@
 // "in-process" mode needs no server: it plays its CartPole with a file `rlgate export` wrote, loaded with
 // onnxruntime-node (policy.mjs), and prints each episode's return.
 //
+//   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000
+//
+// "local" mode acts in-process and trains on the server's learner: it gets each version of the policy as an ONNX
+// file over WatchWeights, samples its CartPole's actions with it, and sends the episodes to SubmitEpisodes
+// (episodes.mjs records them as a server does), paced by the learner; its summary counts what it shipped.
+//
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game cartpole --envs 2 --episodes 6
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game tictactoe --envs 3 --episodes 6
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent-script --case no-all
@@ -25,6 +31,7 @@
 // fixed step sequences on multi-agent CartPole, most of them malformed, and prints the final status.
 // Exit status: 0 when the run went as the README says, 1 otherwise (the reason on stderr).
 
+import { randomUUID } from "node:crypto";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
@@ -32,7 +39,8 @@ import { parseArgs } from "node:util";
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
 
-import { loadPolicy } from "./policy.mjs";
+import { chunkTable, EpisodeRecorder } from "./episodes.mjs";
+import { loadPolicy, policyFromBytes } from "./policy.mjs";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 
@@ -40,8 +48,12 @@ const { values: args } = parseArgs({
   options: {
     server: { type: "string", default: "127.0.0.1:50051" },
     mode: { type: "string", default: "run" }, // run | wrong-spaces | multi-agent | multi-agent-script | in-process
+    // | local
     model: { type: "string" }, // in-process: the file `rlgate export` wrote
     episodes: { type: "string", default: "3" },
+    steps: { type: "string", default: "2000" }, // local: env steps to take
+    "client-id": { type: "string" }, // local: the name the server lists it by
+    "drain-timeout-s": { type: "string", default: "10" }, // local: the wait for the last acks
     game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
     envs: { type: "string", default: "2" }, // multi-agent modes: sub-envs in the stream
     "max-episode-steps": { type: "string", default: "500" }, // multi-agent cartpole: each pole's time limit
@@ -294,57 +306,86 @@ async function run() {
   const health = await checkHealth(args.server);
   if (Object.values(health).some((s) => s !== "SERVING")) fail(`health: ${JSON.stringify(health)}`);
 
-  const client = new PolicyService(args.server, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
-  const stream = openStream(client);
-  stream.write({
-    hello: { client_id: "node-cartpole", ...cartpoleSpaces(float32Tensor), num_envs: 1, explore: true },
-  });
-  const welcome = await stream.read();
-  if (welcome.kind !== "welcome") fail(`the first answer is ${welcome.kind}, not welcome`);
-  const versions = new Set([welcome.welcome.model_version]);
+  // A stream (on a channel of its own, so that a new one may reach another replica), its hello and welcome.
+  const sessions = [];
+  const versions = new Set();
+  async function connect() {
+    const client = new PolicyService(args.server, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+    const stream = openStream(client);
+    stream.write({
+      hello: { client_id: "node-cartpole", ...cartpoleSpaces(float32Tensor), num_envs: 1, explore: true },
+    });
+    const welcome = await stream.read();
+    if (welcome.kind !== "welcome") fail(`the first answer is ${welcome.kind}, not welcome`);
+    sessions.push(welcome.welcome.session_id);
+    versions.add(welcome.welcome.model_version);
+    return { client, stream };
+  }
 
+  let { client, stream } = await connect();
   const env = new CartPole(Number(args.seed));
   const episodes = []; // {length, return, terminated, truncated, reset_obs}
-  let obs = env.reset();
-  let episode = { length: 0, return: 0, reset_obs: obs };
-  // The first step after the hello: the reset observation, no reward or flags (README, "The first step").
-  stream.write(stepMessage(obs, 0));
+  let episode;
+  // A new episode: its reset observation. The first step after a hello carries no reward or flags (README, "The
+  // first step"); after an ended episode, reward 0 and flags false (checked, then ignored).
+  function reset(first = false) {
+    const obs = env.reset();
+    episode = { length: 0, return: 0, reset_obs: obs };
+    stream.write(first ? stepMessage(obs, 0) : stepMessage(obs, 0, 0.0, false, false));
+  }
+  reset(true);
+  let status = null; // the last stream's, once it ended
   let envSteps = 0;
+  let handovers = 0;
+  let ended = false; // the last step sent ended the episode: its answer's action is to be discarded
 
-  // Each episode ends within 500 steps, so EPISODES * 500 answers bound the loop.
-  for (let answers = 0; answers < EPISODES * CartPole.MAX_STEPS && episodes.length < EPISODES; answers++) {
+  // Each episode ends within 500 steps, and each answer moves one on (or hands the stream over, at most once per
+  // episode), so EPISODES * 502 answers bound the loop.
+  for (let answers = 0; answers < EPISODES * (CartPole.MAX_STEPS + 2); answers++) {
     const answer = await stream.read();
     if (answer.kind !== "actions") fail(`an answer of kind ${answer.kind}`);
     versions.add(answer.actions.model_version);
+    if (answer.actions.reconnect) {
+      // The server hands the session over (README, "Moving to another replica"): every episode it recorded has
+      // ended, so these actions are not for the env. Close, then a new stream through the same target, and a new
+      // episode on it (the episode begun on this stream, if any, was never recorded).
+      handovers += 1;
+      status = await closeWithOk(stream, client);
+      if (episodes.length >= EPISODES) break;
+      ({ client, stream } = await connect());
+      status = null;
+      reset(true);
+      ended = false;
+      continue;
+    }
+    if (ended) {
+      // The answer to the step that carried the episode's final observation: discarded (autoreset NEXT_STEP).
+      // Read before the next reset goes, so that a reconnect in it is seen before anything else is sent.
+      if (episodes.length >= EPISODES) break;
+      reset();
+      ended = false;
+      continue;
+    }
     const [action] = readIntegers(answer.actions.actions.tensor); // Discrete: int32 [N]
-    const { obs: next, reward, terminated, truncated } = env.step(action);
+    const { obs, reward, terminated, truncated } = env.step(action);
     envSteps += 1;
     episode.length += 1;
     episode.return += reward;
-    stream.write(stepMessage(next, env.steps, reward, terminated, truncated));
-    if (!(terminated || truncated)) continue;
-
-    // The episode is over: that step carried its final observation, and its answer's action is to be
-    // discarded (autoreset NEXT_STEP). The next episode's reset observation goes at once, without waiting
-    // for that answer: the server answers both steps, in order.
-    episodes.push({ ...episode, terminated, truncated });
-    if (episodes.length < EPISODES) {
-      obs = env.reset();
-      episode = { length: 0, return: 0, reset_obs: obs };
-      // A new episode's slot: its reset observation, reward 0 and flags false (checked, then ignored).
-      stream.write(stepMessage(obs, 0, 0.0, false, false));
+    stream.write(stepMessage(obs, env.steps, reward, terminated, truncated));
+    if (terminated || truncated) {
+      episodes.push({ ...episode, terminated, truncated });
+      ended = true;
     }
-    const discarded = await stream.read(); // the terminal step's answer
-    if (discarded.kind !== "actions") fail(`an answer of kind ${discarded.kind}`);
-    versions.add(discarded.actions.model_version);
   }
   if (episodes.length < EPISODES) fail(`only ${episodes.length} of ${EPISODES} episodes ended`);
 
   // Close: no episode is running (the last one ended), and the stream ends with OK at once.
-  const status = await closeWithOk(stream, client);
+  status ??= await closeWithOk(stream, client);
 
   return {
-    session_id: welcome.welcome.session_id,
+    session_id: sessions[0],
+    session_ids: sessions,
+    handovers,
     health,
     episodes: episodes.length,
     lengths: episodes.map((e) => e.length),
@@ -809,9 +850,255 @@ async function inProcess() {
   return { episodes: returns.length, returns, mean_return: mean, model_version: policy.contract.model_version };
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// Local inference (--mode local): act here, train on the learner (proto/README.md, "Local inference"). The policy
+// comes over PolicyService/WatchWeights with `onnx: true`: each version as an `rlgate export --explore` file, run
+// with onnxruntime-node (policy.mjs); every newer version is loaded while the CartPole goes on stepping and acts
+// from the step after it is ready. The episodes are recorded as a server records a session (episodes.mjs) and sent
+// to PolicyService/SubmitEpisodes: a hello naming the run spec acted with, then batches. A batch stays in this
+// process's spool (memory: a restart loses it; the Python client's spool is on disk) until its ack, and every
+// unacknowledged one is sent again on a new stream (the learner drops chunks it already has). Pacing as the
+// Python client keeps it: sampling waits, the running episode shipped as it stands, while the steps not yet
+// acknowledged and those not shipped exceed the `room` the last ack granted or, before any ack, while the
+// unacknowledged ones reach the weights' `max_unacked_steps` (0: no limit).
+// ---------------------------------------------------------------------------------------------------
+
+// Statuses a new stream may not get again (gRPC's names): reopen the stream, with backoff.
+const RETRYABLE = new Set(["UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED"]);
+
+// A promise that resolves at the next fire(): wait() then fire() from a callback, with nothing lost between a look
+// and the wait, since JavaScript runs neither in between.
+class Signal {
+  constructor() {
+    this.arm();
+  }
+  arm() {
+    this.promise = new Promise((resolve) => (this.resolve = resolve));
+  }
+  fire() {
+    this.resolve();
+    this.arm();
+  }
+}
+
+class ServerLink {
+  constructor(target, clientId) {
+    this.client = new PolicyService(target, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+    this.clientId = clientId;
+    this.changed = new Signal(); // weights ready, an ack, a failure
+    this.failure = null;
+    this.specJson = null; // the run spec acted with, as its first weights carried it
+    this.policy = null; // {policy, version} acted with
+    this.pending = null; // a newer one, loaded, until the step loop takes it
+    this.newest = null; // the newest received, until it is loading
+    this.loading = false;
+    this.version = -1; // the newest version received (loaded or loading)
+    this.window = 0; // the weights' max_unacked_steps: this client's share (0: no limit)
+    this.room = null; // env steps the last ack granted (unset: none said)
+    this.spool = new Map(); // seq -> {batch, steps}, in seq order, until acknowledged
+    this.seq = 0;
+    this.counts = { batches: 0, chunks: 0, steps: 0, acked_batches: 0, accepted: 0, streams: 0, pauses: 0 };
+    this.submit = null; // the SubmitEpisodes call while open
+    this.closing = false;
+  }
+
+  fail(reason) {
+    this.failure ??= new Error(reason);
+    this.changed.fire();
+  }
+
+  // Open a stream again after a retryable status (backoff doubling to 2 s), or fail with the status.
+  reopen(name, open, attempt) {
+    return ({ code, details }) => {
+      if (this.closing) return;
+      if (code !== grpc.status.OK && !RETRYABLE.has(grpc.status[code])) {
+        this.fail(`${name}: ${grpc.status[code]} ${details}`);
+        return;
+      }
+      setTimeout(() => open(attempt + 1), Math.min(50 * 2 ** attempt, 2000));
+    };
+  }
+
+  watch(attempt = 0) {
+    const request = { server_id: this.clientId, after_version: this.version, onnx: true };
+    const call = this.client.WatchWeights(request, authMetadata());
+    this.watching = call;
+    call.on("data", (weights) => this.received(weights).catch((error) => this.fail(String(error))));
+    call.on("error", () => {}); // read from `status`
+    call.on("status", this.reopen("WatchWeights", (n) => this.watch(n), attempt));
+  }
+
+  async received(weights) {
+    const version = Number(weights.version);
+    if (version <= this.version) return;
+    this.version = version;
+    this.window = Number(weights.max_unacked_steps);
+    this.specJson ??= weights.spec_json;
+    if (weights.spec_json !== this.specJson) {
+      this.fail("the server now serves another run spec: restart this client to act with it");
+      return;
+    }
+    if (weights.onnx.length === 0) {
+      this.fail("the server sent no ONNX file with its weights: it predates WatchWeightsRequest.onnx");
+      return;
+    }
+    // Loaded while the step loop goes on with the version it has; one at a time, the newest received next (a
+    // version that came while another loaded and is already superseded is never loaded).
+    this.newest = weights;
+    if (this.loading) return;
+    this.loading = true;
+    try {
+      while (this.newest !== null) {
+        const next = this.newest;
+        this.newest = null;
+        this.pending = { policy: await policyFromBytes(next.onnx), version: Number(next.version) };
+        this.changed.fire();
+      }
+    } finally {
+      this.loading = false;
+    }
+  }
+
+  // The newest version loaded, from this step on (the step loop asks between two steps).
+  applyNewest() {
+    if (this.failure) throw this.failure;
+    if (this.pending !== null) [this.policy, this.pending] = [this.pending, null];
+    return this.policy;
+  }
+
+  async until(condition) {
+    while (!condition()) {
+      if (this.failure) throw this.failure;
+      await this.changed.promise;
+    }
+    if (this.failure) throw this.failure;
+  }
+
+  send(attempt = 0) {
+    const call = this.client.SubmitEpisodes(authMetadata());
+    this.submit = call;
+    this.counts.streams += 1;
+    call.on("data", (ack) => {
+      const sent = this.spool.get(ack.seq);
+      if (sent === undefined) return;
+      this.spool.delete(ack.seq);
+      this.room = ack._room === "room" ? Number(ack.room) : null;
+      this.counts.acked_batches += 1;
+      this.counts.accepted += ack.accepted;
+      this.changed.fire();
+    });
+    call.on("error", () => {});
+    call.on("status", (status) => {
+      this.submit = null;
+      this.room = null; // unknown until the next stream's first ack
+      this.reopen("SubmitEpisodes", (n) => this.send(n), attempt)(status);
+    });
+    call.write({ hello: { client_id: this.clientId, spec_json: this.specJson, num_envs: 1 } });
+    for (const [seq, { batch }] of this.spool) call.write({ batch: { ...batch, seq } }); // unacknowledged, in order
+  }
+
+  // Chunks into the spool, and onto the stream if one is open (else the next stream sends them).
+  ship(chunks) {
+    if (chunks.length === 0) return;
+    const seq = String(++this.seq);
+    const batch = { chunks: [chunkTable(chunks)] };
+    const steps = chunks.reduce((n, c) => n + c.steps, 0);
+    this.spool.set(seq, { batch, steps });
+    Object.assign(this.counts, {
+      batches: this.counts.batches + 1,
+      chunks: this.counts.chunks + chunks.length,
+      steps: this.counts.steps + steps,
+    });
+    this.submit?.write({ batch: { ...batch, seq } });
+  }
+
+  unacked() {
+    let steps = 0;
+    for (const { steps: n } of this.spool.values()) steps += n;
+    return steps;
+  }
+
+  // Whether sampling waits: more steps held (unacknowledged, or `unshipped` in the running episode) than the last
+  // ack granted; before any ack, the window of unacknowledged steps reached.
+  held(unshipped) {
+    const unacked = this.unacked();
+    if (this.room !== null) return unacked + unshipped > this.room;
+    return this.window > 0 && unacked >= this.window;
+  }
+
+  close() {
+    this.closing = true;
+    this.watching?.cancel();
+    this.submit?.end(); // half-close: the server ends the stream with OK
+    this.client.close();
+  }
+}
+
+async function local() {
+  const clientId = args["client-id"] ?? "node-local";
+  const steps = Number(args.steps);
+  if (!(Number.isInteger(steps) && steps > 0)) fail("--steps is a positive integer");
+  const link = new ServerLink(args.server, clientId);
+  link.watch();
+  await link.until(() => link.pending !== null); // the first version, loaded
+  link.send();
+  let { policy, version } = link.applyNewest();
+  const spec = JSON.parse(link.specJson);
+  const sessionId = randomUUID().replaceAll("-", "");
+  const recorder = new EpisodeRecorder(sessionId, spec.sampling);
+  const env = new CartPole(Number(args.seed));
+  const draw = random(Number(args.seed) + 1);
+  const versions = new Set();
+  const [returns, terminated] = [[], []];
+  let obs = env.reset();
+  let episode = policy.newEpisode();
+  let [reward, total] = [0, 0];
+  recorder.begin(obs);
+  for (let step = 0; step < steps; step++) {
+    if (link.held(recorder.unshipped())) {
+      link.counts.pauses += 1;
+      link.ship(recorder.flush()); // the learner gets the newest steps while sampling waits
+      await link.until(() => !link.held(recorder.unshipped()));
+    }
+    ({ policy, version } = link.applyNewest());
+    versions.add(version);
+    const acted = await policy.sample(obs, episode, reward, draw);
+    const result = env.step(acted.action);
+    link.ship(recorder.step({ ...acted, version }, result.reward, result.obs, result.terminated, result.truncated));
+    total += result.reward;
+    if (result.terminated || result.truncated) {
+      returns.push(total);
+      terminated.push(result.terminated);
+      obs = env.reset();
+      recorder.begin(obs);
+      episode = policy.newEpisode();
+      [reward, total] = [0, 0];
+    } else {
+      ({ obs, reward } = result);
+    }
+  }
+  link.ship(recorder.close()); // the running episode, cut off
+  // Every batch acknowledged, or --drain-timeout-s passed: what is left unacknowledged is lost (said in the summary).
+  const drained = new Promise((resolve) => setTimeout(resolve, Number(args["drain-timeout-s"]) * 1000).unref());
+  await Promise.race([link.until(() => link.spool.size === 0), drained]);
+  link.close();
+  return {
+    session_id: sessionId,
+    env_steps: steps,
+    episodes: returns.length,
+    returns,
+    terminated,
+    model_versions: [...versions].sort((a, b) => a - b),
+    ...link.counts,
+    unacknowledged_batches: link.spool.size,
+  };
+}
+
 const modes = {
   run,
   "in-process": inProcess,
+  local,
   "wrong-spaces": wrongSpaces,
   "multi-agent": multiAgent,
   "multi-agent-script": multiAgentScript,

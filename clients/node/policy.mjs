@@ -6,6 +6,10 @@
 //   let episode = policy.newEpisode();
 //   const action = await policy.act(obs, episode, reward);   // greedy; call newEpisode() at every reset
 //
+// A file exported with --explore (or sent by a server's WatchWeights with `onnx`: policyFromBytes) also samples:
+// `await policy.sample(obs, episode, reward, random)` gives {action, logp, distInputs}, the action drawn from noise
+// made with `random()` (uniform in [0, 1)), as the server samples (docs/onnx.md, "Sampling").
+//
 // The file's contract (its inputs, outputs and initial state: docs/onnx.md) is the JSON string under
 // `rlgate.contract` in the model's metadata_props. onnxruntime-node does not expose a model's metadata, so
 // readContract reads that field from the file's bytes: field 14 of the ModelProto, entries of key (1) and
@@ -65,33 +69,54 @@ function tensor(spec, values, rows = 1) {
 }
 
 export async function loadPolicy(file) {
-  const bytes = await readFile(file);
+  return policyFromBytes(await readFile(file));
+}
+
+// Noise of the file's kind: Exponential(1) draws (-log(1 - U)) or N(0, 1) ones (Box-Muller).
+const NOISE = {
+  exponential: (random) => -Math.log(1 - random()),
+  normal: (random) => Math.sqrt(-2 * Math.log(1 - random())) * Math.cos(2 * Math.PI * random()),
+};
+
+export async function policyFromBytes(bytes) {
   const contract = readContract(bytes);
   const session = await ort.InferenceSession.create(bytes, { intraOpNumThreads: 1, interOpNumThreads: 1 });
   const inputs = Object.fromEntries(contract.inputs.map((spec) => [spec.name, spec]));
   const obsSpec = contract.inputs[0];
   if (obsSpec.name !== "obs") throw new Error("this in-process policy takes one observation input ('obs')");
+
+  // One step of one env: the file's outputs, the episode's state carried on.
+  async function run(obs, episode, reward, noise) {
+    const feeds = { obs: tensor(obsSpec, obs) };
+    if (inputs.reward) feeds.reward = tensor(inputs.reward, [episode.started ? reward : 0]);
+    for (const [name, value] of Object.entries(episode.state)) {
+      feeds[`state_in.${name}`] = tensor(inputs[`state_in.${name}`], value);
+    }
+    if (inputs.noise) feeds.noise = tensor(inputs.noise, noise(inputs.noise.shape[1]));
+    const out = await session.run(feeds);
+    for (const name of Object.keys(episode.state)) episode.state[name] = Array.from(out[`state_out.${name}`].data);
+    episode.started = true;
+    const action = Array.from(out.actions.data, Number);
+    return { out, action: out.actions.dims.length === 1 ? action[0] : action };
+  }
+
   return {
     contract,
     // An episode holds what the file carries from step to step: its state_in values, the initial state first.
     newEpisode() {
       return { state: { ...contract.initial_state }, started: false };
     },
+    // The greedy action (noise of all greedy_noise: the same action as a file exported without --explore).
     async act(obs, episode, reward = 0) {
-      const feeds = { obs: tensor(obsSpec, obs) };
-      if (inputs.reward) feeds.reward = tensor(inputs.reward, [episode.started ? reward : 0]);
-      for (const [name, value] of Object.entries(episode.state)) {
-        feeds[`state_in.${name}`] = tensor(inputs[`state_in.${name}`], value);
-      }
-      if (inputs.noise) {
-        const width = inputs.noise.shape[1];
-        feeds.noise = tensor(inputs.noise, new Array(width).fill(contract.greedy_noise)); // the greedy action
-      }
-      const out = await session.run(feeds);
-      for (const name of Object.keys(episode.state)) episode.state[name] = Array.from(out[`state_out.${name}`].data);
-      episode.started = true;
-      const action = Array.from(out.actions.data, Number);
-      return out.actions.dims.length === 1 ? action[0] : action;
+      return (await run(obs, episode, reward, (width) => new Array(width).fill(contract.greedy_noise))).action;
+    },
+    // A sampled action, its log-probability and the distribution inputs it was drawn from (an --explore file).
+    async sample(obs, episode, reward, random) {
+      const draw = NOISE[contract.noise_kind];
+      if (draw === undefined) throw new Error("this file does not sample: export it with --explore");
+      const noise = (width) => Array.from({ length: width }, () => draw(random));
+      const { out, action } = await run(obs, episode, reward, noise);
+      return { action, logp: out.action_logp.data[0], distInputs: Array.from(out.action_dist_inputs.data) };
     },
   };
 }

@@ -92,13 +92,14 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
     # B8: both placements sampled while the learner trained, local inference's steps/s over server-side's.
     (placement,) = (r for r in records if r["scenario"] == "B8")
     assert (placement["clients"], placement["envs_per_message"], placement["learners"]) == (1, 1, 1)
-    for where in ("server", "local"):
+    for where in ("server", "local", "local-onnxruntime"):  # local: torch (the client's default), and onnxruntime
         figures = placement[where]
         assert figures["env_steps_per_s"] > 0 and figures["trained_per_s"] > 0, (where, figures)
         assert figures["server_cpu_us_per_step"] > 0 and figures["limited_by"] in LIMITS, (where, figures)
-    assert placement["local_x_server"] == pytest.approx(
-        placement["local"]["env_steps_per_s"] / placement["server"]["env_steps_per_s"], rel=1e-3
-    )
+    for where in ("local", "local-onnxruntime"):
+        assert placement[f"{where.replace('-', '_')}_x_server"] == pytest.approx(
+            placement[where]["env_steps_per_s"] / placement["server"]["env_steps_per_s"], rel=1e-3
+        )
     assert "B8 acting" in stdout and "B8 1x1 local inference x server-side" in stdout
 
 

@@ -4,6 +4,8 @@ a real server with it serves and records episodes as the torch backend's does.""
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from typing import Any
 
@@ -145,3 +147,16 @@ async def test_a_server_with_the_onnxruntime_backend_records_what_a_torch_server
         np.testing.assert_array_equal(a.get_actions(), b.get_actions())
         for key in (Columns.ACTION_LOGP, Columns.ACTION_DIST_INPUTS):
             np.testing.assert_allclose(a.get_extra_model_outputs(key), b.get_extra_model_outputs(key), atol=1e-5)
+
+
+def test_without_onnxruntime_auto_acts_with_torch_and_onnxruntime_is_refused(monkeypatch, caplog):
+    """An install without onnx and onnxruntime (the backend's module cannot be imported): `auto` acts in torch and
+    says why; `--backend onnxruntime` is refused with what to install."""
+    spec = RunSpec()
+    assert ActingCore.build(spec, BOX4, DISCRETE2, backend="auto").onnx is not None  # with them: onnxruntime
+    monkeypatch.setitem(sys.modules, "rlgate.export.serving", None)  # import then raises ImportError
+    with caplog.at_level(logging.WARNING, logger="rlgate.policy.acting"):
+        assert ActingCore.build(spec, BOX4, DISCRETE2, backend="auto").onnx is None
+    assert "forward pass in torch: --backend onnxruntime" in caplog.text
+    with pytest.raises(SpecError, match=r"^--backend onnxruntime: .*install onnx and onnxruntime"):
+        ActingCore.build(spec, BOX4, DISCRETE2, backend="onnxruntime")

@@ -8,13 +8,17 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pytest
 from support.servers import running_client, target, until
 
 from rlgate.client.connection import ServerRefused
 from rlgate.client.env_client import EnvClient
+from rlgate.core import codec
+from rlgate.core.columns import Columns
 from rlgate.core.errors import UserError
 from rlgate.learner.main import LearnerServer
 from rlgate.server.main import InferenceServer
@@ -36,14 +40,17 @@ def served(server: InferenceServer) -> int:
     return server.host.core.version if server.host.core else -1
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 async def test_a_local_client_trains_the_learner_through_its_server(
-    learner_server: LearnerServer, server_factory, tmp_path
+    learner_server: LearnerServer, server_factory, tmp_path, backend
 ):
     server = await server_factory(learner=f"127.0.0.1:{learner_server.port}")
-    client = local_client(server, tmp_path / "client-spool", seed=0)
+    client = local_client(server, tmp_path / "client-spool", seed=0, backend=backend)
     async with running_client(client):
         await until(lambda: served(server) >= 4, timeout=60)
-        await until(lambda: client.stats.model_version >= 3, timeout=30)  # newer versions are acted with as they come
+        # Newer versions are acted with as they come (onnxruntime: once their sessions are built, between steps).
+        await until(lambda: client.stats.model_version >= 3, timeout=30)
+    assert client.stats.backend == backend
     await server.stop()  # the client's spool was drained into the server's, which drains into the learner
     learner = learner_server.learner
     assert server.service.env_steps == 0  # no step went through a session: the client acted itself
@@ -146,29 +153,66 @@ async def test_what_a_local_client_cannot_act_with_ends_its_run_with_a_message(
         await asyncio.wait_for(not_allowed.run(max_steps=10), 30)
 
 
-async def test_a_local_client_records_the_episodes_a_server_records_for_the_same_actions(server_factory, tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+async def test_a_local_client_records_the_episodes_a_server_records_for_the_same_actions(
+    server_factory, tmp_path, backend
+):
     """The same CartPoles (seeded), the same policy and the same random draws (torch's generator seeded alike: the
-    server's for its sessions, the client's where it acts itself): the chunks acting locally ships are those a
-    server records acting for the client, column for column, cut at the same steps."""
+    server's for its sessions, the client's where it acts itself; onnxruntime's graph takes its noise from it too):
+    the chunks acting locally ships are those a server with the same backend records acting for the client, column
+    for column, cut at the same steps."""
     recorded = {}
     for inference in ("server", "local"):
-        episodes = tmp_path / f"episodes-{inference}"
-        # Both act in torch (a client acts with torch; --backend auto would pick onnxruntime on the server).
-        server = await server_factory(env=ENV, episode_dir=episodes, seed=7, backend="torch")
-        client = EnvClient(cartpoles(3), target(server), seed=7, inference=inference, spool_dir=tmp_path / "spool-c")
-        await asyncio.wait_for(client.run(max_steps=400), 30)
-        await server.stop()
-        recorded[inference] = chunks_by_step(episodes)
+        recorded[inference] = await recorded_chunks(server_factory, tmp_path / inference, inference, backend)
     assert recorded["local"] == recorded["server"] and len(recorded["server"]) > 10
 
 
-def chunks_by_step(directory: Path) -> list[tuple]:
-    """The chunks in an episode directory, each as its data without its episode id, in order of where it starts."""
+async def test_a_local_client_acting_in_onnxruntime_records_what_it_records_acting_in_torch(server_factory, tmp_path):
+    """One seeded client acting in onnxruntime (--backend auto), one in torch (its default): the same actions and
+    steps, and log-probabilities and action distribution inputs equal to float tolerance (the graph's float
+    arithmetic is not torch's, bit for bit)."""
+    recorded = {
+        backend: await recorded_chunks(server_factory, tmp_path / backend, "local", backend, decoded=True)
+        for backend in ("auto", "torch")
+    }
+    onnx, torch_ = recorded["auto"], recorded["torch"]
+    assert len(onnx) == len(torch_) > 10
+    for ours, theirs in zip(onnx, torch_, strict=True):
+        assert ours[:-1] == theirs[:-1]  # where it starts, its steps, observations, actions, rewards, versions
+        assert ours[-1].keys() == theirs[-1].keys() >= {Columns.ACTION_LOGP, Columns.ACTION_DIST_INPUTS}
+        for column, value in ours[-1].items():
+            np.testing.assert_allclose(value, theirs[-1][column], rtol=1e-5, atol=1e-6, err_msg=column)
+
+
+async def recorded_chunks(server_factory, directory: Path, inference: str, backend: str, decoded: bool = False):
+    """The chunks a seeded client of 3 CartPoles ships in 400 steps (`chunks_by_step`) acting as `inference` says,
+    the server's or its own forward pass in `backend`."""
+    episodes = directory / "episodes"
+    server = await server_factory(env=ENV, episode_dir=episodes, seed=7, backend=backend)
+    client = EnvClient(
+        cartpoles(3), target(server), seed=7, inference=inference, spool_dir=directory / "spool", backend=backend
+    )
+    try:
+        await asyncio.wait_for(client.run(max_steps=400), 30)
+    finally:
+        await server.stop()
+    if inference == "local":
+        assert client.stats.backend == backend.replace("auto", "onnxruntime")
+    return chunks_by_step(episodes, decoded)
+
+
+def chunks_by_step(directory: Path, decoded: bool = False) -> list[tuple]:
+    """The chunks in an episode directory, each as its data without its episode id, in order of where it starts;
+    `decoded`: the model's extra outputs as arrays by column (else as their wire bytes)."""
     found = []
     for path in directory.glob("*.pb"):
         chunk = episode_pb2.Episode.FromString(path.read_bytes())
         columns = [chunk.observations, chunk.actions, chunk.rewards, chunk.model_versions]
-        outputs = sorted((key, value.SerializeToString()) for key, value in chunk.extra_model_outputs.items())
+        extra = chunk.extra_model_outputs.items()
+        if decoded:
+            outputs: Any = {key: codec.from_value(value) for key, value in extra}
+        else:
+            outputs = tuple(sorted((key, value.SerializeToString()) for key, value in extra))
         found.append(
             (
                 chunk.t_started,
@@ -177,7 +221,7 @@ def chunks_by_step(directory: Path) -> list[tuple]:
                 chunk.truncated,
                 chunk.len_lookback_buffer,
                 *(column.SerializeToString() for column in columns),
-                tuple(outputs),
+                outputs,
             )
         )
-    return sorted(found)
+    return sorted(found, key=lambda chunk: chunk[:-1])

@@ -166,3 +166,24 @@ async def test_taking_turns_the_room_after_an_update_comes_with_its_published_ve
     await learner._publish()
     ack = await asyncio.wait_for(waiting, 5)
     assert ack.version == 1 and ack.room > 0
+
+
+async def test_the_ack_that_fills_a_batch_an_update_waits_for_makes_room_for_the_next(
+    learner_settings, cartpole_chunks
+):
+    """With overlap_sampling, the ack of the batch that an update waiting for it takes at once says the next batch's
+    room: said later (by the ack of steps shipped after the batch was taken), each batch cost a server or local
+    client a pause and a round trip; with no update waiting, a full intake says no room."""
+    learner = Learner(learner_settings())
+    size = learner.spec.algorithm.train_batch_size
+    chunks = cartpole_chunks(size, seed=1)
+    assert (await learner.accept(learner.decode(episode_batch(chunks, 1)))).room == 0  # nothing takes it yet
+    idle = Learner(learner_settings(checkpoint_dir=learner.settings.checkpoint_dir.parent / "other"))
+    update = asyncio.create_task(idle.train_once())
+    async with asyncio.timeout(5):
+        while not idle._waiting_for_batch:  # the update's task parks on the intake
+            await asyncio.sleep(0)
+    ack = await idle.accept(idle.decode(episode_batch(chunks, 1)))
+    assert ack.room == 2 * size - sum(map(len, chunks))
+    await asyncio.wait_for(update, 60)
+    assert idle.trainer.version == 1

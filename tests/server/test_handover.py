@@ -8,8 +8,10 @@ import time
 from collections import defaultdict
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import grpc
+import gymnasium as gym
 import numpy as np
 from support.servers import BOX4, DISCRETE2, RawStream, SpaceEnv, hello, running_client, shipped, step, until
 
@@ -26,16 +28,17 @@ LENGTH = 40  # steps per episode: longer than a rollout fragment (32), so episod
 CLIENTS = 8
 
 
-def assert_whole_episodes(directories: list[Path], clients: list[EnvClient]) -> int:
-    """Every episode the servers shipped is contiguous (chunks 0..k, each starting where the last ended) and
-    complete (LENGTH steps, terminated), except at most one per client, cut off by that client's own stop at the
-    end; each session's episodes are numbered without a gap, and the chunks hold every env step the clients took
-    (none lost, none twice). Returns the number of complete episodes."""
+def whole_episodes(
+    directories: list[Path], clients: list[EnvClient], observation_space: gym.Space = BOX4, action_space=DISCRETE2
+) -> list[tuple[Any, int]]:
+    """Every episode the servers shipped, as its last chunk and its length, once checked: its chunks contiguous
+    (0..k, each starting where the last ended), none but the last ended; each session's episodes numbered without a
+    gap, and the chunks hold every env step the clients took (none lost, none twice)."""
     chunks = defaultdict(list)
     for directory in directories:
         for message in shipped(directory):
-            chunks[message.id].append(episode_from_proto(message, BOX4, DISCRETE2))
-    complete, cut, steps = 0, 0, 0
+            chunks[message.id].append(episode_from_proto(message, observation_space, action_space))
+    episodes, steps = [], 0
     numbers = defaultdict(set)
     for episode_id, parts in chunks.items():
         parts.sort(key=lambda e: e.chunk_index)
@@ -48,15 +51,24 @@ def assert_whole_episodes(directories: list[Path], clients: list[EnvClient]) -> 
         assert all(not (e.is_terminated or e.is_truncated) for e in parts[:-1]), episode_id
         session, _, number = episode_id.rpartition("-")
         numbers[session].add(int(number))
-        if parts[-1].is_terminated and not parts[-1].is_truncated and t == LENGTH:
-            complete += 1
-        else:
-            assert t < LENGTH and not parts[-1].is_terminated, episode_id
-            cut += 1
-    assert cut <= len(clients)
+        episodes.append((parts[-1], t))
     for session, taken in numbers.items():
         assert taken == set(range(len(taken))), f"session {session}: an episode is missing"
     assert steps == sum(c.stats.env_steps for c in clients)
+    return episodes
+
+
+def assert_whole_episodes(directories: list[Path], clients: list[EnvClient]) -> int:
+    """`whole_episodes`, each complete (LENGTH steps, terminated) but at most one per client, cut off by that
+    client's own stop at the end. Returns the number of complete episodes."""
+    complete, cut = 0, 0
+    for last, length in whole_episodes(directories, clients):
+        if last.is_terminated and not last.is_truncated and length == LENGTH:
+            complete += 1
+        else:
+            assert length < LENGTH and not last.is_terminated, last.id_
+            cut += 1
+    assert cut <= len(clients)
     return complete
 
 
@@ -211,3 +223,60 @@ async def test_a_stopping_server_hands_every_client_over_at_its_next_reset_withi
     assert [c.stats.handovers for c in clients] == [1] * len(clients)
     assert a.metrics.handovers._value.get() == len(clients)
     assert assert_whole_episodes(dirs, clients) >= 2 * len(clients)
+
+
+def local_clients(target: str, spool: Path, count: int) -> list[EnvClient]:
+    """`count` local-inference clients of one CartPole each, acting in torch."""
+    return [
+        EnvClient(
+            gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")]),
+            target,
+            client_id=f"l{i}",
+            seed=i,
+            max_backoff_s=0.05,
+            inference="local",
+            spool_dir=spool,
+            backend="torch",
+        )
+        for i in range(count)
+    ]
+
+
+def assert_whole_local_episodes(directories: list[Path], clients: list[EnvClient]) -> int:
+    """`whole_episodes` of local clients' CartPoles, in one session per client across its moves, each ended by its
+    env but at most one per client, cut by that client's own stop at the end. Returns the number ended by the env."""
+    spaces = gym.make("CartPole-v1")
+    episodes = whole_episodes(directories, clients, spaces.observation_space, spaces.action_space)
+    assert len({last.id_.rpartition("-")[0] for last, _ in episodes}) == len(clients)
+    cut = [last for last, _ in episodes if last.session_closed]
+    assert len(cut) <= len(clients)
+    assert all(last.is_terminated or last.is_truncated for last, _ in episodes if not last.session_closed)
+    return len(episodes) - len(cut)
+
+
+async def test_local_clients_spread_over_a_replica_started_later_and_a_stopping_one_hands_them_over(tmp_path):
+    """Local-inference clients (their weights stream and episode stream to the server) behind one target naming two
+    replicas, the second started once they are all on the first: at their max session age the server ends their
+    weights stream, each client lets its episode stream finish and reconnects through the target, and they spread
+    over both; a graceful stop of the first hands its clients over at once (their episodes run on in the client).
+    Every episode either replica took is whole, none lost or taken twice, and no client's spool keeps a batch."""
+    dirs, spool = [tmp_path / "a", tmp_path / "b"], tmp_path / "client-spool"
+    settings = {"env": "CartPole-v1", "max_session_age_s": 1.0}
+    async with AsyncExitStack() as stack:
+        a, port_b, _ = await first_replica(stack, dirs[0], 0, **settings)
+        clients = local_clients(f"ipv4:127.0.0.1:{a.port},127.0.0.1:{port_b}", spool, 4)
+        async with AsyncExitStack() as running:  # the clients stop first (their spools drained), then the servers
+            for client in clients:
+                await running.enter_async_context(running_client(client))
+            await until(lambda: len(a.local.clients) == len(clients) and all(c.stats.episodes for c in clients), 20)
+            b = await start_server(dirs[1], port=port_b, **settings)
+            stack.push_async_callback(b.stop)
+            await until(lambda: b.local.clients and len(a.local.clients) + len(b.local.clients) == len(clients), 20)
+            moved = sum(c.stats.handovers for c in clients)
+            await asyncio.wait_for(a.stop(), 10)
+            await until(lambda: len(b.local.clients) == len(clients), 10)
+            steps = [c.stats.env_steps for c in clients]
+            await until(lambda: all(c.stats.env_steps > s + 100 for c, s in zip(clients, steps, strict=True)), 10)
+    assert moved >= 1 and sum(c.stats.handovers for c in clients) > moved  # by the max age, then by the stop
+    assert not list(spool.rglob("*.pb"))
+    assert assert_whole_local_episodes(dirs, clients) >= 2 * len(clients)

@@ -172,6 +172,30 @@ async def test_the_node_client_plays_episodes_that_the_server_records_as_it_repo
     assert not by_reset
 
 
+async def test_the_node_client_follows_reconnect_to_a_new_stream_with_no_episode_cut(
+    server_factory, tmp_path, node_client
+):
+    """A server that hands every session over after ~0.05 s (Actions.reconnect): the client closes (OK), opens a
+    new stream and starts a new episode there, again and again; the episode files hold exactly its episodes, none
+    cut, each in a session it opened. A client that sent another step instead would end with UNAVAILABLE."""
+    server = await server_factory(env="CartPole-v1", max_session_age_s=0.05)
+    summary = await run_client(node_client, server.port, "--episodes", "12", "--seed", "5")
+    await server.stop()
+
+    assert summary["status"] == "OK" and summary["episodes"] == 12
+    assert summary["handovers"] >= 2 and len(summary["session_ids"]) in (summary["handovers"], summary["handovers"] + 1)
+    assert server.metrics.handovers._value.get() == summary["handovers"]
+    episodes: dict[str, list] = {}
+    for chunk in read_episodes(tmp_path / "episodes"):
+        episodes.setdefault(chunk.id_, []).append(chunk)
+    assert all(episode_id.rsplit("-", 1)[0] in summary["session_ids"] for episode_id in episodes)
+    recorded = sorted(
+        (sum(len(c) for c in chunks), max(chunks, key=lambda c: c.chunk_index).is_terminated)
+        for chunks in episodes.values()
+    )
+    assert recorded == sorted(zip(summary["lengths"], summary["terminated"], strict=True))
+
+
 async def test_a_node_hello_with_wrong_spaces_gets_failed_precondition_naming_the_field(server_factory, node_client):
     server = await server_factory(env="CartPole-v1")
     answer = await run_client(node_client, server.port, "--mode", "wrong-spaces")

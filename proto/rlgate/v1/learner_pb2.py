@@ -26,7 +26,7 @@ from rlgate.v1 import episode_pb2 as rlgate_dot_v1_dot_episode__pb2
 from rlgate.v1 import tensor_pb2 as rlgate_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlgate/v1/learner.proto\x12\trlgate.v1\x1a\x17rlgate/v1/episode.proto\x1a\x16rlgate/v1/tensor.proto\"\xd6\x01\n\x0c\x45pisodeBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12$\n\x08\x65pisodes\x18\x03 \x03(\x0b\x32\x12.rlgate.v1.Episode\x12)\n\x0f\x63onnector_state\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Value\x12+\n\x11observation_space\x18\x05 \x01(\x0b\x32\x10.rlgate.v1.Space\x12(\n\x06\x63hunks\x18\x06 \x03(\x0b\x32\x18.rlgate.v1.EpisodeChunks\"\x95\x01\n\nEpisodeAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x10\n\x08rejected\x18\x05 \x01(\r\x12\x11\n\x04room\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x07version\x18\x07 \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_roomB\n\n\x08_versionJ\x04\x08\x04\x10\x05\"?\n\x13WatchWeightsRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x15\n\rafter_version\x18\x02 \x01(\x03\"\xe3\x03\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bsafetensors\x18\x02 \x01(\x0c\x12)\n\x0f\x63onnector_state\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Value\x12+\n\x11observation_space\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Space\x12&\n\x0c\x61\x63tion_space\x18\x05 \x01(\x0b\x32\x10.rlgate.v1.Space\x12\x11\n\tspec_json\x18\x07 \x01(\t\x12\x19\n\x11max_unacked_steps\x18\x08 \x01(\r\x12=\n\x0emodule_weights\x18\t \x03(\x0b\x32%.rlgate.v1.Weights.ModuleWeightsEntry\x12?\n\x0fmodule_versions\x18\n \x03(\x0b\x32&.rlgate.v1.Weights.ModuleVersionsEntry\x1a\x34\n\x12ModuleWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x1a\x35\n\x13ModuleVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01J\x04\x08\x06\x10\x07R\x11model_config_json\"\x12\n\x10GetStatusRequest\"\x9c\x01\n\rLearnerStatus\x12\x15\n\rmodel_version\x18\x01 \x01(\x03\x12\x19\n\x11\x65nv_steps_trained\x18\x02 \x01(\x04\x12\x19\n\x11\x65pisodes_received\x18\x03 \x01(\x04\x12\x12\n\nduplicates\x18\x04 \x01(\x04\x12\x15\n\rstale_dropped\x18\x05 \x01(\x04\x12\x13\n\x0bmean_return\x18\x06 \x01(\x01\"\xf5\x01\n\x0cServerReport\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x11\n\thttp_port\x18\x02 \x01(\r\x12\x10\n\x08sessions\x18\x03 \x01(\r\x12\x11\n\tenv_steps\x18\x04 \x01(\x04\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x15\n\rspool_batches\x18\x06 \x01(\x04\x12\x13\n\x0bspool_bytes\x18\x07 \x01(\x04\x12\x17\n\x0fmax_spool_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06paused\x18\t \x01(\t\x12\x15\n\rlocal_clients\x18\n \x01(\r\x12\x17\n\x0flocal_env_steps\x18\x0b \x01(\x04\"$\n\x0fServerReportAck\x12\x11\n\thttp_port\x18\x01 \x01(\r2\xa5\x02\n\x0eLearnerService\x12\x44\n\x0eSubmitEpisodes\x12\x17.rlgate.v1.EpisodeBatch\x1a\x15.rlgate.v1.EpisodeAck(\x01\x30\x01\x12\x44\n\x0cWatchWeights\x12\x1e.rlgate.v1.WatchWeightsRequest\x1a\x12.rlgate.v1.Weights0\x01\x12\x42\n\tGetStatus\x12\x1b.rlgate.v1.GetStatusRequest\x1a\x18.rlgate.v1.LearnerStatus\x12\x43\n\x0cReportServer\x12\x17.rlgate.v1.ServerReport\x1a\x1a.rlgate.v1.ServerReportAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlgate/v1/learner.proto\x12\trlgate.v1\x1a\x17rlgate/v1/episode.proto\x1a\x16rlgate/v1/tensor.proto\"\xd6\x01\n\x0c\x45pisodeBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\tserver_id\x18\x02 \x01(\t\x12$\n\x08\x65pisodes\x18\x03 \x03(\x0b\x32\x12.rlgate.v1.Episode\x12)\n\x0f\x63onnector_state\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Value\x12+\n\x11observation_space\x18\x05 \x01(\x0b\x32\x10.rlgate.v1.Space\x12(\n\x06\x63hunks\x18\x06 \x03(\x0b\x32\x18.rlgate.v1.EpisodeChunks\"\x95\x01\n\nEpisodeAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x10\n\x08rejected\x18\x05 \x01(\r\x12\x11\n\x04room\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x07version\x18\x07 \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_roomB\n\n\x08_versionJ\x04\x08\x04\x10\x05\"M\n\x13WatchWeightsRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x15\n\rafter_version\x18\x02 \x01(\x03\x12\x0c\n\x04onnx\x18\x03 \x01(\x08\"\xf1\x03\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bsafetensors\x18\x02 \x01(\x0c\x12)\n\x0f\x63onnector_state\x18\x03 \x01(\x0b\x32\x10.rlgate.v1.Value\x12+\n\x11observation_space\x18\x04 \x01(\x0b\x32\x10.rlgate.v1.Space\x12&\n\x0c\x61\x63tion_space\x18\x05 \x01(\x0b\x32\x10.rlgate.v1.Space\x12\x11\n\tspec_json\x18\x07 \x01(\t\x12\x19\n\x11max_unacked_steps\x18\x08 \x01(\r\x12=\n\x0emodule_weights\x18\t \x03(\x0b\x32%.rlgate.v1.Weights.ModuleWeightsEntry\x12?\n\x0fmodule_versions\x18\n \x03(\x0b\x32&.rlgate.v1.Weights.ModuleVersionsEntry\x12\x0c\n\x04onnx\x18\x0b \x01(\x0c\x1a\x34\n\x12ModuleWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x1a\x35\n\x13ModuleVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01J\x04\x08\x06\x10\x07R\x11model_config_json\"\x12\n\x10GetStatusRequest\"\x9c\x01\n\rLearnerStatus\x12\x15\n\rmodel_version\x18\x01 \x01(\x03\x12\x19\n\x11\x65nv_steps_trained\x18\x02 \x01(\x04\x12\x19\n\x11\x65pisodes_received\x18\x03 \x01(\x04\x12\x12\n\nduplicates\x18\x04 \x01(\x04\x12\x15\n\rstale_dropped\x18\x05 \x01(\x04\x12\x13\n\x0bmean_return\x18\x06 \x01(\x01\"\xf5\x01\n\x0cServerReport\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x11\n\thttp_port\x18\x02 \x01(\r\x12\x10\n\x08sessions\x18\x03 \x01(\r\x12\x11\n\tenv_steps\x18\x04 \x01(\x04\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x15\n\rspool_batches\x18\x06 \x01(\x04\x12\x13\n\x0bspool_bytes\x18\x07 \x01(\x04\x12\x17\n\x0fmax_spool_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06paused\x18\t \x01(\t\x12\x15\n\rlocal_clients\x18\n \x01(\r\x12\x17\n\x0flocal_env_steps\x18\x0b \x01(\x04\"$\n\x0fServerReportAck\x12\x11\n\thttp_port\x18\x01 \x01(\r2\xa5\x02\n\x0eLearnerService\x12\x44\n\x0eSubmitEpisodes\x12\x17.rlgate.v1.EpisodeBatch\x1a\x15.rlgate.v1.EpisodeAck(\x01\x30\x01\x12\x44\n\x0cWatchWeights\x12\x1e.rlgate.v1.WatchWeightsRequest\x1a\x12.rlgate.v1.Weights0\x01\x12\x42\n\tGetStatus\x12\x1b.rlgate.v1.GetStatusRequest\x1a\x18.rlgate.v1.LearnerStatus\x12\x43\n\x0cReportServer\x12\x17.rlgate.v1.ServerReport\x1a\x1a.rlgate.v1.ServerReportAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,21 +42,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EPISODEACK']._serialized_start=305
   _globals['_EPISODEACK']._serialized_end=454
   _globals['_WATCHWEIGHTSREQUEST']._serialized_start=456
-  _globals['_WATCHWEIGHTSREQUEST']._serialized_end=519
-  _globals['_WEIGHTS']._serialized_start=522
-  _globals['_WEIGHTS']._serialized_end=1005
-  _globals['_WEIGHTS_MODULEWEIGHTSENTRY']._serialized_start=873
-  _globals['_WEIGHTS_MODULEWEIGHTSENTRY']._serialized_end=925
-  _globals['_WEIGHTS_MODULEVERSIONSENTRY']._serialized_start=927
-  _globals['_WEIGHTS_MODULEVERSIONSENTRY']._serialized_end=980
-  _globals['_GETSTATUSREQUEST']._serialized_start=1007
-  _globals['_GETSTATUSREQUEST']._serialized_end=1025
-  _globals['_LEARNERSTATUS']._serialized_start=1028
-  _globals['_LEARNERSTATUS']._serialized_end=1184
-  _globals['_SERVERREPORT']._serialized_start=1187
-  _globals['_SERVERREPORT']._serialized_end=1432
-  _globals['_SERVERREPORTACK']._serialized_start=1434
-  _globals['_SERVERREPORTACK']._serialized_end=1470
-  _globals['_LEARNERSERVICE']._serialized_start=1473
-  _globals['_LEARNERSERVICE']._serialized_end=1766
+  _globals['_WATCHWEIGHTSREQUEST']._serialized_end=533
+  _globals['_WEIGHTS']._serialized_start=536
+  _globals['_WEIGHTS']._serialized_end=1033
+  _globals['_WEIGHTS_MODULEWEIGHTSENTRY']._serialized_start=901
+  _globals['_WEIGHTS_MODULEWEIGHTSENTRY']._serialized_end=953
+  _globals['_WEIGHTS_MODULEVERSIONSENTRY']._serialized_start=955
+  _globals['_WEIGHTS_MODULEVERSIONSENTRY']._serialized_end=1008
+  _globals['_GETSTATUSREQUEST']._serialized_start=1035
+  _globals['_GETSTATUSREQUEST']._serialized_end=1053
+  _globals['_LEARNERSTATUS']._serialized_start=1056
+  _globals['_LEARNERSTATUS']._serialized_end=1212
+  _globals['_SERVERREPORT']._serialized_start=1215
+  _globals['_SERVERREPORT']._serialized_end=1460
+  _globals['_SERVERREPORTACK']._serialized_start=1462
+  _globals['_SERVERREPORTACK']._serialized_end=1498
+  _globals['_LEARNERSERVICE']._serialized_start=1501
+  _globals['_LEARNERSERVICE']._serialized_end=1794
 # @@protoc_insertion_point(module_scope)

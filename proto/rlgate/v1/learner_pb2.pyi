@@ -135,21 +135,27 @@ class WatchWeightsRequest(_message.Message):
 
     SERVER_ID_FIELD_NUMBER: _builtins.int
     AFTER_VERSION_FIELD_NUMBER: _builtins.int
+    ONNX_FIELD_NUMBER: _builtins.int
     server_id: _builtins.str
     after_version: _builtins.int
     """Only versions newer than this are sent; -1 for "send the current one". At most 2**62 - 1 (versions stay
     far below int64's limit, even after a learner skips past a server's): INVALID_ARGUMENT otherwise, and
     for anything below -1.
     """
+    onnx: _builtins.bool
+    """PolicyService.WatchWeights only (a local-inference client without torch, e.g. clients/node): also send each
+    version as an ONNX file (Weights.onnx). A learner ignores it.
+    """
     def __init__(
         self,
         *,
         server_id: _builtins.str = ...,
         after_version: _builtins.int = ...,
+        onnx: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_version", b"after_version", "server_id", b"server_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_version", b"after_version", "onnx", b"onnx", "server_id", b"server_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -208,6 +214,7 @@ class Weights(_message.Message):
     MAX_UNACKED_STEPS_FIELD_NUMBER: _builtins.int
     MODULE_WEIGHTS_FIELD_NUMBER: _builtins.int
     MODULE_VERSIONS_FIELD_NUMBER: _builtins.int
+    ONNX_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     safetensors: _builtins.bytes
     """The model's state dict as safetensors bytes."""
@@ -219,6 +226,11 @@ class Weights(_message.Message):
     """Pacing: a server pauses sampling while it holds this many env steps it shipped that the learner has not
     acknowledged, and flushes its running episodes so the learner gets them; it resumes as acks come. The
     learner acknowledges only while it has room for them, so sampling keeps the learner's pace. 0: no limit.
+    """
+    onnx: _builtins.bytes
+    """PolicyService.WatchWeights to a request with `onnx` only: this version's policy as `rlgate export --explore`
+    writes it (docs/onnx.md: env-to-module and module-to-env folded in, a `noise` input, `action_logp` and
+    `action_dist_inputs` outputs, the contract in its metadata), for a client that acts with an ONNX runtime.
     """
     @_builtins.property
     def connector_state(self) -> _tensor_pb2.Value:
@@ -251,10 +263,11 @@ class Weights(_message.Message):
         max_unacked_steps: _builtins.int = ...,
         module_weights: _abc.Mapping[_builtins.str, _builtins.bytes] | None = ...,
         module_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        onnx: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "observation_space", b"observation_space"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "max_unacked_steps", b"max_unacked_steps", "module_versions", b"module_versions", "module_weights", b"module_weights", "observation_space", b"observation_space", "safetensors", b"safetensors", "spec_json", b"spec_json", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_space", b"action_space", "connector_state", b"connector_state", "max_unacked_steps", b"max_unacked_steps", "module_versions", b"module_versions", "module_weights", b"module_weights", "observation_space", b"observation_space", "onnx", b"onnx", "safetensors", b"safetensors", "spec_json", b"spec_json", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
