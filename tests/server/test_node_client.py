@@ -324,7 +324,9 @@ async def test_node_tictactoe_players_take_turns_and_the_loser_is_paid_without_a
     the games still running. PettingZoo's tictactoe_v3 replays every recorded game: the same observations
     (flattened by the spec's FlattenObservations connector)."""
     tictactoe = pytest.importorskip("pettingzoo.classic.tictactoe_v3")
-    server = await server_factory(spec=RunSpec.load(ROOT / "examples" / "tictactoe.toml"))
+    # Seeded, so that the games' moves are the same whatever the process sampled before (once every game ended at
+    # the same step, and none was left running at the Close).
+    server = await server_factory(spec=RunSpec.load(ROOT / "examples" / "tictactoe.toml"), seed=0)
     args = ["--mode", "multi-agent", "--game", "tictactoe", "--envs", "3", "--episodes", "7", "--seed", "0"]
     summary = await run_client(node_client, server.port, *args)
     await server.stop()
