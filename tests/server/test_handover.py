@@ -277,6 +277,8 @@ async def test_local_clients_spread_over_a_replica_started_later_and_a_stopping_
             await until(lambda: len(b.local.clients) == len(clients), 10)
             steps = [c.stats.env_steps for c in clients]
             await until(lambda: all(c.stats.env_steps > s + 100 for c, s in zip(clients, steps, strict=True)), 10)
-    assert moved >= 1 and sum(c.stats.handovers for c in clients) > moved  # by the max age, then by the stop
+    # Moved by the max age; by the stop, every client left on the first is on the second (above): handed over, or, one
+    # whose reconnect at its max age met the stopping replica, told UNAVAILABLE and reconnected (not a handover).
+    assert moved >= 1
     assert not list(spool.rglob("*.pb"))
     assert assert_whole_local_episodes(dirs, clients) >= 2 * len(clients)
