@@ -77,12 +77,11 @@ class BatchDecoder:
         """`batch` decoded (`payload`: its bytes, if the caller has them). Never raises: a batch whose decoding
         raises anything unforeseen (a bug, or a user's space failing on an odd batch) is one refusal,
         "unreadable batch", of all its chunks."""
-        chunks = len(batch.episodes) + sum(len(table.ids) for table in batch.chunks)
         try:
             entries = list(self._entries(batch))
         except Exception as exc:
             what = f"all of the batch from server {batch.server_id}: {exc!r}"
-            entries = [Decoded(None, reason="unreadable batch", what=what, chunks=chunks, error=exc)]
+            entries = [Decoded(None, reason="unreadable batch", what=what, chunks=_chunks(batch), error=exc)]
         state, error = None, ""
         if batch.HasField("connector_state"):
             try:
@@ -97,9 +96,8 @@ class BatchDecoder:
         try:  # multi-agent chunks are decoded in their module's spaces instead
             observation_space = self._observation_space(batch) if self.module_spaces is None else None
         except ValueError as exc:
-            chunks = len(batch.episodes) + sum(len(table.ids) for table in batch.chunks)
             what = f"all of the batch from server {server}: {exc}"
-            yield Decoded(None, reason="unknown observation space", what=what, chunks=chunks)
+            yield Decoded(None, reason="unknown observation space", what=what, chunks=_chunks(batch))
             return
         for message in batch.episodes:  # one message per chunk (servers before EpisodeChunks, spooled)
             key = chunk_key(message.id, message.chunk_index)
@@ -185,3 +183,8 @@ class BatchDecoder:
         if space not in self.observation_spaces:
             raise ValueError(f"observation_space {space} is neither the env's nor an env-to-module piece's")
         return space
+
+
+def _chunks(batch: learner_pb2.EpisodeBatch) -> int:
+    """The chunks a batch holds, in messages and tables."""
+    return len(batch.episodes) + sum(len(table.ids) for table in batch.chunks)

@@ -137,13 +137,15 @@ class Intake:
             except DecodeError as exc:
                 _set_unreadable_aside(path, f"does not decode as an EpisodeBatch ({exc})")
                 continue
-            try:  # a batch this learner took once, that its code (or a user's space) now fails on: kept on disk
+            # A batch this learner took once, that its code (or a user's space) now fails on: kept on disk.
+            try:
                 sorted_ = self._sort(self.decoder.decode(batch, payload))
-                unreadable = next((error for *_, error in sorted_.refused if error is not None), None)
-                if unreadable is not None:
-                    raise unreadable
             except Exception as exc:
                 _set_unreadable_aside(path, f"cannot be read back ({exc!r})")
+                continue
+            unreadable = next((error for *_, error in sorted_.refused if error is not None), None)
+            if unreadable is not None:
+                _set_unreadable_aside(path, f"cannot be read back ({unreadable!r})")
                 continue
             self._files.append(_File(path, self._record(sorted_)))
         if self._files:
