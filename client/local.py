@@ -342,6 +342,11 @@ class ServerLink:
             )(metadata=client.metadata, wait_for_ready=True)
             hello = pb.SubmitHello(client_id=client.client_id, spec_json=self.spec_json, num_envs=client.env.num_envs)
             await call.write(pb.EpisodeSubmission(hello=hello).SerializeToString())
+            # The server's initial metadata says it accepted the hello; a refused stream ends here with its own
+            # status (a batch written after the refusal could replace it with gRPC's INTERNAL, grpc/grpc#36066).
+            await call.initial_metadata()
+            if call.done():
+                await call.read()  # raises the refusal's status
             await self.shipper.stream(call, _submission, self._handover, client.drain_timeout_s)
         finally:
             self.room = None  # unknown until the next stream's first ack: meanwhile only the window holds sampling

@@ -215,6 +215,9 @@ class PolicyService:
                     if client is not None:
                         raise WrongState("hello sent twice on one stream")
                     client = self.local.open(message.hello)
+                    # The hello is accepted: a client may wait for this before its first batch (see _send in
+                    # client/local.py), so that no batch of its is written to a stream refused at its hello.
+                    await context.send_initial_metadata(())
                 elif kind == "batch":
                     if client is None:
                         raise WrongState("batch before hello: send a hello naming the run spec first")

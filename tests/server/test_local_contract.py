@@ -86,6 +86,8 @@ async def test_a_local_client_from_the_proto_alone(server_factory, tmp_path):
             SUBMIT, request_serializer=None, response_deserializer=learner_pb2.EpisodeAck.FromString
         )(metadata=AUTH)
         await call.write(hello(weights.spec_json).SerializeToString())
+        # The server's (empty) initial metadata says the hello is accepted, before any batch or ack.
+        assert await asyncio.wait_for(call.initial_metadata(), 10) is not None and not call.done()
         await call.write(batch(7, chunk_table("proto-a", 3), chunk_table("proto-b", 2)).SerializeToString())
         ack = await asyncio.wait_for(call.read(), 10)
         assert (ack.seq, ack.accepted, ack.duplicates, ack.rejected) == (7, 2, 0, 0)
