@@ -67,6 +67,7 @@ def test_the_wheel_holds_only_rlgate_and_its_metadata(wheel: Path) -> None:
     assert not any(name.startswith(("rlgate/tests", "tests/")) for name in names)
 
 
+@pytest.mark.slow
 def test_from_the_wheel_rlgate_imports_and_server_does_not(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     installed = subprocess.run(
@@ -96,6 +97,7 @@ def test_from_the_wheel_rlgate_imports_and_server_does_not(wheel: Path, tmp_path
     assert shadows == "[]"
 
 
+@pytest.mark.slow
 def test_a_user_project_with_its_own_models_and_server_packages_runs_rlgate_up(tmp_path: Path) -> None:
     """The user's `models/`, `server/` and `episodes/` come first on sys.path; rlgate must never import them."""
     for name in ("models", "server", "episodes"):

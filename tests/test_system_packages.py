@@ -34,6 +34,7 @@ def bare_path(tmp_path: Path, *commands: str) -> str:
     return str(bare)
 
 
+@pytest.mark.slow
 def test_tests_needing_chromium_promtool_or_node_skip_with_the_reason(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
     env["PATH"] = bare_path(tmp_path, "python3")

@@ -27,6 +27,7 @@ def run_soak(streams: int, seconds: int, warmup_s: int, timeout: float) -> re.Ma
     return found
 
 
+@pytest.mark.slow
 def test_a_short_soak_passes_with_no_errors():
     run_soak(32, 4, 1, timeout=110)
 

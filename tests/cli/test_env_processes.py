@@ -7,6 +7,8 @@ import asyncio
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import RLGATE, rlgate
 from tests.support.processes import descendants
 from tests.support.servers import until
@@ -20,6 +22,7 @@ async def test_rlgate_env_runs_async_vector_envs_to_max_steps(server) -> None:
     assert "Traceback" not in stderr, stderr
 
 
+@pytest.mark.slow
 async def test_rlgate_env_ends_its_clients_and_their_envs_at_sigterm(server) -> None:
     args = ("env", "--server", f"127.0.0.1:{server.port}", *ASYNC, "--no-progress")
     process = await asyncio.create_subprocess_exec(*RLGATE, *args, stdin=asyncio.subprocess.DEVNULL)

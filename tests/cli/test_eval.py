@@ -60,6 +60,7 @@ def test_json_results_are_the_policys_own_episodes(cartpole_checkpoint):
     assert results["return_min"] <= results["return_mean"] <= results["return_max"]
 
 
+@pytest.mark.slow
 def test_video_of_every_episode_and_a_readable_report(cartpole_checkpoint, tmp_path):
     videos = tmp_path / "videos"
     ran = rlgate("eval", "--checkpoint", str(cartpole_checkpoint), "--episodes", "2", "--video", str(videos))

@@ -124,6 +124,7 @@ def test_a_run_without_a_goal_runs_its_step_budget_and_exits_0(tmp_path: Path) -
     )
 
 
+@pytest.mark.slow
 def test_a_run_stopped_before_any_episode_ended_says_so(tmp_path: Path) -> None:
     """Not "return nan": no return was measured."""
     (tmp_path / "never.py").write_text(NEVER_ENDS)
@@ -133,6 +134,7 @@ def test_a_run_stopped_before_any_episode_ended_says_so(tmp_path: Path) -> None:
     assert "nan" not in out, out
 
 
+@pytest.mark.slow
 def test_spec_variables_set_the_run_spec_of_up_and_of_every_process(tmp_path: Path) -> None:
     """RLGATE_SPEC__* as README promises: `up` applies them; the processes run exactly its spec.json."""
     env = {**os.environ, "RLGATE_SPEC__ALGORITHM__LR": "0.0005", "RLGATE_SEED": "7"}

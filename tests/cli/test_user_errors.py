@@ -188,6 +188,7 @@ async def test_up_refuses_spaces_the_default_model_cannot_take_in_one_line(tmp_p
         assert expected in one_user_error(code, stderr), (env, stderr)
 
 
+@pytest.mark.slow
 async def test_a_checkpoint_whose_weights_are_another_models_is_one_line_wherever_it_is_loaded(
     tmp_path: Path,
 ) -> None:
@@ -219,6 +220,7 @@ async def test_a_checkpoint_whose_weights_are_another_models_is_one_line_whereve
         ), stderr
 
 
+@pytest.mark.slow
 async def test_up_failing_early_removes_only_the_run_directory_it_made(tmp_path: Path) -> None:
     """A new --run-dir (and its parents) goes again; one that held something before stays as it was."""
     new, existing = tmp_path / "new" / "runs", tmp_path / "mine"
@@ -304,6 +306,7 @@ async def test_rlgate_env_gives_up_on_an_address_where_no_server_answers() -> No
     assert one_user_error(code, stderr) == f"rlgate: cannot reach the server at 127.0.0.1:{port} within 1 s"
 
 
+@pytest.mark.slow
 async def test_rlgate_env_names_the_env_and_what_is_wrong_with_it(server, tmp_path: Path) -> None:
     """An env that raises or breaks gymnasium's contract, or a module that fails to import: one line each."""
     (tmp_path / "broken_syntax.py").write_text("def (:\n")

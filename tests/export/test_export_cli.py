@@ -61,6 +61,7 @@ async def test_a_checkpoint_rlgate_up_trained_exports_to_a_file_that_acts_as_its
 
 
 @pytest.mark.usefixtures("examples_importable")
+@pytest.mark.slow
 async def test_a_multi_agent_run_exports_one_file_per_module(tmp_path):
     spec = {
         "env": {"id": "examples.multi_agent_cartpole:MultiAgentCartPole", "kwargs": {"num_agents": 2}},

@@ -80,6 +80,7 @@ def two_ranks(log: Path) -> Iterator[Group]:
         rank_1.wait()
 
 
+@pytest.mark.slow
 def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, learner_settings, cartpole_chunks):
     # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch.
     spec = learner_settings(spec={"algorithm": {"train_batch_size": 128, "minibatch_size": 256, "num_epochs": 3}}).spec
@@ -116,6 +117,7 @@ REPLAYED = {
 
 
 @pytest.mark.parametrize("algorithm", ["DQN", "SAC"])
+@pytest.mark.slow
 def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, cartpole_chunks, algorithm):
     # A train batch of 63 rows: shards of 32 and 31, so gradients and losses weighted other than by rows would
     # differ from one learner's; a rank that skipped an all-reduce would differ from one learner (rank 0) or from
@@ -168,6 +170,7 @@ def test_a_follower_whose_rank_0_is_gone_ends_with_one_line(tmp_path, learner_se
     assert "the learner stops: restart it, it resumes from its last checkpoint" in log.splitlines()[-1]
 
 
+@pytest.mark.slow
 async def test_a_rank_that_dies_ends_rank_0_with_one_line_and_exit_1(tmp_path, learners):
     learner = learners.start("learner", "--num-learners", "2", *QUICK)
     log = tmp_path / "learner.log"
@@ -179,6 +182,7 @@ async def test_a_rank_that_dies_ends_rank_0_with_one_line_and_exit_1(tmp_path, l
     assert "CRITICAL" in last and "learner rank 1 of 2 exited with status -9; the learner stops" in last
 
 
+@pytest.mark.slow
 async def test_followers_beside_rank_0_leave_its_http_port_to_it(tmp_path, learners, http_get, monkeypatch):
     """As in one container of compose (RLGATE_HTTP_PORT set for every process there): the ranks rank 0 starts on
     its host read that port too, and serve no HTTP (only a rank with a host of its own does), so rank 0 gets it."""
@@ -258,12 +262,14 @@ def rlgate_learn(*flags: str, env: dict[str, str] | None = None) -> subprocess.C
     ],
     ids=["more-than-a-minibatch", "more-than-a-train-batch", "multi-agent"],
 )
+@pytest.mark.slow
 def test_learners_the_run_cannot_have_are_one_line_and_exit_2(tmp_path, flags, line):
     done = rlgate_learn("--port", "0", "--http-port", "0", "--checkpoint-dir", str(tmp_path), *flags)
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == f"rlgate: {line}"
 
 
+@pytest.mark.slow
 def test_a_rank_that_cannot_reach_the_rendezvous_is_one_line_and_exit_2():
     nobody = Rendezvous(1, 2, "127.0.0.1", free_port())  # no rank 0 listens there
     done = rlgate_learn("--rendezvous-timeout-s", "1", env=nobody.env(1))

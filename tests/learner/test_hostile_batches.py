@@ -83,6 +83,7 @@ async def check(submitter: Submitter, batch: learner_pb2.EpisodeBatch) -> None:
 
 @HOSTILE
 @given(data=st.data())
+@pytest.mark.slow
 async def test_hostile_batches_are_acknowledged_and_never_fail_an_update(submitter, data):
     await check(submitter, data.draw(hostile_batches(submitter.base())))
 

@@ -89,6 +89,7 @@ async def test_a_killed_learner_is_reported_and_a_new_one_is_picked_up_within_3_
     assert "rlgate_learner_connected 1.0" in metrics and "rlgate_learner_last_ack_timestamp_seconds 1." in metrics
 
 
+@pytest.mark.slow
 async def test_with_the_learner_away_and_sampling_paused_the_server_is_not_ready(
     learner_settings, server_factory, http_get
 ):
@@ -116,6 +117,7 @@ async def test_with_the_learner_away_and_sampling_paused_the_server_is_not_ready
         await learner.stop()
 
 
+@pytest.mark.slow
 async def test_the_learners_pacing_is_no_stall_and_a_learner_gone_meanwhile_lets_sampling_go_on(
     learner_settings, server_factory
 ):

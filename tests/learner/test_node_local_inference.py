@@ -69,6 +69,7 @@ async def test_a_node_client_acting_locally_ships_episodes_that_train_the_learne
     assert sorted(ended) == sorted(r for r, t in zip(summary["returns"], summary["terminated"], strict=True) if t)
 
 
+@pytest.mark.slow
 async def test_a_node_client_sends_its_unacknowledged_batches_again_to_the_server_that_replaces_its_own(
     learner_server: LearnerServer,
     server_factory,

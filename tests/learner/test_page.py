@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from support.browser import attribute, dom, inner, screenshot, text
 from support.servers import until
 
 from rlgate.learner.main import LearnerServer
 
 
+@pytest.mark.slow
 async def test_the_live_page_shows_progress_charts_and_the_connected_server(
     learner_server, train_updates, server_factory, tmp_path, capsys
 ):
@@ -44,6 +46,7 @@ async def test_the_live_page_shows_progress_charts_and_the_connected_server(
     await screenshot(url, tmp_path / "profile", tmp_path / "learner-page.png", capsys)
 
 
+@pytest.mark.slow
 async def test_the_page_says_an_update_is_in_progress_and_when_no_server_is_connected(
     learner_settings, train_updates, tmp_path
 ):

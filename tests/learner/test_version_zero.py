@@ -62,6 +62,7 @@ async def test_version_0_is_served_before_the_learner_is_up_and_is_the_learners(
         await learner.stop()
 
 
+@pytest.mark.slow
 async def test_a_learner_with_another_run_spec_is_refused_and_says_so(
     tmp_path, learner_settings, server_factory, http_get
 ):

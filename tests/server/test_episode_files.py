@@ -32,6 +32,7 @@ async def record(server_factory, tmp_path, spec: dict, steps: int = 400) -> tupl
     return client, server
 
 
+@pytest.mark.slow
 async def test_recorded_episodes_read_back_with_their_spaces_and_spec(server_factory, tmp_path):
     client, _ = await record(server_factory, tmp_path, {})
     directory = tmp_path / "episodes"

@@ -121,6 +121,7 @@ async def check_fuzz(server_factory, spaces: str, cases: int) -> None:
 # numpy's RuntimeWarnings (a cast that wraps, an overflow) raise: in the server they end as INTERNAL, and fail.
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("spaces", SPACES)
+@pytest.mark.slow
 async def test_a_thousand_mutated_messages_get_client_errors_only(server_factory, spaces):
     await check_fuzz(server_factory, spaces, 1_000)
 

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import gymnasium as gym
 import numpy as np
+import pytest
 from support.servers import BOX4, DISCRETE2, RawStream, SpaceEnv, hello, running_client, shipped, step, until
 
 from rlgate.client.env_client import EnvClient
@@ -117,6 +118,7 @@ def halves(a: InferenceServer, b: InferenceServer) -> bool:
     return 3 <= len(b.service.sessions) <= 5 and len(a.service.sessions) + len(b.service.sessions) == CLIENTS
 
 
+@pytest.mark.slow
 async def test_sessions_spread_over_a_replica_started_later_with_no_episode_cut(tmp_path):
     """Two replicas behind one target, the second started once every client is on the first: within a few session
     ages both serve about half the sessions, and every episode either shipped is whole, none lost."""

@@ -188,6 +188,7 @@ def test_tls_and_token_together(tls_files):
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_sigterm_drains_flushes_and_exits_zero(tmp_path):
     """`rlgate serve` as a real process: SIGTERM hands the open session over at its episode's end (nothing cut),
     ships the episodes, exits 0."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import gymnasium as gym
+import pytest
 from support.browser import attribute, dom, inner, screenshot, text
 from support.servers import running_client, target, until, wait_for_steps
 
@@ -13,6 +14,7 @@ from rlgate.learner.main import LearnerServer
 from rlgate.learner.settings import LearnerSettings
 
 
+@pytest.mark.slow
 async def test_the_server_page_shows_sessions_batches_and_links_its_learner(server_factory, tmp_path, capsys):
     no_updates = {"algorithm": {"train_batch_size": 1_000_000}}  # the version the page shows stays put
     settings = LearnerSettings(env="CartPole-v1", spec=no_updates, port=0, http_port=0, checkpoint_dir=tmp_path / "ck")

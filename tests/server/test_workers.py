@@ -125,6 +125,7 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("dies", ["worker", pytest.param("parent", marks=pytest.mark.slow)])
+@pytest.mark.slow
 async def test_when_a_worker_or_the_parent_dies_the_rest_stop(tmp_path: Path, dies: str) -> None:
     """A worker killed: the parent stops the other and fails. The parent killed: its workers stop themselves."""
     command = [sys.executable, "-m", "rlgate", "serve", "--workers", "2", "--env", "CartPole-v1"]
