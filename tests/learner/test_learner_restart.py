@@ -9,7 +9,9 @@ model was trained on must be the sum of the trained chunks' lengths: a chunk tra
 or the other.
 
 With two data-parallel learners (`--num-learners 2`), rank 1 is killed instead: rank 0 ends with it, and the
-restarted pair goes on from the checkpoint alike.
+restarted pair goes on from the checkpoint alike, with PPO, DQN and (discrete) SAC. An off-policy chunk counts as
+trained once it joined the replay buffer (rank 0's): the restarted pair starts with an empty buffer, as a
+checkpoint keeps none by default.
 
 The learner is killed at two moments: while the server ships chunks (its stream to the learner may break
 in the middle of a write), and while the server (or the local client) waits for the next version with all its chunks
@@ -38,6 +40,12 @@ TRAIN_BATCH_SIZE = 128
 QUICK = ("--checkpoint-every", "2", "--spec.algorithm.train-batch-size", str(TRAIN_BATCH_SIZE))
 QUICK += ("--spec.algorithm.minibatch-size", "64", "--spec.algorithm.num-epochs", "2")
 QUICK += ("--spec.sampling.rollout-fragment-length", "16")  # many chunks, and episodes cut into several
+# DQN and SAC (discrete): updates of 32 transitions from the first 64 env steps on, one per env step, a version
+# every 4 updates.
+OFF_POLICY = ("--checkpoint-every", "2", "--spec.algorithm.train-batch-size", "32")
+OFF_POLICY += ("--spec.algorithm.training-intensity", "32", "--spec.algorithm.broadcast-interval", "4")
+OFF_POLICY += ("--spec.algorithm.num-steps-sampled-before-learning-starts", "64")
+OFF_POLICY += ("--spec.sampling.rollout-fragment-length", "16")
 
 
 def served(server: InferenceServer) -> int:
@@ -58,26 +66,29 @@ def waiting(server: InferenceServer, client: EnvClient, spool: Path) -> bool:
     return served(server) >= 3 and server.host.batcher.paused() and not any(spool.rglob("*.pb"))
 
 
-KILLS: list[Any] = [(inference, moment, 1) for inference in ("server", "local") for moment in (shipping, waiting)]
-# Two data-parallel learners: rank 1 killed, and rank 0 ends with it (~50 s: three processes start twice).
-KILLS.append(pytest.param("server", shipping, 2, marks=pytest.mark.slow))
+KILLS: list[Any] = [
+    (inference, moment, 1, "PPO") for inference in ("server", "local") for moment in (shipping, waiting)
+]
+# Two data-parallel learners: rank 1 killed, and rank 0 ends with it (three processes start twice). DQN's rank 0
+# holds the replay buffer and scatters each update's batch: its chunks are counted as they join the buffer.
+KILLS += [("server", shipping, 2, algo) for algo in ("PPO", "DQN", "SAC")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("inference", "moment", "num_learners"),
+    ("inference", "moment", "num_learners", "algo"),
     KILLS,
     ids=lambda value: getattr(value, "__name__", None) or (f"{value}-learners" if isinstance(value, int) else value),
 )
 async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk_exactly_once(
-    tmp_path, learners, server_factory, moment, inference, num_learners
+    tmp_path, learners, server_factory, moment, inference, num_learners, algo
 ):
     checkpoints, shipped_dir = learners.checkpoints, tmp_path / "shipped"
     server = await server_factory(
         learner=learners.target,
         episode_dir=shipped_dir,
     )
-    flags = (*QUICK, "--num-learners", str(num_learners))
+    flags = (*(QUICK if algo == "PPO" else ("--algo", algo, *OFF_POLICY)), "--num-learners", str(num_learners))
     first = learners.start("learner-1", *flags)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
     client = EnvClient(envs, target(server), seed=0, inference=inference, spool_dir=tmp_path / "client-spool")
