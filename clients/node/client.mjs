@@ -861,7 +861,10 @@ async function inProcess() {
 // unacknowledged one is sent again on a new stream (the learner drops chunks it already has). Pacing as the
 // Python client keeps it: sampling waits, the running episode shipped as it stands, while the steps not yet
 // acknowledged and those not shipped exceed the `room` the last ack granted or, before any ack, while the
-// unacknowledged ones reach the weights' `max_unacked_steps` (0: no limit).
+// unacknowledged ones reach the weights' `max_unacked_steps` (0: no limit). When the server ends WatchWeights with
+// OK (its max session age, or a drain: proto/README.md, "Moving to another replica"), the client moves as the
+// Python client does: it half-closes SubmitEpisodes, takes the acks of what it sent, and opens both streams on a
+// new channel, which may reach another replica behind the same address (a Service's new connection).
 // ---------------------------------------------------------------------------------------------------
 
 // Statuses a new stream may not get again (gRPC's names): reopen the stream, with backoff.
@@ -884,6 +887,7 @@ class Signal {
 
 class ServerLink {
   constructor(target, clientId) {
+    this.target = target;
     this.client = new PolicyService(target, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
     this.clientId = clientId;
     this.changed = new Signal(); // weights ready, an ack, a failure
@@ -899,7 +903,9 @@ class ServerLink {
     this.spool = new Map(); // seq -> {batch, steps}, in seq order, until acknowledged
     this.seq = 0;
     this.counts = { batches: 0, chunks: 0, steps: 0, acked_batches: 0, accepted: 0, streams: 0, pauses: 0 };
-    this.submit = null; // the SubmitEpisodes call while open
+    this.counts.moves = 0; // to a new channel, when the server ended WatchWeights with OK
+    this.submit = null; // the SubmitEpisodes call while open (and not half-closed for a move)
+    this.moving = null; // the half-closed SubmitEpisodes call of a move, until its status
     this.closing = false;
   }
 
@@ -926,7 +932,30 @@ class ServerLink {
     this.watching = call;
     call.on("data", (weights) => this.received(weights).catch((error) => this.fail(String(error))));
     call.on("error", () => {}); // read from `status`
-    call.on("status", this.reopen("WatchWeights", (n) => this.watch(n), attempt));
+    call.on("status", (status) => {
+      if (status.code === grpc.status.OK && !this.closing) this.move();
+      else this.reopen("WatchWeights", (n) => this.watch(n), attempt)(status);
+    });
+  }
+
+  // The server asked this client to move (WatchWeights ended with OK): SubmitEpisodes half-closed, so that the acks
+  // of what it sent come back (within --drain-timeout-s; the rest is sent again), then both streams on a new channel.
+  move() {
+    this.counts.moves += 1;
+    const [old, call] = [this.client, this.submit];
+    const reopen = () => {
+      clearTimeout(timer);
+      if (this.closing) return;
+      this.moving = null;
+      old.close();
+      this.client = new PolicyService(this.target, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+      this.watch();
+      if (call !== null) this.send(); // (else a retry waiting to reopen it does so on the new channel, or none began)
+    };
+    const timer = setTimeout(() => call?.cancel(), Number(args["drain-timeout-s"]) * 1000);
+    if (call === null) return reopen();
+    [this.submit, this.moving] = [null, { call, reopen }];
+    call.end();
   }
 
   async received(weights) {
@@ -990,8 +1019,9 @@ class ServerLink {
     });
     call.on("error", () => {});
     call.on("status", (status) => {
-      this.submit = null;
       this.room = null; // unknown until the next stream's first ack
+      if (this.moving?.call === call) return this.moving.reopen();
+      this.submit = null;
       this.reopen("SubmitEpisodes", (n) => this.send(n), attempt)(status);
     });
     call.write({ hello: { client_id: this.clientId, spec_json: this.specJson, num_envs: 1 } });
@@ -1030,6 +1060,7 @@ class ServerLink {
   close() {
     this.closing = true;
     this.watching?.cancel();
+    this.moving?.call.cancel();
     this.submit?.end(); // half-close: the server ends the stream with OK
     this.client.close();
   }

@@ -97,6 +97,29 @@ async def test_a_node_client_sends_its_unacknowledged_batches_again_to_the_serve
     assert first.local.env_steps + second.local.env_steps >= 2000
 
 
+@pytest.mark.slow
+async def test_a_node_client_moves_to_a_new_channel_at_its_max_session_age_losing_nothing(
+    learner_server: LearnerServer,
+    server_factory,
+    node_client,  # noqa: F811
+):
+    """At its max session age the server ends the client's WatchWeights with OK: the client half-closes its
+    SubmitEpisodes, takes the acks of what it sent, and opens both streams on a new channel (through a Service's
+    address, a new connection may reach another replica); it acts on meanwhile, and every step reaches the learner
+    once."""
+    learner = learner_server.learner
+    server = await server_factory(learner=f"127.0.0.1:{learner_server.port}", max_session_age_s=0.25)
+    summary = await run_client(node_client, server.port, "--mode", "local", "--steps", "4000", "--seed", "5")
+    await server.stop()
+
+    assert summary["moves"] >= 2 and summary["streams"] >= summary["moves"] + 1, summary
+    handovers = server.metrics.registry.get_sample_value("rlgate_handovers_total")
+    assert summary["moves"] <= handovers  # each when the server ended the weights stream
+    assert summary["steps"] == 4000 and summary["acked_batches"] == summary["batches"]
+    assert summary["unacknowledged_batches"] == 0 and len(summary["model_versions"]) >= 2
+    assert learner.env_steps_received() == 4000 and learner.intake.rejected.total() == 0
+
+
 async def first_weights(server: InferenceServer) -> learner_pb2.Weights:
     """The first answer of the server's WatchWeights to a client that asks for ONNX files."""
     async with grpc.aio.insecure_channel(target(server)) as channel:
