@@ -27,11 +27,13 @@ run: $(VENV)/.run
 # First the system packages some tests need (.ci/system-packages: chromium, promtool, node, npm), where this
 # user may install them; without them those tests skip, saying why.
 # The tests run on as many workers as there are cores, at most 4 (pytest-xdist): they are independent (ports 0,
-# their own folders), and many wait on processes starting rather than on the CPU.
+# their own folders), and many wait on processes starting rather than on the CPU. Two at a time, the slow ones
+# first (tests/conftest.py): xdist's default hands each worker up to a quarter of the suite at once, and one
+# worker then sat idle for minutes while the other worked through its queue of multi-process tests.
 test:
 	@.ci/system-packages
 	@$(MAKE) --no-print-directory $(VENV)/.dev
-	$(BIN)/pytest --numprocesses auto --maxprocesses 4
+	$(BIN)/pytest --numprocesses auto --maxprocesses 4 --maxschedchunk 2
 
 # The full-size acceptance runs the suite leaves out (marked long): 256 streams x 60 s, 10,000 fuzzed messages.
 test-long: $(VENV)/.dev
