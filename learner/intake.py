@@ -140,10 +140,9 @@ class Intake:
             # A batch this learner took once, that its code (or a user's space) now fails on: kept on disk.
             try:
                 sorted_ = self._sort(self.decoder.decode(batch, payload))
+                unreadable = next((error for *_, error in sorted_.refused if error is not None), None)
             except Exception as exc:
-                _set_unreadable_aside(path, f"cannot be read back ({exc!r})")
-                continue
-            unreadable = next((error for *_, error in sorted_.refused if error is not None), None)
+                unreadable = exc
             if unreadable is not None:
                 _set_unreadable_aside(path, f"cannot be read back ({unreadable!r})")
                 continue

@@ -902,8 +902,8 @@ class ServerLink {
     this.room = null; // env steps the last ack granted (unset: none said)
     this.spool = new Map(); // seq -> {batch, steps}, in seq order, until acknowledged
     this.seq = 0;
-    this.counts = { batches: 0, chunks: 0, steps: 0, acked_batches: 0, accepted: 0, streams: 0, pauses: 0 };
-    this.counts.moves = 0; // to a new channel, when the server ended WatchWeights with OK
+    // moves: to a new channel, when the server ended WatchWeights with OK
+    this.counts = { batches: 0, chunks: 0, steps: 0, acked_batches: 0, accepted: 0, streams: 0, pauses: 0, moves: 0 };
     this.submit = null; // the SubmitEpisodes call while open (and not half-closed for a move)
     this.moving = null; // the half-closed SubmitEpisodes call of a move, until its status
     this.closing = false;
@@ -943,6 +943,7 @@ class ServerLink {
   move() {
     this.counts.moves += 1;
     const [old, call] = [this.client, this.submit];
+    let timer;
     const reopen = () => {
       clearTimeout(timer);
       if (this.closing) return;
@@ -952,8 +953,8 @@ class ServerLink {
       this.watch();
       if (call !== null) this.send(); // (else a retry waiting to reopen it does so on the new channel, or none began)
     };
-    const timer = setTimeout(() => call?.cancel(), Number(args["drain-timeout-s"]) * 1000);
     if (call === null) return reopen();
+    timer = setTimeout(() => call.cancel(), Number(args["drain-timeout-s"]) * 1000);
     [this.submit, this.moving] = [null, { call, reopen }];
     call.end();
   }

@@ -36,16 +36,16 @@ from rlgate.server.main import InferenceServer
 from rlgate.storage import checkpoint
 
 TRAIN_BATCH_SIZE = 128
-# Checkpoints every 2 versions; quick updates.
-QUICK = ("--checkpoint-every", "2", "--spec.algorithm.train-batch-size", str(TRAIN_BATCH_SIZE))
+# Every run: checkpoints every 2 versions; many chunks, and episodes cut into several.
+EVERY_RUN = ("--checkpoint-every", "2", "--spec.sampling.rollout-fragment-length", "16")
+# PPO: quick updates.
+QUICK = (*EVERY_RUN, "--spec.algorithm.train-batch-size", str(TRAIN_BATCH_SIZE))
 QUICK += ("--spec.algorithm.minibatch-size", "64", "--spec.algorithm.num-epochs", "2")
-QUICK += ("--spec.sampling.rollout-fragment-length", "16")  # many chunks, and episodes cut into several
 # DQN and SAC (discrete): updates of 32 transitions from the first 64 env steps on, one per env step, a version
 # every 4 updates.
-OFF_POLICY = ("--checkpoint-every", "2", "--spec.algorithm.train-batch-size", "32")
-OFF_POLICY += ("--spec.algorithm.training-intensity", "32", "--spec.algorithm.broadcast-interval", "4")
+OFF_POLICY = (*EVERY_RUN, "--spec.algorithm.train-batch-size", "32", "--spec.algorithm.training-intensity", "32")
+OFF_POLICY += ("--spec.algorithm.broadcast-interval", "4")
 OFF_POLICY += ("--spec.algorithm.num-steps-sampled-before-learning-starts", "64")
-OFF_POLICY += ("--spec.sampling.rollout-fragment-length", "16")
 
 
 def served(server: InferenceServer) -> int:
