@@ -330,7 +330,8 @@ async def test_missing_or_wrong_token_is_unauthenticated(server_factory, metadat
     server = await server_factory(token="secret")
     raw = RawStream(server, metadata=metadata)
     try:
-        await raw.send(hello())
+        # Refused on its metadata alone, before any message: a hello written after the refusal could turn the
+        # status grpcio reports into INTERNAL (grpc/grpc#36066; seen once in a full run).
         status, details = await raw.status()
     finally:
         await raw.close()
