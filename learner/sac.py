@@ -22,6 +22,7 @@ from torch import nn
 
 from rlgate.core.columns import Columns
 from rlgate.learner.adam import Adam
+from rlgate.learner.device import module_device
 from rlgate.learner.dqn import OFF_POLICY_ADAM_EPS, optimizer_step, polyak, q_range, td_loss
 from rlgate.learner.episode_replay_buffer import N_STEP, WEIGHTS
 from rlgate.models.distributions import SquashedGaussian
@@ -38,9 +39,9 @@ DISCRETE_TARGET_ENTROPY_SCALE = 0.89
 class Temperature(nn.Module):
     """log(alpha), the entropy temperature's logarithm (a module, so checkpoints and snapshots hold it)."""
 
-    def __init__(self, initial_alpha: float) -> None:
+    def __init__(self, initial_alpha: float, device: torch.device | None = None) -> None:
         super().__init__()
-        self.log_alpha = nn.Parameter(torch.tensor(math.log(initial_alpha)))
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(initial_alpha), device=device))
 
 
 class SACLearner:
@@ -49,7 +50,7 @@ class SACLearner:
     def __init__(self, module: SACModule, config: SACConfig) -> None:
         self.module = module
         self.target = copy.deepcopy(module).requires_grad_(False)
-        self.temperature = Temperature(config.initial_alpha)
+        self.temperature = Temperature(config.initial_alpha, module_device(module))  # on the module's device
         if config.target_entropy != "auto":
             self.target_entropy = float(config.target_entropy)
         elif isinstance(module.action_space, gym.spaces.Discrete):  # module.discrete
