@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Gauge
 
 from rlgate.learner.data_parallel import Group, GroupFailed, Rendezvous, fail
+from rlgate.learner.device import learner_device
 from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.settings import LearnerSettings
 from rlgate.learner.trainer import Trainer
@@ -55,7 +56,8 @@ def follow(settings: LearnerSettings, rendezvous: Rendezvous) -> int:
 
 
 def _train(settings: LearnerSettings, rendezvous: Rendezvous, health: Health) -> None:
-    group = Group(rendezvous, settings.rendezvous_timeout_s)
+    device = learner_device(settings)
+    group = Group(rendezvous, settings.rendezvous_timeout_s, device)
     try:
         start = group.receive_start()
         spec, action_space = start.spec, start.action_space
@@ -63,9 +65,10 @@ def _train(settings: LearnerSettings, rendezvous: Rendezvous, health: Health) ->
         imports = ImportPolicy([*settings.allow_import, *spec.modules()])
         connectors = build_env_to_module(spec, start.observation_space, action_space, imports)
         assert connectors.observation_space is not None  # rank 0 checked the run (main.check_data_parallel)
-        module = build_rl_module(spec, connectors.observation_space, action_space, imports)
+        module = build_rl_module(spec, connectors.observation_space, action_space, imports).to(device)
         module.eval()
-        pipeline = build_learner_connector(spec, module.observation_space, action_space, imports)  # rank 0 runs it
+        # Rank 0 runs it (a follower's trainer reads only its pieces).
+        pipeline = build_learner_connector(spec, module.observation_space, action_space, imports, device=str(device))
         # This rank's own draws: its minibatches' order, and the actions SAC samples for its rows (building the
         # module seeded torch's generator as it seeded rank 0's: the same draws would repeat on every shard).
         seed = None if spec.seed is None else spec.seed + group.rank
