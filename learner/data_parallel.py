@@ -258,9 +258,9 @@ class Group:
 
     def check_identical(self, module: torch.nn.Module) -> None:
         """GroupFailed unless every rank holds the same weights (sha256 of their bytes) as rank 0."""
-        digest = hashlib.sha256()
-        for tensor in module.state_dict().values():
-            digest.update(tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+        # Every tensor's bytes in one, so a GPU's weights come to the host in one copy (the digest is the same).
+        weights = torch.cat([tensor.detach().reshape(-1).view(torch.uint8) for tensor in module.state_dict().values()])
+        digest = hashlib.sha256(weights.cpu().numpy().tobytes())
         mine = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).to(self.device)
         everyone = [torch.empty_like(mine) for _ in range(self.size)]
         self._collective(lambda: dist.all_gather(everyone, mine), "check_s")
