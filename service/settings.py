@@ -44,16 +44,17 @@ def grpc_target(target: str) -> str:
 
 def require_device(device: str) -> None:
     """Refuse a CUDA device this torch cannot use, at start: else the first forward pass fails deep in torch."""
-    import torch  # here only: settings load without torch
+    if not device.startswith("cuda"):
+        return
+    import torch  # here only: settings load without torch, and a CPU server asks torch nothing here
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise UserError(
             f"--device {device}: CUDA is not available to this torch (a CPU-only build, or no GPU visible); "
             "use --device cpu"
         )
-    index = torch.device(device).index
-    if index is not None and index >= torch.cuda.device_count():
-        count = torch.cuda.device_count()
+    index, count = torch.device(device).index, torch.cuda.device_count()
+    if index is not None and index >= count:
         raise UserError(f"--device {device}: torch sees {count} GPU{'s' * (count != 1)} here, numbered from cuda:0")
 
 
