@@ -1,23 +1,18 @@
 """The learner on a CUDA device (`rlgate learn --device cuda`) trains as the CPU does, and what it publishes and
-checkpoints is the CPU's format: a CPU server serves it, a CPU learner resumes it, and back. Two ranks on two GPUs
-(NCCL) take one learner's step. Skipped where torch sees no GPU, as in CI: these run on a GPU machine."""
+checkpoints is the CPU's format: a CPU server serves it, a CPU learner resumes it, and back (two ranks on two GPUs,
+NCCL: tests/learner/test_data_parallel.py). Skipped where torch sees no GPU, as in CI: these run on a GPU machine."""
 
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import pytest
 import torch
-from support.learners import ENV, free_port
+from support.learners import ENV
 from support.servers import until
 
-from rlgate.learner.data_parallel import Group, Rendezvous
 from rlgate.learner.learner import Learner
 from rlgate.learner.main import LearnerServer
 from rlgate.learner.off_policy_trainer import OffPolicyTrainer
@@ -150,43 +145,3 @@ def state_bytes(learner: Learner) -> dict[str, bytes]:
     else:
         tensors = optimizer_to_tensors(trainer.optimizer)[0]
     return {name: tensor.numpy().tobytes() for name, tensor in tensors.items()}
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (one per rank)")
-def test_two_ranks_on_two_gpus_take_one_learners_step_over_nccl(tmp_path, learner_settings, cartpole_chunks) -> None:
-    """Rank 0 here on cuda:0, an `rlgate learn --device cuda` follower as rank 1 (LOCAL_RANK 1: cuda:1): NCCL
-    carries the state, shards, gradients and digests, and the step is one learner's on the whole batch."""
-    spec = learner_settings(spec={"algorithm": {"train_batch_size": 128, "minibatch_size": 256, "num_epochs": 3}}).spec
-    rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
-    log = tmp_path / "rank-1.log"
-    with open(log, "w") as out:
-        rank_1 = subprocess.Popen(
-            [sys.executable, "-m", "rlgate", "learn", "--device", "cuda", "--rendezvous-timeout-s", str(TIMEOUT_S)],
-            env={**os.environ, **rendezvous.env(1)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    group = None
-    try:
-        group = Group(rendezvous, TIMEOUT_S, torch.device("cuda:0"))
-        alone = Trainer(*built(spec, "cuda:0"), spec.algorithm, max_staleness=4, seed=0)
-        leader = Trainer(*built(spec, "cuda:0"), spec.algorithm, max_staleness=4, seed=0)
-        group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
-        leader.join(group)
-        for seed in range(3):
-            chunks = cartpole_chunks(128, seed=seed)
-            ours, theirs = alone.update(copy.deepcopy(chunks)), leader.update(chunks)  # leader: checks rank 1's
-            for key in ("policy_loss", "vf_loss", "entropy", "kl", "clip_fraction"):
-                assert theirs[key] == pytest.approx(ours[key], rel=1e-4, abs=1e-6), key
-        for name, weight in alone.module.state_dict().items():
-            torch.testing.assert_close(leader.module.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
-        group.stop()
-        assert rank_1.wait(TIMEOUT_S) == 0
-    finally:
-        if group is not None:
-            group.close()
-        rank_1.kill()
-        rank_1.wait()
-    text = Path(log).read_text()
-    assert "(nccl, cuda:1)" in text and "rank 0 stopped the group after 3 updates" in text

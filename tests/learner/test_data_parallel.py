@@ -1,4 +1,5 @@
-"""Data-parallel learners (`rlgate learn --num-learners N`): real processes in one gloo group on 127.0.0.1.
+"""Data-parallel learners (`rlgate learn --num-learners N`): real processes in one gloo group on 127.0.0.1 (NCCL
+on two GPUs, where a machine has them).
 
 Two ranks train one model: every update, their weights are identical (the group compares digests after each
 update and fails if not), and with one minibatch per epoch they take the very step one learner takes on the
@@ -43,17 +44,17 @@ TIMEOUT_S = 30
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
-def trainer(spec: RunSpec) -> Trainer:
-    module = build_rl_module(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())  # seeded: same weights
-    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+def trainer(spec: RunSpec, device: str = "cpu") -> Trainer:
+    module = build_rl_module(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy()).to(device)  # seeded: same weights
+    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy(), device=device)
     return Trainer(module, pipeline, spec.algorithm, max_staleness=4, seed=spec.seed)
 
 
-def follower(rendezvous: Rendezvous, rank: int, log: Path) -> subprocess.Popen:
-    """`rlgate learn` as rank `rank` of the group: it waits for rank 0 and trains on what it sends."""
+def follower(rendezvous: Rendezvous, rank: int, log: Path, device: str = "cpu") -> subprocess.Popen:
+    """`rlgate learn --device DEVICE` as rank `rank` of the group: it waits for rank 0 and trains on what it sends."""
     with open(log, "w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "rlgate", "learn", "--rendezvous-timeout-s", str(TIMEOUT_S)],
+            [sys.executable, "-m", "rlgate", "learn", "--device", device, "--rendezvous-timeout-s", str(TIMEOUT_S)],
             env={**os.environ, **rendezvous.env(rank)},
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -62,14 +63,15 @@ def follower(rendezvous: Rendezvous, rank: int, log: Path) -> subprocess.Popen:
 
 
 @contextmanager
-def two_ranks(log: Path) -> Iterator[Group]:
+def two_ranks(log: Path, device: str = "cpu") -> Iterator[Group]:
     """Rank 0 here, with an `rlgate learn` follower as rank 1 (its log to `log`): the group, stopped after the
-    block (rank 1 then ends with 0) and closed in any case."""
+    block (rank 1 then ends with 0) and closed in any case. `device` "cuda": rank 0 on cuda:0, rank 1 on cuda:1
+    (its LOCAL_RANK), over NCCL."""
     rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
-    rank_1 = follower(rendezvous, 1, log)
+    rank_1 = follower(rendezvous, 1, log, device)
     group = None
     try:
-        group = Group(rendezvous, TIMEOUT_S)
+        group = Group(rendezvous, TIMEOUT_S, torch.device("cuda:0" if device == "cuda" else device))
         yield group
         group.stop()
         assert rank_1.wait(TIMEOUT_S) == 0
@@ -80,12 +82,19 @@ def two_ranks(log: Path) -> Iterator[Group]:
         rank_1.wait()
 
 
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (one per rank)")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=TWO_GPUS)])
 @pytest.mark.slow
-def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, learner_settings, cartpole_chunks):
+def test_two_ranks_hold_identical_weights_and_take_one_learners_step(
+    tmp_path, learner_settings, cartpole_chunks, device
+):
     # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch.
     spec = learner_settings(spec={"algorithm": {"train_batch_size": 128, "minibatch_size": 256, "num_epochs": 3}}).spec
-    with two_ranks(tmp_path / "rank-1.log") as group:
-        alone, leader = trainer(spec), trainer(spec)
+    with two_ranks(tmp_path / "rank-1.log", device) as group:
+        on = "cuda:0" if device == "cuda" else device
+        alone, leader = trainer(spec, on), trainer(spec, on)
         assert weights_to_bytes(alone.module) == weights_to_bytes(leader.module)
         group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
         leader.join(group)
@@ -99,7 +108,9 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
             for name, weight in alone.module.state_dict().items():
                 torch.testing.assert_close(leader.module.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
         assert weights_to_bytes(leader.module) != weights_to_bytes(trainer(spec).module)  # it trained
-    assert "rank 0 stopped the group after 3 updates" in (tmp_path / "rank-1.log").read_text()
+    log = (tmp_path / "rank-1.log").read_text()
+    assert "rank 0 stopped the group after 3 updates" in log
+    assert ("(nccl, cuda:1)" if device == "cuda" else "(gloo, cpu)") in log
 
 
 def off_policy_trainer(spec: RunSpec) -> OffPolicyTrainer:
