@@ -99,12 +99,13 @@ class LearnerServer:
         self.http_port = self._http.port
         self._trainer_task = asyncio.get_running_loop().create_task(self.learner.train_forever(), name="trainer")
         log.info(
-            "learning grpc=%s:%d http=%s:%d version=%d",
+            "learning grpc=%s:%d http=%s:%d version=%d device=%s",
             s.host,
             self.port,
             s.host,
             self.http_port,
             self.learner.trainer.version,
+            self.learner.device,
         )
         log.info("%s", s.preset_line())
 
