@@ -69,7 +69,7 @@ def optimizer_step(
 def q_range(q: torch.Tensor, group: Group | None) -> dict[str, float]:
     """The batch's largest and smallest Q value (qf_max, qf_min); in a group of data-parallel learners, over
     every rank's shard."""
-    extremes = {"qf_max": q.max().item(), "qf_min": q.min().item()}
+    extremes = dict(zip(("qf_max", "qf_min"), torch.stack([q.max(), q.min()]).tolist(), strict=True))
     return extremes if group is None else group.extremes(extremes, largest=("qf_max",), smallest=("qf_min",))
 
 
@@ -104,7 +104,8 @@ class DQNLearner:
             target = batch[Columns.REWARDS] + config.gamma ** batch[N_STEP].float() * bootstrap
         loss = (batch[WEIGHTS] * td_loss(chosen, target, config.td_error_loss_fn)).mean()
         td_error = (chosen - target).detach().abs()
-        stats = {"qf_loss": loss.item(), "qf_mean": chosen.mean().item(), "td_error_mean": td_error.mean().item()}
+        means = torch.stack([loss.detach(), chosen.detach().mean(), td_error.mean()]).tolist()  # one device sync
+        stats = dict(zip(("qf_loss", "qf_mean", "td_error_mean"), means, strict=True))
         stats = optimizer_step(self.optimizers["qf"], loss, config.grad_clip, self.group, len(chosen), stats)
         return stats | q_range(chosen, self.group), td_error
 

@@ -145,7 +145,10 @@ def real_rows(module: RLModule, batch: dict[str, Any]) -> dict[str, Any]:
     if module.is_stateful():
         return batch
     mask = batch[Columns.LOSS_MASK]
-    return batch if bool(mask.all()) else {key: _rows(value, mask) for key, value in batch.items()}
+    if bool(mask.all()):
+        return batch
+    rows = mask.nonzero().squeeze(-1)  # once: each column a boolean mask indexes finds them again (a GPU sync each)
+    return {key: _rows(value, rows) for key, value in batch.items()}
 
 
 def _rows(value: Any, rows: torch.Tensor) -> Any:
