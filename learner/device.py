@@ -29,7 +29,12 @@ def training_device(device: str, local_rank: int | None = None) -> torch.device:
                 "pass --device cuda"
             )
         resolved = f"cuda:{local_rank}"
-    require_device(resolved)
+    try:
+        require_device(resolved)
+    except UserError as exc:
+        if resolved == device:
+            raise
+        raise UserError(f"{exc} (--device {device} puts LOCAL_RANK {local_rank} on {resolved})") from None
     return torch.device(resolved)
 
 

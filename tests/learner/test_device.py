@@ -49,6 +49,8 @@ def test_data_parallel_ranks_each_take_the_gpu_of_their_local_rank(learner_setti
     assert training_device("cpu", local_rank=1) == torch.device("cpu")
     with pytest.raises(UserError, match=r"^--device cuda:1: data-parallel learners each train on cuda:LOCAL_RANK"):
         training_device("cuda:1", local_rank=0)
+    with pytest.raises(UserError, match=r"^--device cuda:2: .* \(--device cuda puts LOCAL_RANK 2 on cuda:2\)$"):
+        training_device("cuda", local_rank=2)
     # torchrun's rank 1 on its node; rank 0 of --num-learners 2 (the ranks it starts: cuda:1).
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
