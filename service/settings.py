@@ -44,9 +44,11 @@ def grpc_target(target: str) -> str:
 
 def require_device(device: str) -> None:
     """Refuse a CUDA device this torch cannot use, at start: else the first forward pass fails deep in torch."""
-    import torch  # here only: settings load without torch
+    if not device.startswith("cuda"):
+        return
+    import torch  # here only: settings load without torch, and a CPU server asks torch nothing here
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise UserError(
             f"--device {device}: CUDA is not available to this torch (a CPU-only build, or no GPU visible); "
             "use --device cpu"
