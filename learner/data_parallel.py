@@ -302,8 +302,10 @@ def _unpack(shard: torch.Tensor, skeleton: Any) -> dict[str, Any]:
     leaves = flatten(skeleton)
     widths = [_dtype(dtype).itemsize * math.prod(shape) for dtype, shape in leaves]
     parts = shard.split(widths, dim=1)
+    # Each part copied to storage of its own: a shard of one row (a small module's batch shared out) has parts that
+    # are contiguous already, at byte offsets a wider dtype cannot view.
     tensors = iter(
-        part.contiguous().view(_dtype(dtype)).reshape(len(shard), *shape)
+        part.clone(memory_format=torch.contiguous_format).view(_dtype(dtype)).reshape(len(shard), *shape)
         for part, (dtype, shape) in zip(parts, leaves, strict=True)
     )
     return map_structure(lambda _: next(tensors), skeleton)

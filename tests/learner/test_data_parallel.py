@@ -103,6 +103,16 @@ def run_chunks(spec: RunSpec, steps: int, seed: int, cartpole_chunks) -> list[Si
     return cartpole_chunks(steps, seed=seed) if spec.multi_agent is None else two_cartpole_chunks(spec, steps, seed)
 
 
+def one_step_to_train(chunks: list[SingleAgentEpisode]) -> list[SingleAgentEpisode]:
+    """The chunks, the last one's module (single-agent: the module) left one step to train on: its other chunks
+    gone, and all but the last step of the one kept chosen by a version long gone (stale)."""
+    kept = chunks[-1]
+    versions = kept.extra_model_outputs[Columns.MODEL_VERSION]
+    versions.data = versions.data.copy()  # decoded: read-only
+    versions.data[:-1] = -100
+    return [c for c in chunks if c.module_id != kept.module_id] + [kept]
+
+
 def assert_same_stats(ours: dict, theirs: dict, keys: tuple[str, ...] | None = None) -> None:
     """`theirs` (two ranks') hold `ours` (one learner's) to float tolerance: those named in `keys` (None: all of
     ours), and each module's."""
@@ -158,7 +168,8 @@ def two_ranks(log: Path) -> Iterator[Group]:
 def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, learner_settings, cartpole_chunks, run):
     # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch. Multi-agent,
     # each module's batch (its agents' steps, of their own number) is cut in halves; a module whose gradients
-    # were not all-reduced would differ from one learner (rank 0) or from rank 0 (rank 1: its digest).
+    # were not all-reduced would differ from one learner (rank 0) or from rank 0 (rank 1: its digest). The last
+    # update leaves a module one step to train on: rank 0's shard is that one row, rank 1's none.
     algorithm = {"train_batch_size": 128, "minibatch_size": 512, "num_epochs": 3}
     spec = learner_settings(env=None, spec={**RUNS[run], "algorithm": algorithm}).spec
     with two_ranks(tmp_path / "rank-1.log") as group:
@@ -166,11 +177,12 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
         assert weights_to_bytes(alone.module) == weights_to_bytes(leader.module)
         group.send_start(spec, *spaces(spec))
         leader.join(group)
-        for seed in range(3):
+        for seed in range(4):
             chunks = run_chunks(spec, 128, seed, cartpole_chunks)
+            chunks = one_step_to_train(chunks) if seed == 3 else chunks
             ours, theirs = alone.update(copy.deepcopy(chunks)), leader.update(chunks)  # leader: checks rank 1's weights
             assert_same_stats(ours, theirs, ("policy_loss", "vf_loss", "entropy", "kl", "clip_fraction"))
-            assert ours["env_steps"] == theirs["env_steps"] > 0
+            assert (ours["env_steps"], ours["stale_steps"]) == (theirs["env_steps"], theirs["stale_steps"])
             assert theirs["scatter_s"] > 0 and theirs["allreduce_s"] > 0 and theirs["check_s"] > 0
             assert_same_weights(alone.module, leader.module)
         fresh = trainer(spec).module
@@ -178,7 +190,7 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
             assert len(theirs["modules"]) == len(fresh) == (2 if run == "per-agent" else 1)
             assert all(weights_to_bytes(leader.module[m]) != weights_to_bytes(fresh[m]) for m in fresh)
         assert weights_to_bytes(leader.module) != weights_to_bytes(fresh)  # it trained
-    assert "rank 0 stopped the group after 3 updates" in (tmp_path / "rank-1.log").read_text()
+    assert "rank 0 stopped the group after 4 updates" in (tmp_path / "rank-1.log").read_text()
 
 
 # Beyond the weights, the test compares DQN's priorities (a prioritized buffer) and SAC's temperature. SAC on
