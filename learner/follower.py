@@ -3,8 +3,8 @@
 It builds its module from the run spec and spaces rank 0 sends, takes rank 0's weights and optimizer state, and
 then runs each update as rank 0 does, on its shard, gradients all-reduced (Trainer.follow for PPO,
 MultiAgentTrainer.follow for multi-agent PPO, module by module, OffPolicyTrainer.follow for DQN and SAC, single- and
-multi-agent: rank 0 holds the replay buffers). It serves nothing, reads no checkpoint
-and writes none: rank 0 owns all of that.
+multi-agent: rank 0 holds the replay buffers). It serves nothing, reads no checkpoint and writes none: rank 0 owns
+all of that.
 
 A follower that is the first process of its host (LOCAL_RANK unset or 0: a pod of its own) answers /healthz,
 /readyz, /status and /metrics on http_port, as rank 0 does, so the pod's probes and scrape work for every rank;
