@@ -15,17 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlgate.core.errors import ArgumentParser, UserError
-from rlgate.envs.agent_envs import AgentEnvs
-from rlgate.policy import Evaluation, MultiAgentPolicy, Policy, evaluate, evaluate_multi_agent
-from rlgate.policy.evaluate import make_eval_env
 from rlgate.service.settings import require_device
-from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy
-from rlgate.spec.run import EnvSpec
-from rlgate.storage import checkpoint
+
+if TYPE_CHECKING:  # at run time imported by `run`, once the arguments are known to be good (torch: ~2 s)
+    from rlgate.policy import Evaluation, MultiAgentPolicy, Policy
+    from rlgate.spec.run import EnvSpec
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,6 +49,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.episodes < 1:
         raise UserError(f"--episodes must be at least 1, not {args.episodes}")
     require_device(args.device)
+    from rlgate.policy import MultiAgentPolicy, Policy
+    from rlgate.storage import checkpoint
+
     found = checkpoint.find(args.checkpoint)
     try:
         loaded = checkpoint.load(found)
@@ -80,6 +81,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _evaluate(policy: Policy, env_spec: EnvSpec, imports: ImportPolicy, found: Path, args: Any) -> Evaluation:
+    from rlgate.policy import evaluate
+    from rlgate.policy.evaluate import make_eval_env
+
     env = make_eval_env(env_spec, imports, args.video)
     try:
         if (env.observation_space, env.action_space) != (policy.observation_space, policy.action_space):
@@ -95,6 +99,10 @@ def _evaluate(policy: Policy, env_spec: EnvSpec, imports: ImportPolicy, found: P
 def _evaluate_multi_agent(
     policy: MultiAgentPolicy, env_spec: EnvSpec, imports: ImportPolicy, found: Path, args: Any
 ) -> Evaluation:
+    from rlgate.envs.agent_envs import AgentEnvs
+    from rlgate.policy import evaluate_multi_agent
+    from rlgate.spec.env import make_agent_envs
+
     if args.video is not None:
         raise UserError("--video records gymnasium envs: a multi-agent run's PettingZoo env is not recorded")
     env = make_agent_envs(env_spec, imports, 1)[0]

@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 from rlgate.core.errors import ArgumentParser, UserError
-from rlgate.export.checkpoint import export_checkpoint
 
 
 def main(argv: list[str]) -> int:
@@ -33,6 +32,8 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--output {args.output} is a directory: name the .onnx file to write")
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise UserError(f"--output {args.output}: {folder} is not a directory this user may write in")
+    from rlgate.export.checkpoint import export_checkpoint  # torch and onnx (~2 s), once the arguments are good
+
     data = export_checkpoint(
         args.checkpoint,
         module_id=args.module,

@@ -7,7 +7,8 @@ takes is the one a single learner takes on the whole batch, so the ranks' weight
 digest after every update). PPO: every rank runs the epochs on its shard, cut into as many minibatches as one
 learner would cut the whole batch into. DQN and SAC: rank 0 holds the replay buffer and samples each update's
 train batch, which it scatters; each optimizer step's gradients are all-reduced, and rank 0 gathers the TD errors
-back for a prioritized buffer's priorities. The other ranks get the run spec, the spaces, the weights and the
+back for a prioritized buffer's priorities. Multi-agent runs share out each trained module's batch in turn, its
+gradients all-reduced within its parameters. The other ranks get the run spec, the spaces, the weights and the
 optimizer state from rank 0 when the group forms, so they need no spec, checkpoint or env of their own.
 
 The rendezvous is torchrun's: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (`rlgate learn --num-learners N`
@@ -316,8 +317,10 @@ def _unpack(shard: torch.Tensor, skeleton: Any) -> dict[str, Any]:
     leaves = flatten(skeleton)
     widths = [_dtype(dtype).itemsize * math.prod(shape) for dtype, shape in leaves]
     parts = shard.split(widths, dim=1)
+    # Each part copied to storage of its own: a shard of one row (a small module's batch shared out) has parts that
+    # are contiguous already, at byte offsets a wider dtype cannot view.
     tensors = iter(
-        part.contiguous().view(_dtype(dtype)).reshape(len(shard), *shape)
+        part.clone(memory_format=torch.contiguous_format).view(_dtype(dtype)).reshape(len(shard), *shape)
         for part, (dtype, shape) in zip(parts, leaves, strict=True)
     )
     return map_structure(lambda _: next(tensors), skeleton)

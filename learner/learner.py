@@ -11,8 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
 from rlgate.core import codec
 from rlgate.learner.batch_decoder import BatchDecoder, DecodedBatch
 from rlgate.learner.best_checkpoint import BestCheckpoint
@@ -40,6 +38,7 @@ from rlgate.spec.multi_agent import (
     build_multi_rl_module,
     episode_module_spaces,
     modules_to_train,
+    pipeline_module_spaces,
 )
 from rlgate.spec.run import RunSpec
 from rlgate.storage import checkpoint
@@ -160,12 +159,8 @@ class Learner:
         self.connectors = build_multi_agent_env_to_module(spec, agents, self.imports)
         if ckpt is not None and ckpt.connector_state:
             self.connectors.set_state(ckpt.connector_state)
-        assert isinstance(self.connectors.observation_space, gym.spaces.Dict)  # {module id: space}
-        assert isinstance(self.connectors.action_space, gym.spaces.Dict)
-        modules = {
-            m: (self.connectors.observation_space[m], self.connectors.action_space[m])
-            for m in self.connectors.observation_space.spaces
-        }
+        modules = pipeline_module_spaces(self.connectors)
+        assert self.connectors.observation_space is not None  # {module id: space}
         module = build_multi_rl_module(spec, modules, self.imports)
         for module_id, weights in ((ckpt.module_weights or {}) if ckpt else {}).items():
             assert ckpt is not None  # its weights

@@ -20,10 +20,8 @@ from rlgate.learner.device import learner_device
 from rlgate.learner.follower import follow
 from rlgate.learner.history import PAGE_LIMIT
 from rlgate.learner.learner import Learner
-from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.servicer import SERVICE_NAME, LearnerServicer
 from rlgate.learner.settings import LearnerSettings
-from rlgate.learner.trainer import Trainer
 from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import bind, ensure_free, run_until_signal, start_grpc_server
 from rlgate.spec.algorithm import PPOConfig
@@ -151,7 +149,6 @@ class LearnerServer:
 
         def lead() -> None:
             group.send_start(learner.spec, learner.observation_space, learner.action_space)
-            assert isinstance(learner.trainer, Trainer | OffPolicyTrainer)  # check_data_parallel: single-agent
             learner.trainer.join(group)
 
         await learner.in_trainer_thread(lead)
@@ -186,12 +183,7 @@ class LearnerServer:
 
 def check_data_parallel(learner: Learner, num_learners: int) -> None:
     """UserError unless this run can train on `num_learners` data-parallel learners."""
-    spec = learner.spec
-    if spec.multi_agent:
-        raise UserError(
-            f"--num-learners {num_learners}: data-parallel learners train single-agent runs, not multi-agent"
-        )
-    algorithm = spec.algorithm
+    algorithm = learner.spec.algorithm
     if isinstance(algorithm, PPOConfig):
         most = min(algorithm.train_batch_size, algorithm.minibatch_size)
         what = "env steps of a minibatch (--spec.algorithm.minibatch-size, --spec.algorithm.train-batch-size)"

@@ -19,10 +19,10 @@ learning takes as it is. When the learner pipeline holds only its default pieces
 columns at once (`sample_transitions`); with a piece of the user's, the sampled one-step episodes go through the
 pipeline, as RLlib's do (single-agent runs: a multi-agent run takes no learner pieces of the user's yet).
 
-Data-parallel learners (`join`, single-agent): rank 0 holds the replay buffer and samples each update's train
-batch, which it scatters; every rank runs the update on its shard (`follow` on the others), each optimizer step on
-the whole batch's gradients, and moves its targets and undoes a version's updates as rank 0 says. Rank 0 gathers
-the TD errors back for a prioritized buffer's priorities.
+Data-parallel learners (`join`): rank 0 holds the replay buffers and samples each update's train batch (multi-agent:
+each trained module's, one after the other), which it scatters; every rank runs the update on its shard (`follow` on
+the others), each optimizer step on the whole batch's gradients, and moves its targets and undoes a version's
+updates as rank 0 says. Rank 0 gathers the TD errors back for a prioritized buffer's priorities.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from rlgate.connectors import ConnectorPipelineV2
 from rlgate.connectors.builders import build_learner_pipeline
 from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
+from rlgate.learner.adam import Adam
 from rlgate.learner.data_parallel import Group
 from rlgate.learner.device import module_device
 from rlgate.learner.dqn import DQNLearner
@@ -145,35 +146,42 @@ class OffPolicyTrainer:
         return Part(module, make_learner(module, config), make_buffer(config.replay_buffer_config, seed), pipeline)
 
     def join(self, group: Group) -> None:
-        """Train with the group's other ranks from now on (single-agent), all from rank 0's networks (the module,
+        """Train with the group's other ranks from now on, all from rank 0's networks (every trained module, its
         targets, SAC's temperature) and optimizer states."""
-        group.share_state(self._everything(), *self.learner.optimizers.values())
-        self.group = self.learner.group = group
+        group.share_state(self._everything(), *self._optimizers())
+        self.group = group
+        for part in self.parts.values():
+            part.learner.group = group
 
     def follow(self, header: dict[str, Any], shard: dict[str, Any]) -> int:
-        """A follower rank's part of one update rank 0 runs: the update on its shard, with the hyper-parameters
-        at rank 0's env steps; the targets moved if rank 0 moves them. After a version's last update, the
-        version undone if rank 0's is (the ranks' weights are the same, so are their non-finite values), or
-        checked against rank 0's. The updates it trained: after a version's last, the version's (0 if undone)."""
+        """A follower rank's part of one module's update that rank 0 runs (`_update_part`): the update on its shard,
+        with the hyper-parameters at rank 0's env steps. After the update's last module, every module's targets
+        moved if rank 0 moves them; after a version's last update, the version undone if rank 0's is (the ranks'
+        weights are the same, so are their non-finite values), or checked against rank 0's. The updates it
+        trained: after a version's last, the version's (0 if undone)."""
         assert self.group is not None  # joined
-        part = self.parts[None]
+        part = self.parts[header["module"]]
         if self._before is None:  # the version's first update
-            self._before = Snapshot(self._everything(), *part.learner.optimizers.values())
+            self._before = Snapshot(self._everything(), *self._optimizers())
             self._following = 0
-        self._following += 1
         config = self.config.at(header["env_steps"])
         _, td_error = part.learner.update(shard, config)
         if isinstance(part.buffer, PrioritizedEpisodeReplayBuffer):
             self.group.gather(td_error)
+        if not header["done"]:  # more modules to update first
+            return 0
+        self._following += 1
         if header["target"]:
-            part.learner.update_target(self.config.tau)
+            for each in self.parts.values():
+                each.learner.update_target(self.config.tau)
         if not header["last"]:
             return 0
         before, self._before = self._before, None
         if before.nonfinite_now():
             before.restore()
             return 0
-        part.learner.explore(config)
+        for each in self.parts.values():
+            each.learner.explore(config)
         self.group.check_identical(self._everything())
         return self._following
 
@@ -229,17 +237,17 @@ class OffPolicyTrainer:
         counts = {"env_steps": added, "stale_steps": 0, "updates": count}
         if not count:
             return counts
-        optimizers = [o for part in self.parts.values() for o in part.learner.optimizers.values()]
-        before = Snapshot(self._everything(), *optimizers)
+        before = Snapshot(self._everything(), *self._optimizers())
         replayed = self.replayed
         parts: dict[str | None, dict[str, list[float]]] = {m: {} for m in self.parts}
+        filled = [(module_id, part) for module_id, part in self.parts.items() if len(part.buffer)]
         for index in range(count):
             config = self.config.at(self.env_steps)
             move_targets = self.env_steps - self.last_target_update >= self.config.target_network_update_freq
-            for module_id, part in self.parts.items():
-                if len(part.buffer):
-                    after = {"target": move_targets, "last": index == count - 1}  # what the followers do after it
-                    self._update_part(module_id, part, config, parts[module_id], after)
+            for position, (module_id, part) in enumerate(filled):
+                done = position == len(filled) - 1  # the update's last module: the followers then do as rank 0
+                after = {"module": module_id, "done": done, "target": move_targets, "last": index == count - 1}
+                self._update_part(part, config, parts[module_id], after)
             self.updates += 1
             if move_targets:
                 for part in self.parts.values():
@@ -275,11 +283,9 @@ class OffPolicyTrainer:
             "updates_total": self.updates,
         }
 
-    def _update_part(
-        self, module_id: str | None, part: Part, config: OffPolicyConfig, stats: dict, after: dict[str, bool]
-    ) -> None:
-        """One update of one module on a batch of its transitions; its stats appended to `stats`. `after`: what
-        the group's followers do after it (`follow`)."""
+    def _update_part(self, part: Part, config: OffPolicyConfig, stats: dict, after: dict[str, Any]) -> None:
+        """One update of one module on a batch of its transitions; its stats appended to `stats`. `after`: the
+        module's id and what the group's followers do after it (`follow`)."""
         batch, versions = self._batch(part)
         if self.group is not None:  # every rank updates on its shard of the batch
             batch = self.group.send_batch(batch, self.env_steps, **after)
@@ -293,8 +299,8 @@ class OffPolicyTrainer:
         self.replayed += self.config.train_batch_size
         if versions is not None:
             version = self.version
-            if self.module_versions is not None and module_id is not None:  # multi-agent
-                version = self.module_versions[module_id]
+            if self.module_versions is not None:  # multi-agent
+                version = self.module_versions[after["module"]]
             values["staleness"] = float(version - versions.mean())
         for key, value in values.items():
             stats.setdefault(key, []).append(value)
@@ -381,6 +387,10 @@ class OffPolicyTrainer:
             prefix = _prefix(module_id)
             if prefix in meta:
                 part.buffer.set_state(_prefixed(arrays, prefix), meta[prefix])
+
+    def _optimizers(self) -> list[Adam]:
+        """Every trained module's optimizers, in the order of `parts` (the same on every rank)."""
+        return [optimizer for part in self.parts.values() for optimizer in part.learner.optimizers.values()]
 
     def _everything(self) -> nn.Module:
         """The modules and the learner's own networks, as one module (for snapshots)."""

@@ -18,20 +18,19 @@ import gymnasium as gym
 import torch
 from grpc_health.v1 import health
 
-from rlgate.server.host import PolicyHost, served_spec
+from rlgate.server.host import PolicyHost
 from rlgate.server.learner_link import LearnerLink
 from rlgate.server.local_clients import LocalClients
 from rlgate.server.metrics import ServerMetrics
 from rlgate.server.policy_service import SERVICE_NAME, PolicyService
 from rlgate.server.relay import WeightsRelay
 from rlgate.server.router import Sessions, ShippingRouter
+from rlgate.server.served_spec import served_spec
 from rlgate.server.settings import ServerSettings
 from rlgate.server.shipping import DirectorySink
 from rlgate.server.status import ServerStatus
-from rlgate.server.workers import run_workers
 from rlgate.service.http import HttpServer, build_app, read_page
 from rlgate.service.process import run_until_signal, start_grpc_server
-from rlgate.service.settings import require_device
 from rlgate.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,7 @@ class InferenceServer:
 
     def __init__(self, settings: ServerSettings, spec: RunSpec | None = None, *, shared_port: bool = False) -> None:
         """`spec`: the run spec of a fresh model (else settings.config's); with a learner, the learner's run
-        spec known in advance, whose version 0 is served at once (see host.served_spec).
+        spec known in advance, whose version 0 is served at once (see server/served_spec.py).
         `shared_port`: listen beside the other workers of `rlgate serve --workers N` (SO_REUSEPORT)."""
         s = self.settings = settings
         self.shared_port = shared_port
@@ -164,12 +163,9 @@ class InferenceServer:
         log.info("stopped")
 
 
-def serve(settings: ServerSettings) -> int:
-    """`rlgate serve` with its settings read (server/command.py); the exit status."""
-    require_device(settings.device)
-    if settings.workers > 1:
-        return run_workers(settings, serve_worker)
-    asyncio.run(run_until_signal(lambda: InferenceServer(settings)))
+def serve(settings: ServerSettings, spec: RunSpec | None) -> int:
+    """`rlgate serve` with its settings and run spec read (server/command.py); the exit status."""
+    asyncio.run(run_until_signal(lambda: InferenceServer(settings, spec)))
     return 0
 
 

@@ -177,6 +177,17 @@ def _check_after_frame_stacking(pieces: list[ConnectorV2]) -> None:
             )
 
 
+def pipeline_module_spaces(env_to_module: ConnectorPipelineV2) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """module id -> the spaces its module is built for: the output spaces of a multi-agent env-to-module pipeline
+    (`build_multi_agent_env_to_module`'s), in its modules' order."""
+    assert isinstance(env_to_module.observation_space, gym.spaces.Dict)  # {module id: space}
+    assert isinstance(env_to_module.action_space, gym.spaces.Dict)
+    return {
+        m: (env_to_module.observation_space[m], env_to_module.action_space[m])
+        for m in env_to_module.observation_space.spaces
+    }
+
+
 def episode_module_spaces(
     spec: RunSpec, agent_spaces: AgentSpaces, env_to_module: ConnectorPipelineV2, imports: ImportPolicy
 ) -> dict[str, tuple[gym.Space, gym.Space]]:
@@ -184,13 +195,8 @@ def episode_module_spaces(
     their chunks hold. The modules' own spaces, but for a FrameStackingEnvToModule's frames, which it stacks
     into the batch only (the pieces after it change no observations: `_check_after_frame_stacking`)."""
     stacking = next((piece for piece in env_to_module.connectors if isinstance(piece, FrameStacking)), None)
-    assert isinstance(env_to_module.observation_space, gym.spaces.Dict)  # {module id: space}
-    assert isinstance(env_to_module.action_space, gym.spaces.Dict)
     if stacking is None:
-        return {
-            m: (env_to_module.observation_space[m], env_to_module.action_space[m])
-            for m in env_to_module.observation_space.spaces
-        }
+        return pipeline_module_spaces(env_to_module)
     frames = stacking.input_observation_space
     assert isinstance(frames, gym.spaces.Dict)  # {agent id: space}
     return module_spaces(spec, {a: (frames[a], agent_spaces[a][1]) for a in agent_spaces}, imports)

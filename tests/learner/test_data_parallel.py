@@ -4,8 +4,9 @@ on two GPUs, where a machine has them).
 Two ranks train one model: every update, their weights are identical (the group compares digests after each
 update and fails if not), and with one minibatch per epoch they take the very step one learner takes on the
 whole batch (same loss parts, same weights, to float tolerance). DQN and SAC: rank 0 samples each update's batch
-from its replay buffer and both ranks update on their shares of it, as one learner on the whole batch. Through a
-real server and client, a learner of two ranks publishes versions that change the weights. Bad input is one line
+from its replay buffer and both ranks update on their shares of it, as one learner on the whole batch. Multi-agent
+runs (two CartPoles as two agents, a module per agent or one shared) train the same way, module by module. Through
+a real server and client, a learner of two ranks publishes versions that change the weights. Bad input is one line
 and exit 2; a rank that dies ends the group with one line and a non-zero exit.
 """
 
@@ -25,15 +26,23 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from support.chunks import decoded
 from support.learners import ENV, children, free_port
 from support.servers import running_client, target, until
 
 from rlgate.client.env_client import EnvClient
-from rlgate.learner.data_parallel import Group, Rendezvous
+from rlgate.core.columns import Columns
+from rlgate.envs.agent_envs import AgentEnvs
+from rlgate.episodes import SingleAgentEpisode
+from rlgate.learner.data_parallel import Group, Rendezvous, Start
+from rlgate.learner.follower import build_trainer
+from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
 from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.trainer import Trainer
-from rlgate.models import load_weights, weights_to_bytes
-from rlgate.spec.build import build_learner_connector, build_rl_module
+from rlgate.models import MultiRLModule, load_weights, weights_to_bytes
+from rlgate.policy.acting import ActingCore
+from rlgate.server.multi_agent_session import MultiAgentSession, MultiAgentSessionSpec
+from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 from rlgate.storage import checkpoint
@@ -44,10 +53,84 @@ TIMEOUT_S = 30
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
-def trainer(spec: RunSpec, device: str = "cpu") -> Trainer:
-    module = build_rl_module(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy()).to(device)  # seeded: same weights
-    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy(), device=device)
-    return Trainer(module, pipeline, spec.algorithm, max_staleness=4, seed=spec.seed)
+TWO_CARTPOLES = {"id": "examples.multi_agent_cartpole:MultiAgentCartPole"}
+#: The runs the trainers' tests train: CartPole, and two CartPoles as two agents with a module each or one shared.
+RUNS = {
+    "single-agent": {"env": {"id": ENV}},
+    "per-agent": {"env": TWO_CARTPOLES, "multi_agent": {"policy_mapping_fn": "per_agent"}},
+    "shared": {"env": TWO_CARTPOLES, "multi_agent": {"policy_mapping_fn": "shared"}},
+}
+
+
+def spaces(spec: RunSpec) -> tuple[gym.Space, gym.Space]:
+    """The run's env spaces, as rank 0 sends them (multi-agent: Dicts by agent id)."""
+    return run_spaces(spec.env, spec.multi_agent is not None, ImportPolicy(spec.modules()))
+
+
+def trainer(spec: RunSpec, device: str = "cpu") -> Trainer | MultiAgentTrainer | OffPolicyTrainer:
+    """The run's trainer as a learner builds it, on `device`; seeded: the same weights, and the same batches sampled."""
+    start, imports = Start(spec, *spaces(spec)), ImportPolicy(spec.modules())
+    return build_trainer(start, imports, spec.seed, max_staleness=4, device=device)
+
+
+def two_cartpole_chunks(spec: RunSpec, steps: int, seed: int) -> list[SingleAgentEpisode]:
+    """Shipped agent chunks holding at least `steps` agent steps of two CartPoles as two agents, in 2 sub-envs: a
+    fresh policy of `spec` acts through a real MultiAgentSession, which cuts running episodes every 16 env steps."""
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+
+    envs = AgentEnvs([MultiAgentCartPole() for _ in range(2)])
+    policy = ActingCore.build(spec, *spaces(spec), seed=seed)
+    session_spec = MultiAgentSessionSpec("test", envs.agent_spaces, envs.num_envs, explore=True)
+    session = MultiAgentSession(
+        session_spec,
+        mapping_fn=policy.mapping_fn,
+        rollout_fragment_length=16,
+        count_steps_by="env_steps",
+        lookback=1,
+        write_back=policy.write_back,
+    )
+    step, chunks = envs.reset(seed=seed), []
+    for _ in range(steps + 40):  # each round adds up to 4 agent steps; at most 2 * 2 * 16 wait in running episodes
+        episodes, _ = session.observe(step)
+        outputs = policy.act(episodes, True)
+        chunks += decoded(session.record(outputs))
+        if sum(len(c) for c in chunks) >= steps:
+            return chunks
+        step = envs.step(outputs[Columns.ACTIONS_FOR_ENV])
+    raise AssertionError(f"fewer than {steps} agent steps shipped")
+
+
+def run_chunks(spec: RunSpec, steps: int, seed: int, cartpole_chunks) -> list[SingleAgentEpisode]:
+    """Shipped chunks of the run holding at least `steps` (agent) steps."""
+    return cartpole_chunks(steps, seed=seed) if spec.multi_agent is None else two_cartpole_chunks(spec, steps, seed)
+
+
+def one_step_to_train(chunks: list[SingleAgentEpisode]) -> list[SingleAgentEpisode]:
+    """The chunks, the last one's module (single-agent: the module) left one step to train on: its other chunks
+    gone, and all but the last step of the one kept chosen by a version long gone (stale)."""
+    kept = chunks[-1]
+    versions = kept.extra_model_outputs[Columns.MODEL_VERSION]
+    versions.data = versions.data.copy()  # decoded: read-only
+    versions.data[:-1] = -100
+    return [c for c in chunks if c.module_id != kept.module_id] + [kept]
+
+
+def assert_same_stats(ours: dict, theirs: dict, keys: tuple[str, ...] | None = None) -> None:
+    """`theirs` (two ranks') hold `ours` (one learner's) to float tolerance: those named in `keys` (None: all of
+    ours), and each module's."""
+    for key, value in ours.items():
+        if key == "modules":
+            assert theirs["modules"].keys() == value.keys()
+            for module_id, stats in value.items():
+                assert_same_stats(stats, theirs["modules"][module_id], keys)
+        elif keys is None or key in keys:
+            assert theirs[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def assert_same_weights(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    weights = theirs.state_dict()
+    for name, weight in ours.state_dict().items():
+        torch.testing.assert_close(weights[name], weight, rtol=1e-5, atol=1e-6)
 
 
 def follower(rendezvous: Rendezvous, rank: int, log: Path, device: str = "cpu") -> subprocess.Popen:
@@ -85,38 +168,41 @@ def two_ranks(log: Path, device: str = "cpu") -> Iterator[Group]:
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (one per rank)")
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=TWO_GPUS)])
 @pytest.mark.slow
+@pytest.mark.usefixtures("examples_importable")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=TWO_GPUS)])
+@pytest.mark.parametrize("run", list(RUNS))
 def test_two_ranks_hold_identical_weights_and_take_one_learners_step(
-    tmp_path, learner_settings, cartpole_chunks, device
+    tmp_path, learner_settings, cartpole_chunks, run, device
 ):
-    # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch.
-    spec = learner_settings(spec={"algorithm": {"train_batch_size": 128, "minibatch_size": 256, "num_epochs": 3}}).spec
+    # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch. Multi-agent,
+    # each module's batch (its agents' steps, of their own number) is cut in halves; a module whose gradients
+    # were not all-reduced would differ from one learner (rank 0) or from rank 0 (rank 1: its digest). The last
+    # update leaves a module one step to train on: rank 0's shard is that one row, rank 1's none.
+    algorithm = {"train_batch_size": 128, "minibatch_size": 512, "num_epochs": 3}
+    spec = learner_settings(env=None, spec={**RUNS[run], "algorithm": algorithm}).spec
     with two_ranks(tmp_path / "rank-1.log", device) as group:
         on = "cuda:0" if device == "cuda" else device
         alone, leader = trainer(spec, on), trainer(spec, on)
         assert weights_to_bytes(alone.module) == weights_to_bytes(leader.module)
-        group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
+        group.send_start(spec, *spaces(spec))
         leader.join(group)
-        for seed in range(3):
-            chunks = cartpole_chunks(128, seed=seed)
+        for seed in range(4):
+            chunks = run_chunks(spec, 128, seed, cartpole_chunks)
+            chunks = one_step_to_train(chunks) if seed == 3 else chunks
             ours, theirs = alone.update(copy.deepcopy(chunks)), leader.update(chunks)  # leader: checks rank 1's weights
-            for key in ("policy_loss", "vf_loss", "entropy", "kl", "clip_fraction"):
-                assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
-            assert ours["env_steps"] == theirs["env_steps"] > 0
+            assert_same_stats(ours, theirs, ("policy_loss", "vf_loss", "entropy", "kl", "clip_fraction"))
+            assert (ours["env_steps"], ours["stale_steps"]) == (theirs["env_steps"], theirs["stale_steps"])
             assert theirs["scatter_s"] > 0 and theirs["allreduce_s"] > 0 and theirs["check_s"] > 0
-            for name, weight in alone.module.state_dict().items():
-                torch.testing.assert_close(leader.module.state_dict()[name], weight, rtol=1e-5, atol=1e-6)
-        assert weights_to_bytes(leader.module) != weights_to_bytes(trainer(spec).module)  # it trained
+            assert_same_weights(alone.module, leader.module)
+        fresh = trainer(spec).module
+        if isinstance(fresh, MultiRLModule):  # every module trained
+            assert len(theirs["modules"]) == len(fresh) == (2 if run == "per-agent" else 1)
+            assert all(weights_to_bytes(leader.module[m]) != weights_to_bytes(fresh[m]) for m in fresh)
+        assert weights_to_bytes(leader.module) != weights_to_bytes(fresh)  # it trained
     log = (tmp_path / "rank-1.log").read_text()
-    assert "rank 0 stopped the group after 3 updates" in log
+    assert "rank 0 stopped the group after 4 updates" in log
     assert ("(nccl, cuda:1)" if device == "cuda" else "(gloo, cpu)") in log
-
-
-def off_policy_trainer(spec: RunSpec) -> OffPolicyTrainer:
-    module = build_rl_module(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())  # seeded: same weights
-    pipeline = build_learner_connector(spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
-    return OffPolicyTrainer(module, pipeline, spec.algorithm, seed=spec.seed)  # seeded: the same batches sampled
 
 
 # Beyond the weights, the test compares DQN's priorities (a prioritized buffer) and SAC's temperature. SAC on
@@ -128,36 +214,39 @@ REPLAYED = {
 
 
 @pytest.mark.parametrize("algorithm", ["DQN", "SAC"])
+@pytest.mark.parametrize("run", ["single-agent", "per-agent"])
 @pytest.mark.slow
-def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, cartpole_chunks, algorithm):
+@pytest.mark.usefixtures("examples_importable")
+def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, cartpole_chunks, algorithm, run):
     # A train batch of 63 rows: shards of 32 and 31, so gradients and losses weighted other than by rows would
     # differ from one learner's; a rank that skipped an all-reduce would differ from one learner (rank 0) or from
     # rank 0 (rank 1: its digest). Two updates per version, the targets moved after each. Rank 0 has trained a
     # version before the group forms (as a resumed learner has): rank 1 takes its optimizers' moments too.
+    # Per agent: each update trains both modules, each on a batch from its own replay buffer.
     fields = {"name": algorithm, "train_batch_size": 63, "training_intensity": 63.0, "broadcast_interval": 2}
     fields |= {"num_steps_sampled_before_learning_starts": 0, "target_network_update_freq": 0, **REPLAYED[algorithm]}
     model = {"config": {"fcnet_hiddens": [32, 32]}}
-    spec = learner_settings(spec={"algorithm": fields, "model": model}).spec
+    spec = learner_settings(env=None, spec={**RUNS[run], "algorithm": fields, "model": model}).spec
     with two_ranks(tmp_path / "rank-1.log") as group:
-        alone, leader = off_policy_trainer(spec), off_policy_trainer(spec)
-        chunks = cartpole_chunks(64, seed=3)
+        alone, leader = trainer(spec), trainer(spec)
+        assert isinstance(alone, OffPolicyTrainer) and isinstance(leader, OffPolicyTrainer)
+        chunks = run_chunks(spec, 64, 3, cartpole_chunks)
         alone.update(copy.deepcopy(chunks))
         leader.update(chunks)
-        group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
+        group.send_start(spec, *spaces(spec))
         leader.join(group)
         for seed in range(3):
-            chunks = cartpole_chunks(64, seed=seed)
+            chunks = run_chunks(spec, 64, seed, cartpole_chunks)
             ours, theirs = alone.update(copy.deepcopy(chunks)), leader.update(chunks)  # leader: checks rank 1's
             assert ours["updates"] == theirs["updates"] == 2
-            for key, value in ours.items():
-                assert theirs[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+            assert_same_stats(ours, theirs)
             assert theirs["scatter_s"] > 0 and theirs["allreduce_s"] > 0 and theirs["check_s"] > 0
-            everything = leader._everything().state_dict()  # modules, targets, SAC's temperature
-            for name, tensor in alone._everything().state_dict().items():
-                torch.testing.assert_close(everything[name], tensor, rtol=1e-5, atol=1e-6)
-            ours_replayed, theirs_replayed = alone.buffer.get_state()[0], leader.buffer.get_state()[0]
-            for name, array in ours_replayed.items():  # DQN: the priorities from rank 0's gathered TD errors
-                np.testing.assert_allclose(theirs_replayed[name], array, rtol=1e-5, atol=1e-6)
+            assert_same_weights(alone._everything(), leader._everything())  # modules, targets, SAC's temperature
+            assert len(leader.parts) == (2 if run == "per-agent" else 1)
+            for module_id, part in alone.parts.items():  # DQN: the priorities from rank 0's gathered TD errors
+                replayed = leader.parts[module_id].buffer.get_state()[0]
+                for name, array in part.buffer.get_state()[0].items():
+                    np.testing.assert_allclose(replayed[name], array, rtol=1e-5, atol=1e-6)
         assert alone.version == leader.version == 4
     assert "rank 0 stopped the group after 6 updates" in (tmp_path / "rank-1.log").read_text()
 
@@ -217,14 +306,29 @@ DQN_QUICK += ("--spec.algorithm.num-steps-sampled-before-learning-starts", "64")
 DQN_QUICK += ("--spec.sampling.rollout-fragment-length", "16")
 
 
+# Two CartPoles as two agents, a module each (PPO).
+PER_AGENT = ("--config", str(EXAMPLES / "multi_agent_cartpole.toml"))
+PER_AGENT += ("--spec.multi-agent.policy-mapping-fn", "per_agent")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("flags", "env_steps"), [(QUICK, 4 * 128), (DQN_QUICK, 64 + 4 * 2 * 4)], ids=["PPO", "DQN"])
+@pytest.mark.parametrize(
+    ("flags", "env_steps"),
+    [(QUICK, 4 * 128), (DQN_QUICK, 64 + 4 * 2 * 4), ((*PER_AGENT, *QUICK), 4 * 128)],
+    ids=["PPO", "DQN", "multi-agent-PPO"],
+)
 async def test_two_learners_train_through_a_real_server_and_client(
-    tmp_path, learners, server_factory, flags, env_steps
+    tmp_path, learners, server_factory, examples_importable, flags, env_steps
 ):
+    from examples.multi_agent_cartpole import MultiAgentCartPole
+
     server = await server_factory(learner=learners.target)
-    learner = learners.start("learner", "--num-learners", "2", *flags)
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
+    multi_agent = "--config" in flags
+    learner = learners.start("learner", "--num-learners", "2", *flags, env=None if multi_agent else ENV)
+    if multi_agent:
+        envs = [MultiAgentCartPole() for _ in range(2)]
+    else:
+        envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)])
     client = EnvClient(envs, target(server), seed=0, inference="server")
     async with running_client(client):
         await until(lambda: server.host.core is not None and server.host.core.version >= 4, timeout=60)
@@ -236,11 +340,16 @@ async def test_two_learners_train_through_a_real_server_and_client(
     assert "rank 0 stopped the group after" in log
     final = checkpoint.load(learners.checkpoints)
     assert final.version >= 4 and final.env_steps >= env_steps
-    fresh = build_rl_module(final.spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
-    trained = build_rl_module(final.spec, OBSERVATION_SPACE, ACTION_SPACE, ImportPolicy())
+    fresh, trained = trainer(final.spec).module, trainer(final.spec).module
+    if isinstance(fresh, MultiRLModule) and isinstance(trained, MultiRLModule):  # each module's weights
+        assert final.module_weights is not None and final.module_weights.keys() == set(fresh)
+        pairs = [(fresh[m], trained[m], final.module_weights[m]) for m in fresh]
+    else:
+        pairs = [(fresh, trained, final.weights)]
     with final.loading_weights():
-        load_weights(trained, final.weights)
-    assert weights_to_bytes(trained) != weights_to_bytes(fresh)
+        for _, module, weights in pairs:
+            load_weights(module, weights)
+    assert all(weights_to_bytes(module) != weights_to_bytes(before) for before, module, _ in pairs)  # each trained
 
 
 def rlgate_learn(*flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -266,12 +375,8 @@ def rlgate_learn(*flags: str, env: dict[str, str] | None = None) -> subprocess.C
             "--num-learners 5: more learners than the 4 transitions of a train batch "
             "(--spec.algorithm.train-batch-size): each needs at least one",
         ),
-        (
-            ("--num-learners", "2", "--config", str(EXAMPLES / "multi_agent_cartpole_dqn.toml")),
-            "--num-learners 2: data-parallel learners train single-agent runs, not multi-agent",
-        ),
     ],
-    ids=["more-than-a-minibatch", "more-than-a-train-batch", "multi-agent"],
+    ids=["more-than-a-minibatch", "more-than-a-train-batch"],
 )
 @pytest.mark.slow
 def test_learners_the_run_cannot_have_are_one_line_and_exit_2(tmp_path, flags, line):

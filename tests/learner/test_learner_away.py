@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.learners import ENV
 from support.servers import running_client, target, until
+from support.wrappers import Paced
 
 from rlgate.client.env_client import EnvClient
 from rlgate.learner.main import LearnerServer
@@ -53,7 +54,9 @@ async def test_a_killed_learner_is_reported_and_a_new_one_is_picked_up_within_3_
     first = learners.start("first", *NEVER_TRAINS)
     server = await server_factory(learner=learners.target)
     link = server.learner
-    client = EnvClient(gym.vector.SyncVectorEnv([lambda: gym.make(ENV) for _ in range(4)]), target(server), seed=0)
+    # Paced: the client steps through the whole wait for the learner, which needs steps, not a core's worth of them.
+    envs = gym.vector.SyncVectorEnv([lambda: Paced(gym.make(ENV)) for _ in range(4)])
+    client = EnvClient(envs, target(server), seed=0)
     async with running_client(client):
         await until(lambda: link.last_ack is not None, 120)  # episodes flow to the learner
         learner = json.loads((await http_get(server.http_port, "/status"))[1])["learner"]

@@ -30,7 +30,8 @@ def free_port() -> int:
 
 
 class Learners:
-    """`rlgate learn` processes (CartPole, seed 0), one after another, on one port and one checkpoint directory."""
+    """`rlgate learn` processes (CartPole unless told, seed 0), one after another, on one port and one checkpoint
+    directory."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -42,10 +43,11 @@ class Learners:
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, name: str, *flags: str) -> subprocess.Popen:
-        """Start one with these extra `rlgate learn` flags; its log goes to `name`.log."""
+    def start(self, name: str, *flags: str, env: str | None = ENV) -> subprocess.Popen:
+        """Start one with these extra `rlgate learn` flags, on `env` (None: the env a --config in `flags` names);
+        its log goes to `name`.log."""
         command = [
-            *(sys.executable, "-m", "rlgate", "learn", "--env", ENV, "--seed", "0"),
+            *(sys.executable, "-m", "rlgate", "learn", *(("--env", env) if env else ()), "--seed", "0"),
             *("--port", str(self.port), "--http-port", "0", "--checkpoint-dir", str(self.checkpoints)),
             *flags,
         ]

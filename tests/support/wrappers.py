@@ -3,6 +3,7 @@ user's wrapper does (for the errors that must name the wrapper)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -50,3 +51,16 @@ class TextObservations(gym.ObservationWrapper):
 
     def observation(self, observation: Any) -> str:
         return "pole"
+
+
+class Paced(gym.Wrapper):
+    """Each step takes `step_s` seconds of wall time, as a simulator's would, and next to no CPU: a client that
+    steps it for the tens of seconds a test waits leaves the cores to the processes under test."""
+
+    def __init__(self, env: gym.Env, step_s: float = 0.002) -> None:
+        super().__init__(env)
+        self.step_s = step_s
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self.step_s)
+        return self.env.step(action)
