@@ -182,8 +182,7 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(
     algorithm = {"train_batch_size": 128, "minibatch_size": 512, "num_epochs": 3}
     spec = learner_settings(env=None, spec={**RUNS[run], "algorithm": algorithm}).spec
     with two_ranks(tmp_path / "rank-1.log", device) as group:
-        on = "cuda:0" if device == "cuda" else device
-        alone, leader = trainer(spec, on), trainer(spec, on)
+        alone, leader = trainer(spec, str(group.device)), trainer(spec, str(group.device))
         assert weights_to_bytes(alone.module) == weights_to_bytes(leader.module)
         group.send_start(spec, *spaces(spec))
         leader.join(group)
@@ -213,11 +212,14 @@ REPLAYED = {
 }
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=TWO_GPUS)])
 @pytest.mark.parametrize("algorithm", ["DQN", "SAC"])
 @pytest.mark.parametrize("run", ["single-agent", "per-agent"])
 @pytest.mark.slow
 @pytest.mark.usefixtures("examples_importable")
-def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, cartpole_chunks, algorithm, run):
+def test_two_ranks_replay_and_update_as_one_learner(
+    tmp_path, learner_settings, cartpole_chunks, algorithm, run, device
+):
     # A train batch of 63 rows: shards of 32 and 31, so gradients and losses weighted other than by rows would
     # differ from one learner's; a rank that skipped an all-reduce would differ from one learner (rank 0) or from
     # rank 0 (rank 1: its digest). Two updates per version, the targets moved after each. Rank 0 has trained a
@@ -227,8 +229,8 @@ def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, 
     fields |= {"num_steps_sampled_before_learning_starts": 0, "target_network_update_freq": 0, **REPLAYED[algorithm]}
     model = {"config": {"fcnet_hiddens": [32, 32]}}
     spec = learner_settings(env=None, spec={**RUNS[run], "algorithm": fields, "model": model}).spec
-    with two_ranks(tmp_path / "rank-1.log") as group:
-        alone, leader = trainer(spec), trainer(spec)
+    with two_ranks(tmp_path / "rank-1.log", device) as group:
+        alone, leader = trainer(spec, str(group.device)), trainer(spec, str(group.device))
         assert isinstance(alone, OffPolicyTrainer) and isinstance(leader, OffPolicyTrainer)
         chunks = run_chunks(spec, 64, 3, cartpole_chunks)
         alone.update(copy.deepcopy(chunks))
