@@ -13,11 +13,12 @@
 // "in-process" mode needs no server: it plays its CartPole with a file `rlgate export` wrote, loaded with
 // onnxruntime-node (policy.mjs), and prints each episode's return.
 //
-//   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000
+//   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000 [--env pendulum]
 //
 // "local" mode acts in-process and trains on the server's learner: it gets each version of the policy as an ONNX
-// file over WatchWeights, samples its CartPole's actions with it, and sends the episodes to SubmitEpisodes
-// (episodes.mjs records them as a server does), paced by the learner; its summary counts what it shipped.
+// file over WatchWeights, samples its env's actions with it (--env: its JavaScript CartPole-v1, or Pendulum-v1 for
+// Box actions), and sends the episodes to SubmitEpisodes (episodes.mjs records them as a server does), paced by the
+// learner; its summary counts what it shipped.
 //
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game cartpole --envs 2 --episodes 6
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game tictactoe --envs 3 --episodes 6
@@ -53,6 +54,7 @@ const { values: args } = parseArgs({
     episodes: { type: "string", default: "3" },
     steps: { type: "string", default: "2000" }, // local: env steps to take
     "client-id": { type: "string" }, // local: the name the server lists it by
+    env: { type: "string", default: "cartpole" }, // local, in-process: cartpole | pendulum
     "drain-timeout-s": { type: "string", default: "10" }, // local: the wait for the last acks
     game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
     envs: { type: "string", default: "2" }, // multi-agent modes: sub-envs in the stream
@@ -230,6 +232,61 @@ class CartPole {
     const truncated = this.steps >= CartPole.MAX_STEPS;
     return { obs: this.observation(), reward: 1.0, terminated, truncated };
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pendulum-v1 as gymnasium computes it (pendulum.py: the angle and angular velocity in doubles, the torque clipped
+// to [-2, 2], the velocity to [-8, 8]; reward -(angle^2 + 0.1 velocity^2 + 0.001 torque^2) with the angle
+// normalised to [-pi, pi); never terminated, truncated at 200 steps by TimeLimit). Observations are
+// [cos, sin, velocity] rounded to float32; Box(float32, [3]) and actions Box(-2, 2, [1], float32).
+// ---------------------------------------------------------------------------------------------------
+
+class Pendulum {
+  static MAX_SPEED = 8;
+  static MAX_TORQUE = 2;
+  static DT = 0.05;
+  static G = 10.0;
+  static M = 1.0;
+  static L = 1.0;
+  static MAX_STEPS = 200;
+
+  constructor(seed) {
+    this.random = random(seed);
+    this.state = null;
+    this.steps = 0;
+  }
+
+  observation() {
+    const [theta, thetaDot] = this.state;
+    return [Math.cos(theta), Math.sin(theta), thetaDot].map(Math.fround);
+  }
+
+  reset() {
+    this.state = [(this.random() * 2 - 1) * Math.PI, this.random() * 2 - 1]; // uniform in [-pi, pi) x [-1, 1)
+    this.steps = 0;
+    return this.observation();
+  }
+
+  step(action) {
+    const clip = (v, bound) => Math.min(Math.max(v, -bound), bound);
+    const [theta, thetaDot] = this.state;
+    const u = clip(action[0], Pendulum.MAX_TORQUE);
+    const angle = ((((theta + Math.PI) % (2 * Math.PI)) + 2 * Math.PI) % (2 * Math.PI)) - Math.PI; // Python's %
+    const cost = angle ** 2 + 0.1 * thetaDot ** 2 + 0.001 * u ** 2;
+    const { G, L, M, DT } = Pendulum;
+    const velocity = clip(thetaDot + ((3 * G) / (2 * L) * Math.sin(theta) + (3.0 / (M * L ** 2)) * u) * DT, 8);
+    this.state = [theta + velocity * DT, velocity];
+    this.steps += 1;
+    return { obs: this.observation(), reward: -cost, terminated: false, truncated: this.steps >= Pendulum.MAX_STEPS };
+  }
+}
+
+// The envs --env names, with the kind of action space each takes (the served one must be of it).
+const ENVS = { cartpole: { Env: CartPole, actions: "discrete" }, pendulum: { Env: Pendulum, actions: "box" } };
+
+function envOf(name) {
+  if (!(name in ENVS)) fail(`--env is one of ${Object.keys(ENVS).join(", ")}`);
+  return ENVS[name];
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -830,14 +887,15 @@ async function multiAgentScript() {
 async function inProcess() {
   if (!args.model) fail("--mode in-process needs --model FILE.onnx (rlgate export)");
   const policy = await loadPolicy(args.model);
-  const env = new CartPole(Number(args.seed));
+  const { Env } = envOf(args.env);
+  const env = new Env(Number(args.seed));
   const returns = [];
   for (let i = 0; i < EPISODES; i++) {
     let obs = env.reset();
     const episode = policy.newEpisode();
     let reward = 0;
     let total = 0;
-    for (let t = 0; t < CartPole.MAX_STEPS; t++) {
+    for (let t = 0; t < Env.MAX_STEPS; t++) {
       const action = await policy.act(obs, episode, reward);
       const result = env.step(action);
       ({ obs, reward } = result);
@@ -893,6 +951,7 @@ class ServerLink {
     this.changed = new Signal(); // weights ready, an ack, a failure
     this.failure = null;
     this.specJson = null; // the run spec acted with, as its first weights carried it
+    this.actionKind = null; // its action space's kind ("discrete", "box", ...)
     this.policy = null; // {policy, version} acted with
     this.pending = null; // a newer one, loaded, until the step loop takes it
     this.newest = null; // the newest received, until it is loading
@@ -965,6 +1024,7 @@ class ServerLink {
     this.version = version;
     this.window = Number(weights.max_unacked_steps);
     this.specJson ??= weights.spec_json;
+    this.actionKind ??= weights.action_space.kind;
     if (weights.spec_json !== this.specJson) {
       this.fail("the server now serves another run spec: restart this client to act with it");
       return;
@@ -1071,15 +1131,17 @@ async function local() {
   const clientId = args["client-id"] ?? "node-local";
   const steps = Number(args.steps);
   if (!(Number.isInteger(steps) && steps > 0)) fail("--steps is a positive integer");
+  const { Env, actions } = envOf(args.env);
   const link = new ServerLink(args.server, clientId);
   link.watch();
   await link.until(() => link.pending !== null); // the first version, loaded
+  if (link.actionKind !== actions) fail(`served actions are ${link.actionKind}: --env ${args.env} takes ${actions}`);
   link.send();
   let { policy, version } = link.applyNewest();
   const spec = JSON.parse(link.specJson);
   const sessionId = randomUUID().replaceAll("-", "");
-  const recorder = new EpisodeRecorder(sessionId, spec.sampling);
-  const env = new CartPole(Number(args.seed));
+  const recorder = new EpisodeRecorder(sessionId, spec.sampling, policy.recordedDtype);
+  const env = new Env(Number(args.seed));
   const draw = random(Number(args.seed) + 1);
   const versions = new Set();
   const [returns, terminated] = [[], []];
@@ -1095,9 +1157,10 @@ async function local() {
     }
     ({ policy, version } = link.applyNewest());
     versions.add(version);
-    const acted = await policy.sample(obs, episode, reward, draw);
-    const result = env.step(acted.action);
-    link.ship(recorder.step({ ...acted, version }, result.reward, result.obs, result.terminated, result.truncated));
+    const { action, moduleAction, logp, distInputs } = await policy.sample(obs, episode, reward, draw);
+    const result = env.step(action); // the env's action; the episode records the module's own
+    const acted = { action: moduleAction, logp, distInputs, version };
+    link.ship(recorder.step(acted, result.reward, result.obs, result.terminated, result.truncated));
     total += result.reward;
     if (result.terminated || result.truncated) {
       returns.push(total);

@@ -1,7 +1,8 @@
 """The Node.js client acting locally (`clients/node/client.mjs --mode local`): its policy is each version's ONNX file,
 which the server sends over PolicyService.WatchWeights (`onnx`), run in onnxruntime-node; its episodes go to the
-server's SubmitEpisodes and train a real learner. Its npm dependencies come as for tests/server/test_node_client.py
-(skipped without node or npm, failed under CI=true)."""
+server's SubmitEpisodes and train a real learner, CartPole's (Discrete actions) and Pendulum's (Box actions: the
+episodes hold the module's own, the env gets them unsquashed). Its npm dependencies come as for
+tests/server/test_node_client.py (skipped without node or npm, failed under CI=true)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,23 @@ import itertools
 import json
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
 from server.test_node_client import node_client, run_client  # noqa: F401 (the fixture)
 from support.servers import target, until
 
+from rlgate.core import codec
+from rlgate.core.columns import Columns
+from rlgate.export.pieces import NotExportable
 from rlgate.learner.main import LearnerServer
+from rlgate.models import DiagGaussian
+from rlgate.policy.published import core_from_weights, spec_of
+from rlgate.policy.published_onnx import OnnxWeights
 from rlgate.server.main import InferenceServer
+from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 from rlgate.storage.episode_files import read_episodes
 from rlgate.v1 import learner_pb2, policy_pb2_grpc
@@ -141,18 +151,102 @@ async def test_watch_weights_sends_each_version_with_the_onnx_file_of_its_weight
     assert weights.safetensors  # the weights themselves too, as every client gets them
 
 
-@pytest.mark.parametrize(
-    ("env", "spec", "why"),
-    [
-        ("CartPole-v1", {"connectors": {"env_to_module": ["MeanStdFilter"]}}, "rewrites observations (MeanStdFilter)"),
-        ("Pendulum-v1", {}, "the action space is Box"),
-    ],
-)
-async def test_a_run_an_onnx_client_cannot_record_as_a_server_does_is_refused_saying_why(
-    server_factory, env, spec, why
-):
-    server = await server_factory(spec=RunSpec.parse(spec, "test"), env=env)
+async def test_a_run_an_onnx_client_cannot_record_as_a_server_does_is_refused_saying_why(server_factory):
+    spec = RunSpec.parse({"connectors": {"env_to_module": ["MeanStdFilter"]}}, "test")
+    server = await server_factory(spec=spec, env="CartPole-v1")
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await first_weights(server)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert refused.value.details().startswith("no ONNX file for this run: ") and why in refused.value.details()
+    details = refused.value.details()
+    assert details.startswith("no ONNX file for this run: ") and "rewrites observations (MeanStdFilter)" in details
+
+
+def test_integer_box_actions_get_no_onnx_file_for_a_client_to_record():
+    """No distribution samples an integer Box's actions as the module's own: refused before anything is built."""
+    weights = learner_pb2.Weights(
+        spec_json=RunSpec().model_dump_json(),
+        observation_space=codec.space_to_proto(gym.spaces.Box(-1.0, 1.0, (3,), np.float32)),
+        action_space=codec.space_to_proto(gym.spaces.Box(0, 4, (2,), np.int64)),
+    )
+    with pytest.raises(NotExportable, match="records Discrete, MultiDiscrete and float Box actions"):
+        OnnxWeights(weights, ImportPolicy(()))
+
+
+@pytest.fixture
+def pendulum_learner(learner_settings) -> LearnerServer:
+    """A learner of Pendulum-v1 (Box actions), not started."""
+    return LearnerServer(learner_settings(env="Pendulum-v1"))
+
+
+async def collect_weights(server: InferenceServer, into: dict[int, learner_pb2.Weights]) -> None:
+    """Every version the server's WatchWeights sends, by version, until cancelled."""
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        stub = policy_pb2_grpc.PolicyServiceStub(channel)
+        async for weights in stub.WatchWeights(learner_pb2.WatchWeightsRequest(server_id="t", after_version=-1)):
+            into[weights.version] = weights
+
+
+async def test_a_node_client_acting_locally_with_box_actions_records_the_modules_own_as_a_server_does(
+    pendulum_learner: LearnerServer,
+    server_factory,
+    tmp_path,
+    node_client,  # noqa: F811
+):
+    """Pendulum-v1 in JavaScript: the file's `actions` (unsquashed to [-2, 2] and clipped) go to the env, its
+    `module_actions` into the episodes, as a Python server records them; every chunk trains once."""
+    await pendulum_learner.start()
+    try:
+        learner = pendulum_learner.learner
+        server = await server_factory(learner=f"127.0.0.1:{pendulum_learner.port}")
+        versions: dict[int, learner_pb2.Weights] = {}
+        watching = asyncio.ensure_future(collect_weights(server, versions))
+        try:
+            await until(lambda: bool(versions), timeout=30)
+            args = ("--mode", "local", "--env", "pendulum", "--steps", "1200", "--seed", "4")
+            summary = await run_client(node_client, server.port, *args)
+        finally:
+            watching.cancel()
+        await server.stop()
+        batch_size = learner.spec.algorithm.train_batch_size
+        await until(lambda: learner.intake.pending_steps < batch_size, timeout=30)  # every full batch trained
+    finally:
+        await pendulum_learner.stop()
+
+    assert summary["env_steps"] == 1200 and summary["episodes"] == 6 and not any(summary["terminated"])
+    assert summary["acked_batches"] == summary["batches"] and summary["unacknowledged_batches"] == 0
+    assert learner.env_steps_received() == 1200 and learner.trainer.version >= 3
+    assert learner.intake.rejected.total() == 0 and learner.intake.duplicates == 0 and learner.stale_steps == 0
+    chunks = [c for c in read_episodes(tmp_path / "episodes") if c.id_.startswith(summary["session_id"])]
+    assert sum(len(c) for c in chunks) == 1200
+    checked = 0
+    for chunk in chunks:
+        actions, obs = chunk.actions.data, chunk.observations.data
+        dist_inputs = chunk.extra_model_outputs[Columns.ACTION_DIST_INPUTS].data
+        logp = chunk.extra_model_outputs[Columns.ACTION_LOGP].data
+        model_versions = chunk.extra_model_outputs[Columns.MODEL_VERSION].data
+        assert actions.dtype == np.float32 and actions.shape == (len(obs) - 1, 1)
+        # The log-probability the learner's importance ratio divides by: of the recorded action, under its inputs.
+        expected = DiagGaussian.from_logits(torch.tensor(dist_inputs)).logp(torch.tensor(actions))
+        np.testing.assert_allclose(logp, expected.numpy(), rtol=1e-5, atol=1e-5)
+        # The env took the action unsquashed (x2 for [-2, 2]) and clipped: the torque its step applied, read back
+        # from Pendulum's velocity update (where the velocity limit did not clip it).
+        theta_dot, sin = obs[:, 2].astype(np.float64), obs[:, 1].astype(np.float64)
+        torque = ((theta_dot[1:] - theta_dot[:-1]) / 0.05 - 15.0 * sin[:-1]) / 3.0
+        free = np.abs(theta_dot[1:]) < 7.99
+        np.testing.assert_allclose(torque[free], np.clip(2.0 * actions[free, 0], -2.0, 2.0), rtol=0, atol=1e-3)
+        # The distribution inputs a Python server's torch path computes for the same observations with the same
+        # version (its action for the noise these were drawn with is then the recorded one: mean + std * noise).
+        for version in np.unique(model_versions):
+            if int(version) not in versions:
+                continue
+            rows = model_versions == version
+            weights = versions[int(version)]
+            spec = spec_of(weights, "the served run spec")
+            core = core_from_weights(weights, spec, ImportPolicy(spec.modules()), backend="torch")
+            with torch.inference_mode():
+                out = core.module.forward_exploration({Columns.OBS: torch.tensor(obs[:-1][rows])})
+            np.testing.assert_allclose(dist_inputs[rows], out[Columns.ACTION_DIST_INPUTS].numpy(), atol=1e-5)
+            checked += int(rows.sum())
+    assert checked >= 600, checked  # (versions the client acted with that the watcher here got too)
+    every = np.concatenate([c.actions.data[c.observations.lookback :] for c in chunks])
+    assert (np.abs(every) > 2.0).any()  # the module's own: past the bounds, which no env action is
