@@ -13,12 +13,13 @@
 // "in-process" mode needs no server: it plays its CartPole with a file `rlgate export` wrote, loaded with
 // onnxruntime-node (policy.mjs), and prints each episode's return.
 //
-//   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000 [--env pendulum]
+//   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000 [--env pendulum] [--spool-dir DIR]
 //
 // "local" mode acts in-process and trains on the server's learner: it gets each version of the policy as an ONNX
 // file over WatchWeights, samples its env's actions with it (--env: its JavaScript CartPole-v1, or Pendulum-v1 for
 // Box actions), and sends the episodes to SubmitEpisodes (episodes.mjs records them as a server does), paced by the
-// learner; its summary counts what it shipped.
+// learner; its summary counts what it shipped. With --spool-dir the batches not acknowledged yet are kept on disk
+// too (spool.mjs): a client killed and started again with the same directory sends them first.
 //
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game cartpole --envs 2 --episodes 6
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game tictactoe --envs 3 --episodes 6
@@ -42,6 +43,7 @@ import protoLoader from "@grpc/proto-loader";
 
 import { chunkTable, EpisodeRecorder } from "./episodes.mjs";
 import { loadPolicy, policyFromBytes } from "./policy.mjs";
+import { Spool } from "./spool.mjs";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 
@@ -55,6 +57,7 @@ const { values: args } = parseArgs({
     steps: { type: "string", default: "2000" }, // local: env steps to take
     "client-id": { type: "string" }, // local: the name the server lists it by
     env: { type: "string", default: "cartpole" }, // local, in-process: cartpole | pendulum
+    "spool-dir": { type: "string" }, // local: keep unacknowledged batches here too (else in memory only)
     "drain-timeout-s": { type: "string", default: "10" }, // local: the wait for the last acks
     game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
     envs: { type: "string", default: "2" }, // multi-agent modes: sub-envs in the stream
@@ -915,8 +918,9 @@ async function inProcess() {
 // with onnxruntime-node (policy.mjs); every newer version is loaded while the CartPole goes on stepping and acts
 // from the step after it is ready. The episodes are recorded as a server records a session (episodes.mjs) and sent
 // to PolicyService/SubmitEpisodes: a hello naming the run spec acted with, then batches. A batch stays in this
-// process's spool (memory: a restart loses it; the Python client's spool is on disk) until its ack, and every
-// unacknowledged one is sent again on a new stream (the learner drops chunks it already has). Pacing as the
+// process's spool (spool.mjs: in memory, and with --spool-dir on disk, written before it is sent, so that a process
+// started again sends what one killed had not got acknowledged) until its ack, and every unacknowledged one is sent
+// again on a new stream (the learner drops chunks it already has). Pacing as the
 // Python client keeps it: sampling waits, the running episode shipped as it stands, while the steps not yet
 // acknowledged and those not shipped exceed the `room` the last ack granted or, before any ack, while the
 // unacknowledged ones reach the weights' `max_unacked_steps` (0: no limit). When the server ends WatchWeights with
@@ -943,8 +947,15 @@ class Signal {
   }
 }
 
+// EpisodeBatch messages as bytes, for the spool on disk: the SubmitEpisodes messages' own serialisation.
+const SUBMIT = PolicyService.service.SubmitEpisodes;
+const BATCH_CODEC = {
+  encode: (batch) => SUBMIT.requestSerialize({ batch }),
+  decode: (bytes) => SUBMIT.requestDeserialize(bytes).batch,
+};
+
 class ServerLink {
-  constructor(target, clientId) {
+  constructor(target, clientId, spoolDir) {
     this.target = target;
     this.client = new PolicyService(target, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
     this.clientId = clientId;
@@ -959,8 +970,8 @@ class ServerLink {
     this.version = -1; // the newest version received (loaded or loading)
     this.window = 0; // the weights' max_unacked_steps: this client's share (0: no limit)
     this.room = null; // env steps the last ack granted (unset: none said)
-    this.spool = new Map(); // seq -> {batch, steps}, in seq order, until acknowledged
-    this.seq = 0;
+    this.spool = new Spool(spoolDir, BATCH_CODEC); // seq -> {batch, steps}, in seq order, until acknowledged
+    this.seq = this.spool.lastSeq; // (a spool on disk from before: its batches are sent first)
     // moves: to a new channel, when the server ended WatchWeights with OK
     this.counts = { batches: 0, chunks: 0, steps: 0, acked_batches: 0, accepted: 0, streams: 0, pauses: 0, moves: 0 };
     this.submit = null; // the SubmitEpisodes call while open (and not half-closed for a move)
@@ -1124,6 +1135,7 @@ class ServerLink {
     this.moving?.call.cancel();
     this.submit?.end(); // half-close: the server ends the stream with OK
     this.client.close();
+    this.spool.close();
   }
 }
 
@@ -1132,7 +1144,8 @@ async function local() {
   const steps = Number(args.steps);
   if (!(Number.isInteger(steps) && steps > 0)) fail("--steps is a positive integer");
   const { Env, actions } = envOf(args.env);
-  const link = new ServerLink(args.server, clientId);
+  const link = new ServerLink(args.server, clientId, args["spool-dir"]);
+  const resent = link.spool.size;
   link.watch();
   await link.until(() => link.pending !== null); // the first version, loaded
   if (link.actionKind !== actions) fail(`served actions are ${link.actionKind}: --env ${args.env} takes ${actions}`);
@@ -1186,6 +1199,7 @@ async function local() {
     terminated,
     model_versions: [...versions].sort((a, b) => a - b),
     ...link.counts,
+    resent_batches: resent, // found in --spool-dir at the start
     unacknowledged_batches: link.spool.size,
   };
 }

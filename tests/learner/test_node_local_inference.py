@@ -1,8 +1,9 @@
 """The Node.js client acting locally (`clients/node/client.mjs --mode local`): its policy is each version's ONNX file,
 which the server sends over PolicyService.WatchWeights (`onnx`), run in onnxruntime-node; its episodes go to the
 server's SubmitEpisodes and train a real learner, CartPole's (Discrete actions) and Pendulum's (Box actions: the
-episodes hold the module's own, the env gets them unsquashed). Its npm dependencies come as for
-tests/server/test_node_client.py (skipped without node or npm, failed under CI=true)."""
+episodes hold the module's own, the env gets them unsquashed); with --spool-dir its unacknowledged batches outlive
+a kill. Its npm dependencies come as for tests/server/test_node_client.py (skipped without node or npm, failed under
+CI=true)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from server.test_node_client import node_client, run_client  # noqa: F401 (the fixture)
+from server.test_node_client import client_command, node_client, run_client  # noqa: F401 (the fixture)
 from support.servers import target, until
 
 from rlgate.core import codec
@@ -30,7 +31,7 @@ from rlgate.server.main import InferenceServer
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 from rlgate.storage.episode_files import read_episodes
-from rlgate.v1 import learner_pb2, policy_pb2_grpc
+from rlgate.v1 import learner_pb2, policy_pb2, policy_pb2_grpc
 
 
 async def test_a_node_client_acting_locally_ships_episodes_that_train_the_learner(
@@ -128,6 +129,57 @@ async def test_a_node_client_moves_to_a_new_channel_at_its_max_session_age_losin
     assert summary["steps"] == 4000 and summary["acked_batches"] == summary["batches"]
     assert summary["unacknowledged_batches"] == 0 and len(summary["model_versions"]) >= 2
     assert learner.env_steps_received() == 4000 and learner.intake.rejected.total() == 0
+
+
+async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_started_again(
+    learner_server: LearnerServer,
+    server_factory,
+    tmp_path,
+    node_client,  # noqa: F811
+):
+    """With --spool-dir a batch is on disk before it is sent and until its ack: the client is killed (SIGKILL) while
+    its server is away and batches wait for acks, started again with the same directory on a new server, and sends
+    them first; the learner gets every step of both runs once (all but the killed run's running episode, which was
+    in its memory only)."""
+    learner = learner_server.learner
+    spool = tmp_path / "node-spool"
+    local = ("--mode", "local", "--spool-dir", str(spool), "--client-id", "restarted")
+    first = await server_factory(learner=f"127.0.0.1:{learner_server.port}", drain_timeout_s=0.5)
+    command = client_command(node_client, first.port, *local, "--steps", "1000000")
+    killed = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL, cwd=node_client[1])
+    try:
+        await until(lambda: first.local.env_steps >= 300 or killed.returncode is not None, timeout=30)
+        await first.stop()  # what it acknowledged goes to the learner; the client samples on into its spool
+        await until(lambda: len(list(spool.glob("*.batch"))) >= 2 or killed.returncode is not None, timeout=30)
+        assert killed.returncode is None, "the client ended before it was killed"
+    finally:
+        killed.kill()
+        await killed.wait()
+    left = [policy_pb2.EpisodeSubmission.FromString(f.read_bytes()).batch for f in sorted(spool.glob("*.batch"))]
+    left_chunks = {(i, int(c)) for b in left for t in b.chunks for i, c in zip(t.ids, t.chunk_indices, strict=True)}
+
+    second = await server_factory(learner=f"127.0.0.1:{learner_server.port}", port=first.port)
+    summary = await run_client(node_client, second.port, *local, "--steps", "300")
+    await second.stop()
+
+    assert summary["resent_batches"] == len(left) >= 2 and summary["unacknowledged_batches"] == 0
+    assert not list(spool.glob("*.batch"))  # each deleted after its ack
+    # What both servers took (a batch the first acknowledged but the client had not deleted yet is sent again),
+    # each chunk once: the learner's steps are theirs exactly.
+    chunks = {(c.id_, c.chunk_index): c for c in read_episodes(tmp_path / "episodes")}
+    assert left_chunks <= chunks.keys()
+    assert learner.intake.rejected.total() == 0 and learner.stale_steps == 0
+    assert learner.env_steps_received() == sum(len(c) for c in chunks.values())
+    # The killed run's episodes have no chunk missing, each starting where the one before ended.
+    episodes: dict[str, list] = {}
+    for (episode_id, _), chunk in sorted(chunks.items()):
+        if not episode_id.startswith(summary["session_id"]):
+            episodes.setdefault(episode_id, []).append(chunk)
+    assert {episode_id for episode_id, _ in left_chunks} <= episodes.keys()
+    for parts in episodes.values():
+        assert [p.chunk_index for p in parts] == list(range(len(parts)))
+        assert all(a.t_started + len(a) == b.t_started for a, b in itertools.pairwise(parts))
+    assert sum(len(c) for c in chunks.values() if c.id_.startswith(summary["session_id"])) == 300
 
 
 async def first_weights(server: InferenceServer) -> learner_pb2.Weights:
