@@ -10,8 +10,8 @@
 //
 //   node client.mjs --mode in-process --model cartpole.onnx --episodes 100
 //
-// "in-process" mode needs no server: it plays its CartPole with a file `rlgate export` wrote, loaded with
-// onnxruntime-node (policy.mjs), and prints each episode's return.
+// "in-process" mode needs no server: it plays its CartPole (or with --env pendulum its Pendulum) with a file
+// `rlgate export` wrote, loaded with onnxruntime-node (policy.mjs), and prints each episode's return.
 //
 //   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000 [--env pendulum] [--spool-dir DIR]
 //
@@ -188,7 +188,16 @@ function random(seed) {
   };
 }
 
-class CartPole {
+// An env's seeded generator and its state, set by reset().
+class SeededEnv {
+  constructor(seed) {
+    this.random = random(seed);
+    this.state = null;
+    this.steps = 0;
+  }
+}
+
+class CartPole extends SeededEnv {
   static GRAVITY = 9.8;
   static MASSCART = 1.0;
   static MASSPOLE = 0.1;
@@ -198,12 +207,6 @@ class CartPole {
   static FORCE_MAG = 10.0;
   static TAU = 0.02;
   static MAX_STEPS = 500;
-
-  constructor(seed) {
-    this.random = random(seed);
-    this.state = null;
-    this.steps = 0;
-  }
 
   observation() {
     return this.state.map(Math.fround);
@@ -244,7 +247,7 @@ class CartPole {
 // [cos, sin, velocity] rounded to float32; Box(float32, [3]) and actions Box(-2, 2, [1], float32).
 // ---------------------------------------------------------------------------------------------------
 
-class Pendulum {
+class Pendulum extends SeededEnv {
   static MAX_SPEED = 8;
   static MAX_TORQUE = 2;
   static DT = 0.05;
@@ -252,12 +255,6 @@ class Pendulum {
   static M = 1.0;
   static L = 1.0;
   static MAX_STEPS = 200;
-
-  constructor(seed) {
-    this.random = random(seed);
-    this.state = null;
-    this.steps = 0;
-  }
 
   observation() {
     const [theta, thetaDot] = this.state;
@@ -276,8 +273,8 @@ class Pendulum {
     const u = clip(action[0], Pendulum.MAX_TORQUE);
     const angle = ((((theta + Math.PI) % (2 * Math.PI)) + 2 * Math.PI) % (2 * Math.PI)) - Math.PI; // Python's %
     const cost = angle ** 2 + 0.1 * thetaDot ** 2 + 0.001 * u ** 2;
-    const { G, L, M, DT } = Pendulum;
-    const velocity = clip(thetaDot + ((3 * G) / (2 * L) * Math.sin(theta) + (3.0 / (M * L ** 2)) * u) * DT, 8);
+    const { G, L, M, DT, MAX_SPEED } = Pendulum;
+    const velocity = clip(thetaDot + ((3 * G) / (2 * L) * Math.sin(theta) + (3.0 / (M * L ** 2)) * u) * DT, MAX_SPEED);
     this.state = [theta + velocity * DT, velocity];
     this.steps += 1;
     return { obs: this.observation(), reward: -cost, terminated: false, truncated: this.steps >= Pendulum.MAX_STEPS };
