@@ -137,10 +137,10 @@ async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_
     tmp_path,
     node_client,  # noqa: F811
 ):
-    """With --spool-dir a batch is on disk before it is sent and until its ack: the client is killed (SIGKILL) while
-    its server is away and batches wait for acks, started again with the same directory on a new server, and sends
-    them first; the learner gets every step of both runs once (all but the killed run's running episode, which was
-    in its memory only)."""
+    """With --spool-dir a batch is on disk before it is sent and until its ack (and the directory is the running
+    client's alone): the client is killed (SIGKILL) while its server is away and batches wait for acks, started again
+    with the same directory on a new server, and sends them first; the learner gets every step of both runs once
+    (all but the killed run's running episode, which was in its memory only)."""
     learner = learner_server.learner
     spool = tmp_path / "node-spool"
     local = ("--mode", "local", "--spool-dir", str(spool), "--client-id", "restarted")
@@ -149,6 +149,17 @@ async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_
     killed = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL, cwd=node_client[1])
     try:
         await until(lambda: first.local.env_steps >= 300 or killed.returncode is not None, timeout=30)
+        # One process per spool: a second one with the same directory is refused while the first lives.
+        refusal = await asyncio.create_subprocess_exec(
+            *client_command(node_client, first.port, *local), stderr=asyncio.subprocess.PIPE, cwd=node_client[1]
+        )
+        try:
+            _, refused = await asyncio.wait_for(refusal.communicate(), 30)
+        finally:
+            if refusal.returncode is None:  # (timed out)
+                refusal.kill()
+                await refusal.wait()
+        assert refusal.returncode == 1 and f"is in use by process {killed.pid}" in refused.decode()
         await first.stop()  # what it acknowledged goes to the learner; the client samples on into its spool
         await until(lambda: len(list(spool.glob("*.batch"))) >= 2 or killed.returncode is not None, timeout=30)
         assert killed.returncode is None, "the client ended before it was killed"
