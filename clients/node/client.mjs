@@ -19,7 +19,8 @@
 // file over WatchWeights, samples its env's actions with it (--env: its JavaScript CartPole-v1, or Pendulum-v1 for
 // Box actions), and sends the episodes to SubmitEpisodes (episodes.mjs records them as a server does), paced by the
 // learner; its summary counts what it shipped. With --spool-dir the batches not acknowledged yet are kept on disk
-// too (spool.mjs): a client killed and started again with the same directory sends them first.
+// too (spool.mjs): a client killed and started again with the same directory sends them first. With --bench it runs
+// until `rlgate bench` (its B8 placement `local-node`) says stop on stdin, reporting its steps per window.
 //
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game cartpole --envs 2 --episodes 6
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game tictactoe --envs 3 --episodes 6
@@ -35,6 +36,7 @@
 
 import { randomUUID } from "node:crypto";
 import path from "node:path";
+import readline from "node:readline";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 
@@ -58,6 +60,7 @@ const { values: args } = parseArgs({
     "client-id": { type: "string" }, // local: the name the server lists it by
     env: { type: "string", default: "cartpole" }, // local, in-process: cartpole | pendulum
     "spool-dir": { type: "string" }, // local: keep unacknowledged batches here too (else in memory only)
+    bench: { type: "boolean", default: false }, // local: driven by `rlgate bench` over stdin (BenchWindow)
     "drain-timeout-s": { type: "string", default: "10" }, // local: the wait for the last acks
     game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
     envs: { type: "string", default: "2" }, // multi-agent modes: sub-envs in the stream
@@ -1136,6 +1139,46 @@ class ServerLink {
   }
 }
 
+// --bench: driven as `rlgate bench`'s load processes are (bench/load.py's line protocol): `ready` once the first step
+// is taken, then per line on stdin `measure` (a window starts; `measuring`), `report` (one JSON line: env steps,
+// seconds, each step's time since the one before in microseconds, this process's CPU seconds) and `stop` (or the end
+// of input), which ends the run in place of --steps; the summary is then `{"total_steps": ...}`.
+class BenchWindow {
+  constructor() {
+    this.stopping = false;
+    this.total = 0;
+    this.window = null;
+    const lines = readline.createInterface({ input: process.stdin });
+    lines.on("line", (line) => this.command(line.trim()));
+    lines.on("close", () => (this.stopping = true));
+  }
+
+  command(name) {
+    if (name === "measure") {
+      this.window = { steps: 0, latencies: [], started: performance.now(), cpu: process.cpuUsage() };
+      console.log("measuring");
+    } else if (name === "report" && this.window !== null) {
+      const { steps, latencies, started, cpu } = this.window;
+      const used = process.cpuUsage(cpu);
+      const seconds = (performance.now() - started) / 1000;
+      const report = { steps, seconds, latency_us: latencies, cpu_s: (used.user + used.system) / 1e6 };
+      console.log(JSON.stringify({ ...report, bytes_out: 0, bytes_in: 0 })); // (no step messages: it acts itself)
+      this.window = null;
+    } else if (name === "stop") {
+      this.stopping = true;
+    }
+  }
+
+  // One env step taken, the one before it (or the start) ended at `since` (performance.now()).
+  stepped(since) {
+    this.total += 1;
+    if (this.total === 1) console.log("ready");
+    if (this.window === null) return;
+    this.window.steps += 1;
+    this.window.latencies.push(Math.round((performance.now() - since) * 1000));
+  }
+}
+
 async function local() {
   const clientId = args["client-id"] ?? "node-local";
   const steps = Number(args.steps);
@@ -1159,7 +1202,9 @@ async function local() {
   let episode = policy.newEpisode();
   let [reward, total] = [0, 0];
   recorder.begin(obs);
-  for (let step = 0; step < steps; step++) {
+  const bench = args.bench ? new BenchWindow() : null;
+  let taken = 0;
+  for (let since = performance.now(); bench === null ? taken < steps : !bench.stopping; taken++) {
     if (link.held(recorder.unshipped())) {
       link.counts.pauses += 1;
       link.ship(recorder.flush()); // the learner gets the newest steps while sampling waits
@@ -1182,15 +1227,18 @@ async function local() {
     } else {
       ({ obs, reward } = result);
     }
+    bench?.stepped(since);
+    since = performance.now();
   }
   link.ship(recorder.close()); // the running episode, cut off
   // Every batch acknowledged, or --drain-timeout-s passed: what is left unacknowledged is lost (said in the summary).
   const drained = new Promise((resolve) => setTimeout(resolve, Number(args["drain-timeout-s"]) * 1000).unref());
   await Promise.race([link.until(() => link.spool.size === 0), drained]);
   link.close();
+  if (bench !== null) return { total_steps: taken };
   return {
     session_id: sessionId,
-    env_steps: steps,
+    env_steps: taken,
     episodes: returns.length,
     returns,
     terminated,
