@@ -282,6 +282,8 @@ async def test_a_node_client_acting_locally_with_box_actions_records_the_modules
     chunks = [c for c in read_episodes(tmp_path / "episodes") if c.id_.startswith(summary["session_id"])]
     assert sum(len(c) for c in chunks) == 1200
     checked = 0
+    pendulum = gym.make("Pendulum-v1").unwrapped  # (no time limit: it steps from every recorded state)
+    pendulum.reset(seed=0)
     for chunk in chunks:
         actions, obs = chunk.actions.data, chunk.observations.data
         dist_inputs = chunk.extra_model_outputs[Columns.ACTION_DIST_INPUTS].data
@@ -291,12 +293,13 @@ async def test_a_node_client_acting_locally_with_box_actions_records_the_modules
         # The log-probability the learner's importance ratio divides by: of the recorded action, under its inputs.
         expected = DiagGaussian.from_logits(torch.tensor(dist_inputs)).logp(torch.tensor(actions))
         np.testing.assert_allclose(logp, expected.numpy(), rtol=1e-5, atol=1e-5)
-        # The env took the action unsquashed (x2 for [-2, 2]) and clipped: the torque its step applied, read back
-        # from Pendulum's velocity update (where the velocity limit did not clip it).
-        theta_dot, sin = obs[:, 2].astype(np.float64), obs[:, 1].astype(np.float64)
-        torque = ((theta_dot[1:] - theta_dot[:-1]) / 0.05 - 15.0 * sin[:-1]) / 3.0
-        free = np.abs(theta_dot[1:]) < 7.99
-        np.testing.assert_allclose(torque[free], np.clip(2.0 * actions[free, 0], -2.0, 2.0), rtol=0, atol=1e-3)
+        # The env took the action unsquashed (x2 for [-2, 2]) and clipped: gymnasium's Pendulum-v1, from each
+        # recorded state, steps to the next recorded observation and reward with that action.
+        for t in range(len(actions)):
+            pendulum.state = np.array([np.arctan2(obs[t, 1], obs[t, 0]), obs[t, 2]], np.float64)
+            after, reward, *_ = pendulum.step(np.clip(2.0 * actions[t], -2.0, 2.0))
+            np.testing.assert_allclose(after, obs[t + 1], rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(reward, chunk.rewards.data[t], rtol=1e-5, atol=1e-4)
         # The distribution inputs a Python server's torch path computes for the same observations with the same
         # version (its action for the noise these were drawn with is then the recorded one: mean + std * noise).
         for version in np.unique(model_versions):
