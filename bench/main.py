@@ -9,7 +9,8 @@ others):
 - B7 hand-off: episode chunks from the server to a real learner, nothing lost, bounded spool;
 - B8 placement: server-side against local inference (the clients act themselves) at 1x1, 4x1, 16x1 and 16x8, both
   while a real learner trains on what they sample (`bench.placement`), with the env steps it trained per second
-  beside the clients' (`--num-learners N`: a learner of N data-parallel ranks).
+  beside the clients' (`--num-learners N`: a learner of N data-parallel ranks; `--node-client DIR`: the Node.js
+  client acting locally too, at the loads of one env per client, its steps/s over the Python local client's).
 `--env ENV` measures that env with its preset instead, beside CartPole-v1 (`bench.envs`).
 Every B1-B3 load also runs against two floors: the bare gRPC floor (`bench.floor`, same load) and the
 in-process floor (`bench.inprocess`, the same number of sub-envs, no network). Each figure is the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from rlgate.bench import envs, report
 from rlgate.bench.handoff import hand_off
 from rlgate.bench.measure import Load, Timing, in_process, under_load
 from rlgate.bench.placement import LOADS as PLACEMENT_LOADS
-from rlgate.bench.placement import PLACEMENTS, placements
+from rlgate.bench.placement import NODE, PLACEMENTS, placements
 from rlgate.bench.procs import Child, ServerProcess, host_busy_seconds, own_seconds, split_cores
 from rlgate.core.errors import ArgumentParser, UserError
 
@@ -127,6 +129,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="KxE",
         help="instead of B1-B7: B8 alone, at these loads (clients x envs each, e.g. 1x1 4x1)",
     )
+    parser.add_argument(
+        "--node-client",
+        type=Path,
+        metavar="DIR",
+        help="B8 measures the Node.js client acting locally too (clients/node of this checkout, after `npm ci` there: "
+        "client.mjs beside its node_modules), at the loads of one env per client",
+    )
     parser.add_argument("--micro", action="store_true", help="also run the micro benchmarks")
     parser.add_argument("--py-spy", metavar="PATH", help="profile one more window per point with this py-spy")
     parser.add_argument("--logs", type=Path, metavar="DIR", help="keep logs and profiles here (default: discarded)")
@@ -143,6 +152,15 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--repeats must be at least 1, not {args.repeats}")
     if args.num_learners < 1:
         raise UserError(f"--num-learners must be at least 1, not {args.num_learners}")
+    node_client = args.node_client
+    if node_client is not None and not (
+        (node_client / "client.mjs").is_file() and (node_client / "node_modules").is_dir()
+    ):
+        raise UserError(
+            f"--node-client {node_client}: no client.mjs beside a node_modules (run `npm ci` in clients/node)"
+        )
+    if node_client is not None and shutil.which("node") is None:
+        raise UserError("--node-client: no `node` on PATH")
     if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
         raise UserError(f"--json {args.json}: not a file in an existing directory")
 
@@ -164,9 +182,11 @@ def main(argv: list[str]) -> int:
         if args.env:
             records, profiles = envs.run(args.env, timing, logs), {}
         elif args.placement:
-            records, profiles = placement_only(args.placement, timing, logs, args.num_learners), {}
+            records, profiles = placement_only(args.placement, timing, logs, args.num_learners, args.node_client), {}
         else:
-            records, profiles = run(plan, timing, args.real_envs, args.py_spy, logs, args.num_learners)
+            records, profiles = run(
+                plan, timing, args.real_envs, args.py_spy, logs, args.num_learners, args.node_client
+            )
         micro = {module: _micro(module, logs) for module in MICRO} if args.micro else {}
     elapsed = time.perf_counter() - started
     others = max(0.0, (host_busy_seconds() - host_busy) - (own_seconds() - own))  # clock ticks: can dip below 0
@@ -189,10 +209,16 @@ def main(argv: list[str]) -> int:
 
 
 def run(
-    plan: Plan, timing: Timing, real_envs: bool, py_spy: str | None, logs: Path, num_learners: int = 1
+    plan: Plan,
+    timing: Timing,
+    real_envs: bool,
+    py_spy: str | None,
+    logs: Path,
+    num_learners: int = 1,
+    node_client: Path | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Measure every point (B8's learner as `num_learners` ranks); the records, and the profile summaries by point
-    (with py_spy)."""
+    """Measure every point (B8's learner as `num_learners` ranks, with the Node.js client too given `node_client`);
+    the records, and the profile summaries by point (with py_spy)."""
     server_cores, client_cores = split_cores()
     loads = [Load(k, 1, real_envs) for k in plan.clients] + [Load(B3_CLIENTS, e, real_envs) for e in plan.envs]
     lone = Load(1, 1, real_envs)  # B1, also B2's K=1
@@ -229,7 +255,7 @@ def run(
     progress.set_postfix_str("placement")
     if placed:
         cores = (server_cores, client_cores)
-        measured.update(placements(placed, timing, SERVE_FED, cores, logs, num_learners))
+        measured.update(placements(placed, timing, SERVE_FED, cores, logs, num_learners, node_client))
     progress.update()
     progress.close()
     profiles = {f"{name} {load.label}": m["profile"] for (name, load), m in measured.items() if "profile" in m}
@@ -284,11 +310,11 @@ def _records(
 
 
 def placement_only(
-    loads: list[tuple[int, int]], timing: Timing, logs: Path, num_learners: int = 1
+    loads: list[tuple[int, int]], timing: Timing, logs: Path, num_learners: int = 1, node_client: Path | None = None
 ) -> list[dict[str, Any]]:
     """`--placement`: B8 alone at these (clients, envs per client) loads; its records."""
     placed = [Load(clients, envs, real_envs=True) for clients, envs in loads]
-    measured = placements(placed, timing, SERVE_FED, split_cores(), logs, num_learners)
+    measured = placements(placed, timing, SERVE_FED, split_cores(), logs, num_learners, node_client)
     return [_rounded(r) for r in _placement_records(placed, measured, num_learners)]
 
 
@@ -304,15 +330,21 @@ def _placement_records(
     loads: list[Load], measured: dict[tuple[str, Load], dict[str, Any]], num_learners: int
 ) -> list[dict[str, Any]]:
     """One B8 record per load: each placement's figures, and each local placement's env steps/s over server-side's
-    (`local_x_server`, `local_onnxruntime_x_server`)."""
+    (`local_x_server`, `local_onnxruntime_x_server`, `local_node_x_server`); the Node.js client's, where measured,
+    over the Python local client's too (`local_node_x_local`)."""
     records = []
     for load in loads:
-        placed = {placement: {key: measured[placement, load][key] for key in PLACED} for placement in PLACEMENTS}
+        measured_here = [*PLACEMENTS, *[NODE] * ((NODE, load) in measured)]
+        placed = {placement: {key: measured[placement, load][key] for key in PLACED} for placement in measured_here}
         server = max(placed["server"]["env_steps_per_s"], 1e-9)
         ratios = {
             f"{placement.replace('-', '_')}_x_server": placed[placement]["env_steps_per_s"] / server
-            for placement in PLACEMENTS[1:]
+            for placement in measured_here[1:]
         }
+        if NODE in placed:
+            ratios["local_node_x_local"] = placed[NODE]["env_steps_per_s"] / max(
+                placed["local"]["env_steps_per_s"], 1e-9
+            )
         records.append(
             {
                 "scenario": "B8",

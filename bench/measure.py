@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from rlgate.bench import profile
-from rlgate.bench.procs import Child, LoadProcess, ServerProcess
+from rlgate.bench.procs import Child, LoadProcess, NodeLoadProcess, ServerProcess
 from rlgate.server.metrics import STAGES  # rlgate_stage_seconds_total{stage=...}: CPU time of the thread
 from rlgate.service.settings import Backend
 
@@ -129,6 +129,7 @@ def under_load(
     py_spy: str | None = None,
     local_spool: Path | None = None,
     local_backend: Backend = "torch",
+    node_client: Path | None = None,
 ) -> dict[str, Any]:
     """Run `load` against `server`: warm up, measure `timing.repeats` windows; the medians, the busiest
     load process's share of its core in the busiest window (`client_cpu_peak`), which side limited the
@@ -136,26 +137,11 @@ def under_load(
 
     With `py_spy`, one more window is sampled (server and one client process) into `logs`/profiles and
     summarised under `profile`; its figures are not among the medians. With `local_spool`, the clients act
-    themselves (local inference) and spool their episodes there, their forward pass in `local_backend`.
+    themselves (local inference) and spool their episodes there, their forward pass in `local_backend`. With
+    `node_client` (clients/node's folder, beside its node_modules), each client is a Node.js process acting itself
+    on one env (`NodeLoadProcess`).
     """
-    cores = sorted(client_cores)
-    shares = [load.clients // len(cores) + (i < load.clients % len(cores)) for i in range(len(cores))]
-    placement = f"local-{local_backend}-" if local_spool is not None else ""
-    loaders = [
-        LoadProcess(
-            server.target,
-            n,
-            load.envs,
-            load.real_envs,
-            {core},
-            logs / f"load-{placement}{load.label}-{core}.log",
-            load.spec,
-            local_spool,
-            local_backend,
-        )
-        for core, n in zip(cores, shares, strict=True)
-        if n
-    ]
+    loaders = _loaders(server, load, client_cores, logs, local_spool, local_backend, node_client)
     try:
         for loader in loaders:
             if loader.read_line().strip() != "ready":
@@ -174,6 +160,45 @@ def under_load(
         for loader in loaders:
             loader.stop()
     return result
+
+
+def _loaders(
+    server: ServerProcess,
+    load: Load,
+    client_cores: set[int],
+    logs: Path,
+    local_spool: Path | None,
+    local_backend: Backend,
+    node_client: Path | None,
+) -> list[LoadProcess]:
+    """The load processes of `load`, its clients shared out among the client cores: one bench.load process per core
+    (its clients acting themselves with `local_spool`), or with `node_client` one Node.js process per client."""
+    cores = sorted(client_cores)
+    shares = [load.clients // len(cores) + (i < load.clients % len(cores)) for i in range(len(cores))]
+    if node_client is not None:
+        named = [
+            (core, f"node-{load.label}-{core}-{i}") for core, n in zip(cores, shares, strict=True) for i in range(n)
+        ]
+        return [
+            NodeLoadProcess(server.target, node_client, {core}, logs / f"load-{name}.log", f"bench-{name}")
+            for core, name in named
+        ]
+    placement = f"local-{local_backend}-" if local_spool is not None else ""
+    return [
+        LoadProcess(
+            server.target,
+            n,
+            load.envs,
+            load.real_envs,
+            {core},
+            logs / f"load-{placement}{load.label}-{core}.log",
+            load.spec,
+            local_spool,
+            local_backend,
+        )
+        for core, n in zip(cores, shares, strict=True)
+        if n
+    ]
 
 
 def _window(server: ServerProcess, loaders: list[LoadProcess], window_s: float, watch: Watch) -> dict[str, Any]:

@@ -5,11 +5,14 @@ serve both placements, load after load, the two interleaved so that drift on a s
 - server-side inference: `bench.load`'s lean clients stream every env step to the server, which acts for them;
 - local inference: each client is an `EnvClient(inference="local")` that acts with the weights the server relays,
   records its episodes and sends them to the server, which relays them to the learner; once with its default
-  backend (torch), once with onnxruntime (`local-onnxruntime`, as `--backend auto` picks for CartPole's model).
-Both step gymnasium's vectorised CartPole-v1 and sample at the learner's pace, so the figures are env steps/s while
-training, with what the learner trained meanwhile (`trained_per_s`, `updates_per_s`, from its own counters) and the
-staleness of its last update. The learner (all its ranks, with `num_learners` above 1) runs on every core (it trains
-where there is room), the server on the first, the clients on the others.
+  backend (torch), once with onnxruntime (`local-onnxruntime`, as `--backend auto` picks for CartPole's model);
+- with `node_client` (`rlgate bench --node-client DIR`), at loads of one env per client, local inference in Node.js
+  too (`local-node`): each client a `clients/node/client.mjs --mode local` process acting on its JavaScript
+  CartPole with each version's ONNX file in onnxruntime-node, its episodes to the same server.
+All sample at the learner's pace (the Python clients step gymnasium's vectorised CartPole-v1), so the figures are env
+steps/s while training, with what the learner trained meanwhile (`trained_per_s`, `updates_per_s`, from its own
+counters) and the staleness of its last update. The learner (all its ranks, with `num_learners` above 1) runs on
+every core (it trains where there is room), the server on the first, the clients on the others.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ LOADS = ((1, 1), (4, 1), (16, 1), (16, 8))
 PLACEMENTS = ("server", "local", "local-onnxruntime")
 #: What runs each local placement's forward pass.
 LOCAL_BACKENDS: dict[str, Backend] = {"local": "torch", "local-onnxruntime": "onnxruntime"}
+#: The Node.js client's placement (`node_client`), measured after the others at each load of one env per client.
+NODE = "local-node"
 
 
 def placements(
@@ -40,8 +45,11 @@ def placements(
     cores: tuple[set[int], set[int]],
     logs: Path,
     num_learners: int = 1,
+    node_client: Path | None = None,
 ) -> dict[tuple[str, Load], dict[str, Any]]:
-    """B8 at each of `loads` (real envs), the learner as `num_learners` ranks: the figures of each (placement, load)."""
+    """B8 at each of `loads` (real envs), the learner as `num_learners` ranks: the figures of each (placement, load),
+    NODE's too where `node_client` (clients/node's folder, beside its node_modules) is given and a load has one env
+    per client."""
     server_cores, client_cores = cores
     directory = logs / "placement"
     shutil.rmtree(directory, ignore_errors=True)  # a reused --logs directory: start afresh
@@ -63,6 +71,11 @@ def placements(
                 watch = partial(_watch, learner)
                 measured[placement, load] = under_load(
                     server, load, timing, client_cores, logs, watch=watch, local_spool=spool, local_backend=backend
+                )
+            if node_client is not None and load.envs == 1:
+                watch = partial(_watch, learner)
+                measured[NODE, load] = under_load(
+                    server, load, timing, client_cores, logs, watch=watch, node_client=node_client
                 )
     finally:
         if server is not None:

@@ -75,7 +75,7 @@ class Child:
 
     With `checkout` (a directory holding another copy of this repository), the child runs that copy's
     code, imported from its source folders (`source_path`). Used to measure two versions side by side
-    (`bench.compare`).
+    (`bench.compare`). With `program`, the child runs that command line instead, in `checkout`.
     """
 
     def __init__(
@@ -87,15 +87,16 @@ class Child:
         *,
         pipes: bool = False,
         checkout: Path | None = None,
+        program: list[str] | None = None,
     ) -> None:
         self.log = log
         self._log_file = log.open("wb")
         env = None
-        if checkout is not None:
+        if checkout is not None and program is None:
             path, module = source_path(checkout, log.with_suffix(".src"), module)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            program or [sys.executable, "-m", module, *args],
             stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
             stdout=subprocess.PIPE if pipes else subprocess.DEVNULL,
             stderr=self._log_file,
@@ -212,3 +213,19 @@ class LoadProcess(Child):
 
     def read_json(self) -> dict[str, Any]:
         return json.loads(self.read_line())
+
+
+#: The .proto files' include folder in a checkout, as clients/node's client loads them.
+PROTO_DIR = Path(__file__).resolve().parent.parent / "proto"
+
+
+class NodeLoadProcess(LoadProcess):
+    """One Node.js client of one env acting itself (`clients/node/client.mjs --mode local --bench`), run in
+    `folder`, which holds client.mjs beside its node_modules (`npm ci` in clients/node); it talks bench.load's line
+    protocol."""
+
+    def __init__(self, target: str, folder: Path, cores: set[int], log: Path, client_id: str) -> None:
+        folder = folder.resolve()  # (it runs in that folder)
+        command = [shutil.which("node") or "node", str(folder / "client.mjs"), "--server", target, "--mode", "local"]
+        command += ["--bench", "--client-id", client_id, "--proto-dir", str(PROTO_DIR), "--timeout-s", "86400"]
+        Child.__init__(self, "", [], cores, log, pipes=True, checkout=folder, program=command)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlgate.bench.placement import PLACEMENTS
+from rlgate.bench.placement import NODE, PLACEMENTS
 from rlgate.server.metrics import STAGES
 
 Record = dict[str, Any]
@@ -52,7 +52,8 @@ PLACEMENT_NOTE = (
     "B8: steps/s while a learner trains on them (trained/s: env steps it trained in the same windows, from its own "
     "counter; ranks: its data-parallel learners); p50/p99: one step "
     "of a client (server-side: its round trip; local: acting, recording and stepping its envs); server cpu us/step "
-    "over every env step, its sessions' or its local clients'"
+    "over every env step, its sessions' or its local clients'; local-node (--node-client): the Node.js client acting "
+    "itself, one process per client, x local: its steps/s over the Python local client's (torch) in the same run"
 )
 HAND_OFF_LIMITS = (
     "B7 limited by: learner = the server's spool reached its limit (it paused sampling until the learner took "
@@ -135,16 +136,16 @@ def render(records: list[Record]) -> str:
 def render_placement(records: list[Record]) -> str:
     """B8's table, its note and the goals measured."""
     placement = table(
-        ["B8 acting", "clients", "envs/client", "steps/s", "x server-side", "trained/s", "ranks", "updates/s",
-         "staleness", "p50 ms", "p99 ms", "cpu us/step", "server cpu", "client cpu", "limited by"],
+        ["B8 acting", "clients", "envs/client", "steps/s", "x server-side", "x local", "trained/s", "ranks",
+         "updates/s", "staleness", "p50 ms", "p99 ms", "cpu us/step", "server cpu", "client cpu", "limited by"],
         [
             [where, r["clients"], r["envs_per_message"], p["env_steps_per_s"],
-             r.get(f"{where.replace('-', '_')}_x_server", ""), p["trained_per_s"], r["learners"], p["updates_per_s"],
-             p["staleness"], p["p50_ms"], p["p99_ms"], p["server_cpu_us_per_step"], p["server_cpu"],
-             p["client_cpu_peak"], p["limited_by"]]
+             r.get(f"{where.replace('-', '_')}_x_server", ""), r.get(f"{where.replace('-', '_')}_x_local", ""),
+             p["trained_per_s"], r["learners"], p["updates_per_s"], p["staleness"], p["p50_ms"], p["p99_ms"],
+             p["server_cpu_us_per_step"], p["server_cpu"], p["client_cpu_peak"], p["limited_by"]]
             for r in records
             if r["scenario"] == "B8"
-            for where, p in ((where, r[where]) for where in PLACEMENTS)
+            for where, p in ((where, r[where]) for where in (*PLACEMENTS, NODE) if where in r)
         ],
     )  # fmt: skip
     return "\n\n".join([placement, PLACEMENT_NOTE, goals(records)])

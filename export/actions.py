@@ -118,6 +118,11 @@ class ActionSelection(nn.Module):
         return actions
 
     @property
+    def adapts(self) -> bool:
+        """Whether `for_env` changes the module's actions (a Box's, unsquashed or clipped)."""
+        return bool(self.unsquash or self.clip)
+
+    @property
     def noise_width(self) -> int:
         """The noise's values per row: one per logit (Discrete: n, MultiDiscrete: sum(nvec)), one per action
         dimension (Box)."""

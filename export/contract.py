@@ -9,7 +9,8 @@ holds):
 - `state_in.<name>` / `state_out.<name>`: state carried from one step to the next (stacked frames, previous
   actions and rewards, a recurrent module's state), starting at the file's initial state;
 - `noise` (files exported with --explore): the random draws the action is sampled from;
-- `actions` (for the env), `action_logp` (explore), `action_dist_inputs` (the module's distribution inputs).
+- `actions` (for the env), `action_logp` (explore), `action_dist_inputs` (the module's distribution inputs),
+  `module_actions` (explore files whose `actions` are made fit for the env: the module's own, which episodes record).
 
 The file's `metadata_props` hold `rlgate.contract`, one JSON object: the inputs and outputs (name, dtype,
 shape, what it holds), the initial state, the noise, the spaces, the run spec and versions. This module imports
@@ -31,6 +32,7 @@ NOISE = "noise"
 ACTIONS = "actions"
 ACTION_LOGP = "action_logp"
 ACTION_DIST_INPUTS = "action_dist_inputs"
+MODULE_ACTIONS = "module_actions"
 STATE_IN = "state_in."
 STATE_OUT = "state_out."
 #: The metadata key whose value is the contract (JSON).

@@ -22,7 +22,9 @@ from rlgate.models import RLModule
 
 class PolicyGraph(nn.Module):
     """obs leaves [, reward] [, state_in.*] [, noise] -> actions [, action_logp] [, action_dist_inputs] [, state_out.*]
-    (action_dist_inputs where the module returns them: DQN's module returns its greedy actions instead).
+    [, module_actions] (action_dist_inputs where the module returns them: DQN's module returns its greedy actions
+    instead; module_actions, the module's own sampled actions that an episode records, where the graph samples and
+    makes them fit for the env, a Box's).
 
     `observation_space`: what the graph's observation inputs hold (the env's, or with `module_only` the module's);
     `folded`: the env-to-module pieces from those observations to the module's (none with `module_only`). With
@@ -113,6 +115,8 @@ class PolicyGraph(nn.Module):
         if self.stateful:
             module_out = _flat_state(out[Columns.STATE_OUT])
             results.update({contract.STATE_OUT + n: module_out[n] for n in self.module_state_paths})
+        if self.selection.explore and not self.module_only and self.selection.adapts:
+            results[contract.MODULE_ACTIONS] = actions  # last: the outputs before it keep their places
         if not torch.jit.is_tracing():  # (a trace's shapes are tensors)
             self.outputs = [_output_spec(name, value) for name, value in results.items()]
         return tuple(results.values())
@@ -169,6 +173,7 @@ def _output_spec(name: str, value: torch.Tensor) -> TensorSpec:
         contract.ACTIONS: "the action",
         contract.ACTION_LOGP: "log-probability of the sampled action",
         contract.ACTION_DIST_INPUTS: "the module's action distribution inputs",
+        contract.MODULE_ACTIONS: "the module's own sampled action, before it is made fit for the env",
     }
     doc = docs.get(name, "state for the next step's state_in")
     dtype = str(value.dtype).removeprefix("torch.")

@@ -6,8 +6,9 @@ SubmitEpisodes`), but it runs none of the run's Python connector pieces. So the 
 that records what a server would: single-agent, an env-to-module pipeline that leaves observations as the env returns
 them (a piece that writes them back, MeanStdFilter, FlattenObservations, PrevActionsPrevRewards, would have the
 learner train on observations the module never saw; frame stacking only builds the module's input and folds), and a
-Discrete or MultiDiscrete action space (the file's `actions` are the env's; a Box's are unsquashed and clipped, not
-the module's own actions that the chunks hold). `NotExportable` says which rule a run breaks.
+Discrete, MultiDiscrete or float Box action space (the file's `actions` are the env's: for a Box, unsquashed or
+clipped, while the chunks hold the module's own, the file's `module_actions`). `NotExportable` says which rule a run
+breaks.
 
 The graph of a run spec and its env spaces is traced once, from a placeholder copy of its module (~0.3 s); each
 version's file is that graph with the version's parameters rebound by name and the version in its contract: a few
@@ -21,6 +22,7 @@ import json
 import threading
 
 import gymnasium as gym
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -54,10 +56,10 @@ class OnnxWeights:
         if spec.multi_agent is not None:
             raise NotExportable("a multi-agent run: its clients act on the server (or with the Python client)")
         spaces = codec.space_from_proto(weights.observation_space), codec.space_from_proto(weights.action_space)
-        if not isinstance(spaces[1], gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        if not _recordable(spaces[1]):
             raise NotExportable(
-                f"the action space is {spaces[1]}: an ONNX file's actions are the env's, which are the module's own "
-                "(what the episodes hold) only for Discrete and MultiDiscrete actions"
+                f"the action space is {spaces[1]}: a client acting with an ONNX file records Discrete, MultiDiscrete "
+                "and float Box actions"
             )
         self.built: BuiltPolicy = build_policy(spec, *spaces, imports)
         writes = [type(p).__name__ for p in self.built.env_to_module.connectors if type(p) not in _KEEPS_OBSERVATIONS]
@@ -102,3 +104,12 @@ class OnnxWeights:
             data = model.SerializeToString()
             self._last = (weights.version, data)
             return data
+
+
+def _recordable(space: gym.Space) -> bool:
+    """Whether a client can record the actions of an ONNX file in `space` as a server does: Discrete and
+    MultiDiscrete ones are the file's `actions`; a float Box's the module's own, `module_actions` (an integer Box's
+    have no distribution that samples them)."""
+    if isinstance(space, gym.spaces.Box):
+        return bool(np.issubdtype(space.dtype, np.floating))
+    return isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)

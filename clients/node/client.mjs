@@ -10,14 +10,17 @@
 //
 //   node client.mjs --mode in-process --model cartpole.onnx --episodes 100
 //
-// "in-process" mode needs no server: it plays its CartPole with a file `rlgate export` wrote, loaded with
-// onnxruntime-node (policy.mjs), and prints each episode's return.
+// "in-process" mode needs no server: it plays its CartPole (or with --env pendulum its Pendulum) with a file
+// `rlgate export` wrote, loaded with onnxruntime-node (policy.mjs), and prints each episode's return.
 //
-//   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000
+//   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000 [--env pendulum] [--spool-dir DIR]
 //
 // "local" mode acts in-process and trains on the server's learner: it gets each version of the policy as an ONNX
-// file over WatchWeights, samples its CartPole's actions with it, and sends the episodes to SubmitEpisodes
-// (episodes.mjs records them as a server does), paced by the learner; its summary counts what it shipped.
+// file over WatchWeights, samples its env's actions with it (--env: its JavaScript CartPole-v1, or Pendulum-v1 for
+// Box actions), and sends the episodes to SubmitEpisodes (episodes.mjs records them as a server does), paced by the
+// learner; its summary counts what it shipped. With --spool-dir the batches not acknowledged yet are kept on disk
+// too (spool.mjs): a client killed and started again with the same directory sends them first. With --bench it runs
+// until `rlgate bench` (its B8 placement `local-node`) says stop on stdin, reporting its steps per window.
 //
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game cartpole --envs 2 --episodes 6
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game tictactoe --envs 3 --episodes 6
@@ -33,6 +36,7 @@
 
 import { randomUUID } from "node:crypto";
 import path from "node:path";
+import readline from "node:readline";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 
@@ -41,6 +45,7 @@ import protoLoader from "@grpc/proto-loader";
 
 import { chunkTable, EpisodeRecorder } from "./episodes.mjs";
 import { loadPolicy, policyFromBytes } from "./policy.mjs";
+import { Spool } from "./spool.mjs";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 
@@ -53,6 +58,9 @@ const { values: args } = parseArgs({
     episodes: { type: "string", default: "3" },
     steps: { type: "string", default: "2000" }, // local: env steps to take
     "client-id": { type: "string" }, // local: the name the server lists it by
+    env: { type: "string", default: "cartpole" }, // local, in-process: cartpole | pendulum
+    "spool-dir": { type: "string" }, // local: keep unacknowledged batches here too (else in memory only)
+    bench: { type: "boolean", default: false }, // local: driven by `rlgate bench` over stdin (BenchWindow)
     "drain-timeout-s": { type: "string", default: "10" }, // local: the wait for the last acks
     game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
     envs: { type: "string", default: "2" }, // multi-agent modes: sub-envs in the stream
@@ -183,7 +191,16 @@ function random(seed) {
   };
 }
 
-class CartPole {
+// An env's seeded generator and its state, set by reset().
+class SeededEnv {
+  constructor(seed) {
+    this.random = random(seed);
+    this.state = null;
+    this.steps = 0;
+  }
+}
+
+class CartPole extends SeededEnv {
   static GRAVITY = 9.8;
   static MASSCART = 1.0;
   static MASSPOLE = 0.1;
@@ -193,12 +210,6 @@ class CartPole {
   static FORCE_MAG = 10.0;
   static TAU = 0.02;
   static MAX_STEPS = 500;
-
-  constructor(seed) {
-    this.random = random(seed);
-    this.state = null;
-    this.steps = 0;
-  }
 
   observation() {
     return this.state.map(Math.fround);
@@ -230,6 +241,55 @@ class CartPole {
     const truncated = this.steps >= CartPole.MAX_STEPS;
     return { obs: this.observation(), reward: 1.0, terminated, truncated };
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pendulum-v1 as gymnasium computes it (pendulum.py: the angle and angular velocity in doubles, the torque clipped
+// to [-2, 2], the velocity to [-8, 8]; reward -(angle^2 + 0.1 velocity^2 + 0.001 torque^2) with the angle
+// normalised to [-pi, pi); never terminated, truncated at 200 steps by TimeLimit). Observations are
+// [cos, sin, velocity] rounded to float32; Box(float32, [3]) and actions Box(-2, 2, [1], float32).
+// ---------------------------------------------------------------------------------------------------
+
+class Pendulum extends SeededEnv {
+  static MAX_SPEED = 8;
+  static MAX_TORQUE = 2;
+  static DT = 0.05;
+  static G = 10.0;
+  static M = 1.0;
+  static L = 1.0;
+  static MAX_STEPS = 200;
+
+  observation() {
+    const [theta, thetaDot] = this.state;
+    return [Math.cos(theta), Math.sin(theta), thetaDot].map(Math.fround);
+  }
+
+  reset() {
+    this.state = [(this.random() * 2 - 1) * Math.PI, this.random() * 2 - 1]; // uniform in [-pi, pi) x [-1, 1)
+    this.steps = 0;
+    return this.observation();
+  }
+
+  step(action) {
+    const clip = (v, bound) => Math.min(Math.max(v, -bound), bound);
+    const [theta, thetaDot] = this.state;
+    const u = clip(action[0], Pendulum.MAX_TORQUE);
+    const angle = ((((theta + Math.PI) % (2 * Math.PI)) + 2 * Math.PI) % (2 * Math.PI)) - Math.PI; // Python's %
+    const cost = angle ** 2 + 0.1 * thetaDot ** 2 + 0.001 * u ** 2;
+    const { G, L, M, DT, MAX_SPEED } = Pendulum;
+    const velocity = clip(thetaDot + ((3 * G) / (2 * L) * Math.sin(theta) + (3.0 / (M * L ** 2)) * u) * DT, MAX_SPEED);
+    this.state = [theta + velocity * DT, velocity];
+    this.steps += 1;
+    return { obs: this.observation(), reward: -cost, terminated: false, truncated: this.steps >= Pendulum.MAX_STEPS };
+  }
+}
+
+// The envs --env names, with the kind of action space each takes (the served one must be of it).
+const ENVS = { cartpole: { Env: CartPole, actions: "discrete" }, pendulum: { Env: Pendulum, actions: "box" } };
+
+function envOf(name) {
+  if (!(name in ENVS)) fail(`--env is one of ${Object.keys(ENVS).join(", ")}`);
+  return ENVS[name];
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -830,14 +890,15 @@ async function multiAgentScript() {
 async function inProcess() {
   if (!args.model) fail("--mode in-process needs --model FILE.onnx (rlgate export)");
   const policy = await loadPolicy(args.model);
-  const env = new CartPole(Number(args.seed));
+  const { Env } = envOf(args.env);
+  const env = new Env(Number(args.seed));
   const returns = [];
   for (let i = 0; i < EPISODES; i++) {
     let obs = env.reset();
     const episode = policy.newEpisode();
     let reward = 0;
     let total = 0;
-    for (let t = 0; t < CartPole.MAX_STEPS; t++) {
+    for (let t = 0; t < Env.MAX_STEPS; t++) {
       const action = await policy.act(obs, episode, reward);
       const result = env.step(action);
       ({ obs, reward } = result);
@@ -857,8 +918,9 @@ async function inProcess() {
 // with onnxruntime-node (policy.mjs); every newer version is loaded while the CartPole goes on stepping and acts
 // from the step after it is ready. The episodes are recorded as a server records a session (episodes.mjs) and sent
 // to PolicyService/SubmitEpisodes: a hello naming the run spec acted with, then batches. A batch stays in this
-// process's spool (memory: a restart loses it; the Python client's spool is on disk) until its ack, and every
-// unacknowledged one is sent again on a new stream (the learner drops chunks it already has). Pacing as the
+// process's spool (spool.mjs: in memory, and with --spool-dir on disk, written before it is sent, so that a process
+// started again sends what one killed had not got acknowledged) until its ack, and every unacknowledged one is sent
+// again on a new stream (the learner drops chunks it already has). Pacing as the
 // Python client keeps it: sampling waits, the running episode shipped as it stands, while the steps not yet
 // acknowledged and those not shipped exceed the `room` the last ack granted or, before any ack, while the
 // unacknowledged ones reach the weights' `max_unacked_steps` (0: no limit). When the server ends WatchWeights with
@@ -885,14 +947,22 @@ class Signal {
   }
 }
 
+// EpisodeBatch messages as bytes, for the spool on disk: the SubmitEpisodes messages' own serialisation.
+const SUBMIT = PolicyService.service.SubmitEpisodes;
+const BATCH_CODEC = {
+  encode: (batch) => SUBMIT.requestSerialize({ batch }),
+  decode: (bytes) => SUBMIT.requestDeserialize(bytes).batch,
+};
+
 class ServerLink {
-  constructor(target, clientId) {
+  constructor(target, clientId, spoolDir) {
     this.target = target;
     this.client = new PolicyService(target, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
     this.clientId = clientId;
     this.changed = new Signal(); // weights ready, an ack, a failure
     this.failure = null;
     this.specJson = null; // the run spec acted with, as its first weights carried it
+    this.actionKind = null; // its action space's kind ("discrete", "box", ...)
     this.policy = null; // {policy, version} acted with
     this.pending = null; // a newer one, loaded, until the step loop takes it
     this.newest = null; // the newest received, until it is loading
@@ -900,8 +970,8 @@ class ServerLink {
     this.version = -1; // the newest version received (loaded or loading)
     this.window = 0; // the weights' max_unacked_steps: this client's share (0: no limit)
     this.room = null; // env steps the last ack granted (unset: none said)
-    this.spool = new Map(); // seq -> {batch, steps}, in seq order, until acknowledged
-    this.seq = 0;
+    this.spool = new Spool(spoolDir, BATCH_CODEC); // seq -> {batch, steps}, in seq order, until acknowledged
+    this.seq = this.spool.lastSeq; // (a spool on disk from before: its batches are sent first)
     // moves: to a new channel, when the server ended WatchWeights with OK
     this.counts = { batches: 0, chunks: 0, steps: 0, acked_batches: 0, accepted: 0, streams: 0, pauses: 0, moves: 0 };
     this.submit = null; // the SubmitEpisodes call while open (and not half-closed for a move)
@@ -965,6 +1035,7 @@ class ServerLink {
     this.version = version;
     this.window = Number(weights.max_unacked_steps);
     this.specJson ??= weights.spec_json;
+    this.actionKind ??= weights.action_space.kind;
     if (weights.spec_json !== this.specJson) {
       this.fail("the server now serves another run spec: restart this client to act with it");
       return;
@@ -1064,6 +1135,47 @@ class ServerLink {
     this.moving?.call.cancel();
     this.submit?.end(); // half-close: the server ends the stream with OK
     this.client.close();
+    this.spool.close();
+  }
+}
+
+// --bench: driven as `rlgate bench`'s load processes are (bench/load.py's line protocol): `ready` once the first step
+// is taken, then per line on stdin `measure` (a window starts; `measuring`), `report` (one JSON line: env steps,
+// seconds, each step's time since the one before in microseconds, this process's CPU seconds) and `stop` (or the end
+// of input), which ends the run in place of --steps; the summary is then `{"total_steps": ...}`.
+class BenchWindow {
+  constructor() {
+    this.stopping = false;
+    this.total = 0;
+    this.window = null;
+    const lines = readline.createInterface({ input: process.stdin });
+    lines.on("line", (line) => this.command(line.trim()));
+    lines.on("close", () => (this.stopping = true));
+  }
+
+  command(name) {
+    if (name === "measure") {
+      this.window = { steps: 0, latencies: [], started: performance.now(), cpu: process.cpuUsage() };
+      console.log("measuring");
+    } else if (name === "report" && this.window !== null) {
+      const { steps, latencies, started, cpu } = this.window;
+      const used = process.cpuUsage(cpu);
+      const seconds = (performance.now() - started) / 1000;
+      const report = { steps, seconds, latency_us: latencies, cpu_s: (used.user + used.system) / 1e6 };
+      console.log(JSON.stringify({ ...report, bytes_out: 0, bytes_in: 0 })); // (no step messages: it acts itself)
+      this.window = null;
+    } else if (name === "stop") {
+      this.stopping = true;
+    }
+  }
+
+  // One env step taken, the one before it (or the start) ended at `since` (performance.now()).
+  stepped(since) {
+    this.total += 1;
+    if (this.total === 1) console.log("ready");
+    if (this.window === null) return;
+    this.window.steps += 1;
+    this.window.latencies.push(Math.round((performance.now() - since) * 1000));
   }
 }
 
@@ -1071,15 +1183,18 @@ async function local() {
   const clientId = args["client-id"] ?? "node-local";
   const steps = Number(args.steps);
   if (!(Number.isInteger(steps) && steps > 0)) fail("--steps is a positive integer");
-  const link = new ServerLink(args.server, clientId);
+  const { Env, actions } = envOf(args.env);
+  const link = new ServerLink(args.server, clientId, args["spool-dir"]);
+  const resent = link.spool.size;
   link.watch();
   await link.until(() => link.pending !== null); // the first version, loaded
+  if (link.actionKind !== actions) fail(`served actions are ${link.actionKind}: --env ${args.env} takes ${actions}`);
   link.send();
   let { policy, version } = link.applyNewest();
   const spec = JSON.parse(link.specJson);
   const sessionId = randomUUID().replaceAll("-", "");
-  const recorder = new EpisodeRecorder(sessionId, spec.sampling);
-  const env = new CartPole(Number(args.seed));
+  const recorder = new EpisodeRecorder(sessionId, spec.sampling, policy.recordedDtype);
+  const env = new Env(Number(args.seed));
   const draw = random(Number(args.seed) + 1);
   const versions = new Set();
   const [returns, terminated] = [[], []];
@@ -1087,7 +1202,9 @@ async function local() {
   let episode = policy.newEpisode();
   let [reward, total] = [0, 0];
   recorder.begin(obs);
-  for (let step = 0; step < steps; step++) {
+  const bench = args.bench ? new BenchWindow() : null;
+  let taken = 0;
+  for (let since = performance.now(); bench === null ? taken < steps : !bench.stopping; taken++) {
     if (link.held(recorder.unshipped())) {
       link.counts.pauses += 1;
       link.ship(recorder.flush()); // the learner gets the newest steps while sampling waits
@@ -1095,9 +1212,10 @@ async function local() {
     }
     ({ policy, version } = link.applyNewest());
     versions.add(version);
-    const acted = await policy.sample(obs, episode, reward, draw);
-    const result = env.step(acted.action);
-    link.ship(recorder.step({ ...acted, version }, result.reward, result.obs, result.terminated, result.truncated));
+    const { action, moduleAction, logp, distInputs } = await policy.sample(obs, episode, reward, draw);
+    const result = env.step(action); // the env's action; the episode records the module's own
+    const acted = { action: moduleAction, logp, distInputs, version };
+    link.ship(recorder.step(acted, result.reward, result.obs, result.terminated, result.truncated));
     total += result.reward;
     if (result.terminated || result.truncated) {
       returns.push(total);
@@ -1109,20 +1227,24 @@ async function local() {
     } else {
       ({ obs, reward } = result);
     }
+    bench?.stepped(since);
+    since = performance.now();
   }
   link.ship(recorder.close()); // the running episode, cut off
   // Every batch acknowledged, or --drain-timeout-s passed: what is left unacknowledged is lost (said in the summary).
   const drained = new Promise((resolve) => setTimeout(resolve, Number(args["drain-timeout-s"]) * 1000).unref());
   await Promise.race([link.until(() => link.spool.size === 0), drained]);
   link.close();
+  if (bench !== null) return { total_steps: taken };
   return {
     session_id: sessionId,
-    env_steps: steps,
+    env_steps: taken,
     episodes: returns.length,
     returns,
     terminated,
     model_versions: [...versions].sort((a, b) => a - b),
     ...link.counts,
+    resent_batches: resent, // found in --spool-dir at the start
     unacknowledged_batches: link.spool.size,
   };
 }

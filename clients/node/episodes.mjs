@@ -3,12 +3,14 @@
 // `rollout_fragment_length` steps (the run spec's sampling, batch_mode "truncate_episodes"; whole episodes
 // otherwise), each chunk after the first starting with up to `episode_lookback_horizon` steps of the one before as
 // its lookback; and those chunks as one EpisodeChunks table (episode.proto), the columns the learner checks: the
-// observations (lookback + steps + 1 rows), the actions as the module chose them, the rewards, the action_logp and
-// action_dist_inputs the action was sampled with, and the model version that chose each step (lookback + steps rows).
+// observations (lookback + steps + 1 rows), the actions as the module chose them (a Box's before they were unsquashed
+// or clipped for the env: policy.mjs's `moduleAction`), the rewards, the action_logp and action_dist_inputs the
+// action was sampled with, and the model version that chose each step (lookback + steps rows).
 //
-//   const recorder = new EpisodeRecorder(sessionId, spec.sampling);
+//   const recorder = new EpisodeRecorder(sessionId, spec.sampling, policy.recordedDtype);
 //   recorder.begin(resetObs);
-//   const due = recorder.step({ action, logp, distInputs, version }, reward, nextObs, terminated, truncated);
+//   const due = recorder.step({ action: moduleAction, logp, distInputs, version }, reward, nextObs, terminated,
+//     truncated);
 //   recorder.flush(); recorder.close();    // cut the running episode now; end it (truncated, session_closed)
 
 // Little-endian tensors (proto/README.md, "Tensors").
@@ -21,9 +23,14 @@ const float32 = (values, shape) => tensor("DTYPE_FLOAT32", 4, (d, at, v) => d.se
 const int64 = (values, shape) =>
   tensor("DTYPE_INT64", 8, (d, at, v) => d.setBigInt64(at, BigInt(v), true), values, shape);
 
+// The actions' tensors by dtype: Discrete and MultiDiscrete ones int64, a Box's float32 (the module's samples).
+const ACTION_TENSORS = { int64, float32 };
+
 export class EpisodeRecorder {
-  constructor(sessionId, sampling) {
+  constructor(sessionId, sampling, actionDtype = "int64") {
+    if (!(actionDtype in ACTION_TENSORS)) throw new Error(`actions of dtype ${actionDtype} are not recorded here`);
     this.sessionId = sessionId;
+    this.actionDtype = actionDtype;
     this.fragment = sampling.batch_mode === "truncate_episodes" ? sampling.rollout_fragment_length : Infinity;
     this.lookback = sampling.episode_lookback_horizon;
     this.episodes = 0;
@@ -53,7 +60,7 @@ export class EpisodeRecorder {
     episode.observations.push(obs);
     if (terminated || truncated) {
       this.episode = null;
-      return [chunk(episode, { terminated, truncated })];
+      return [this.chunk(episode, { terminated, truncated })];
     }
     return this.unshipped() >= this.fragment ? this.flush() : [];
   }
@@ -68,7 +75,7 @@ export class EpisodeRecorder {
   flush() {
     const episode = this.episode;
     if (this.unshipped() === 0) return [];
-    const due = chunk(episode, { terminated: false, truncated: false });
+    const due = this.chunk(episode, { terminated: false, truncated: false });
     const end = episode.first + episode.steps.length; // the newest observation's index: the next chunk's start
     const first = Math.max(end - this.lookback, episode.first); // the next chunk's lookback
     episode.observations = episode.observations.slice(first - episode.first);
@@ -82,24 +89,25 @@ export class EpisodeRecorder {
     const episode = this.episode;
     this.episode = null;
     if (episode === null || episode.first + episode.steps.length === episode.start) return [];
-    return [chunk(episode, { terminated: false, truncated: true, sessionClosed: true })];
+    return [this.chunk(episode, { terminated: false, truncated: true, sessionClosed: true })];
   }
-}
 
-// A chunk of the episode: every row it holds, lookback first.
-function chunk(episode, { terminated, truncated, sessionClosed = false }) {
-  return {
-    id: episode.id,
-    chunkIndex: episode.chunkIndex,
-    lookback: episode.start - episode.first,
-    steps: episode.first + episode.steps.length - episode.start,
-    tStarted: episode.start,
-    terminated,
-    truncated,
-    sessionClosed,
-    observations: episode.observations.slice(),
-    rows: episode.steps.slice(),
-  };
+  // A chunk of the episode: every row it holds, lookback first.
+  chunk(episode, { terminated, truncated, sessionClosed = false }) {
+    return {
+      actionDtype: this.actionDtype,
+      id: episode.id,
+      chunkIndex: episode.chunkIndex,
+      lookback: episode.start - episode.first,
+      steps: episode.first + episode.steps.length - episode.start,
+      tStarted: episode.start,
+      terminated,
+      truncated,
+      sessionClosed,
+      observations: episode.observations.slice(),
+      rows: episode.steps.slice(),
+    };
+  }
 }
 
 // Chunks as one EpisodeChunks table: each column holds every chunk's rows, one chunk after the other.
@@ -108,7 +116,8 @@ export function chunkTable(chunks) {
   const rows = chunks.flatMap((c) => c.rows);
   const obsWidth = observations[0].length;
   const action = rows[0].action;
-  const actionShape = Array.isArray(action) ? [action.length] : [];
+  const shape = Array.isArray(action) ? [action.length] : [];
+  const actionTensor = ACTION_TENSORS[chunks[0].actionDtype];
   const distWidth = rows[0].distInputs.length;
   return {
     ids: chunks.map((c) => c.id),
@@ -119,7 +128,7 @@ export function chunkTable(chunks) {
     truncated: chunks.map((c) => c.truncated),
     t_started: chunks.map((c) => c.tStarted),
     observations: { tensor: float32(observations.flat(), [observations.length, obsWidth]) },
-    actions: { tensor: int64(rows.flatMap((r) => r.action), [rows.length, ...actionShape]) },
+    actions: { tensor: actionTensor(rows.flatMap((r) => r.action), [rows.length, ...shape]) },
     rewards: float32(rows.map((r) => r.reward), [rows.length]),
     extra_model_outputs: {
       action_logp: { tensor: float32(rows.map((r) => r.logp), [rows.length]) },

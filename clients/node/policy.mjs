@@ -7,8 +7,11 @@
 //   const action = await policy.act(obs, episode, reward);   // greedy; call newEpisode() at every reset
 //
 // A file exported with --explore (or sent by a server's WatchWeights with `onnx`: policyFromBytes) also samples:
-// `await policy.sample(obs, episode, reward, random)` gives {action, logp, distInputs}, the action drawn from noise
-// made with `random()` (uniform in [0, 1)), as the server samples (docs/onnx.md, "Sampling").
+// `await policy.sample(obs, episode, reward, random)` gives {action, moduleAction, logp, distInputs}, the action
+// drawn from noise made with `random()` (uniform in [0, 1)), as the server samples (docs/onnx.md, "Sampling"):
+// `action` for the env, `moduleAction` the module's own (what an episode records: for Box actions the file's
+// `module_actions`, before they are unsquashed or clipped; for the others the same as `action`).
+// `policy.recordedDtype` is the dtype of `moduleAction` ("int64", "float32").
 //
 // The file's contract (its inputs, outputs and initial state: docs/onnx.md) is the JSON string under
 // `rlgate.contract` in the model's metadata_props. onnxruntime-node does not expose a model's metadata, so
@@ -68,6 +71,12 @@ function tensor(spec, values, rows = 1) {
   return new ort.Tensor(spec.dtype, data, [rows, ...spec.shape.slice(1)]);
 }
 
+// One row's action: a number (Discrete: [batch]) or an array of numbers (MultiDiscrete, Box: [batch, k]).
+function actionOf(output) {
+  const values = Array.from(output.data, Number);
+  return output.dims.length === 1 ? values[0] : values;
+}
+
 export async function loadPolicy(file) {
   return policyFromBytes(await readFile(file));
 }
@@ -96,12 +105,14 @@ export async function policyFromBytes(bytes) {
     const out = await session.run(feeds);
     for (const name of Object.keys(episode.state)) episode.state[name] = Array.from(out[`state_out.${name}`].data);
     episode.started = true;
-    const action = Array.from(out.actions.data, Number);
-    return { out, action: out.actions.dims.length === 1 ? action[0] : action };
+    return { out, action: actionOf(out.actions) };
   }
 
+  // The output an episode records: the module's own actions (docs/onnx.md, the tensor contract).
+  const recorded = contract.outputs.find((spec) => spec.name === "module_actions")?.name ?? "actions";
   return {
     contract,
+    recordedDtype: contract.outputs.find((spec) => spec.name === recorded).dtype,
     // An episode holds what the file carries from step to step: its state_in values, the initial state first.
     newEpisode() {
       return { state: { ...contract.initial_state }, started: false };
@@ -116,7 +127,8 @@ export async function policyFromBytes(bytes) {
       if (draw === undefined) throw new Error("this file does not sample: export it with --explore");
       const noise = (width) => Array.from({ length: width }, () => draw(random));
       const { out, action } = await run(obs, episode, reward, noise);
-      return { action, logp: out.action_logp.data[0], distInputs: Array.from(out.action_dist_inputs.data) };
+      const [moduleAction, logp] = [actionOf(out[recorded]), out.action_logp.data[0]];
+      return { action, moduleAction, logp, distInputs: Array.from(out.action_dist_inputs.data) };
     },
   };
 }

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from server.test_node_client import node_client  # noqa: F401 (the fixture)
 
 STAGES = {"decode", "append", "env_to_module", "forward", "module_to_env", "encode"}
 LIMITS = {"server", "load", "round trip", "learner"}  # learner: B7's spool filled
@@ -101,6 +102,27 @@ def test_quick_bench_measures_every_scenario(tmp_path: Path) -> None:
             placement[where]["env_steps_per_s"] / placement["server"]["env_steps_per_s"], rel=1e-3
         )
     assert "B8 acting" in stdout and "B8 1x1 local inference x server-side" in stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+def test_placement_bench_measures_the_node_client_beside_the_python_local_client(
+    tmp_path: Path,
+    node_client: tuple[str, Path],  # noqa: F811
+) -> None:
+    """`rlgate bench --placement 1x1 --node-client DIR`: the Node.js client acting locally is one more B8 placement,
+    measured while the learner trains, its env steps/s over the Python local client's in the same run."""
+    args = ("--placement", "1x1", "--node-client", str(node_client[1]), "--warmup-s", "0.2", "--window-s", "0.5")
+    stdout, records = run_bench(tmp_path, *args, "--repeats", "1")
+    (placement,) = records
+    node, local = placement["local-node"], placement["local"]
+    assert node["env_steps_per_s"] > 0 and node["trained_per_s"] > 0 and node["limited_by"] in LIMITS, node
+    assert node["server_cpu_us_per_step"] > 0 and node["p99_ms"] >= node["p50_ms"] > 0, node
+    assert placement["local_node_x_local"] == pytest.approx(
+        node["env_steps_per_s"] / local["env_steps_per_s"], rel=1e-3
+    )
+    assert placement["local_node_x_server"] > 0
+    assert "local-node" in stdout and "x local" in stdout
 
 
 @pytest.mark.long

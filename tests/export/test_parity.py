@@ -1,7 +1,8 @@
 """An exported policy acts as `rlgate.Policy` acts with the same checkpoint, in real onnxruntime: for each family
 (Discrete, Box and MultiDiscrete actions, Dict/Tuple observations, SAC's policies, an LSTM with previous actions and
 rewards, MeanStdFilter with frame stacking) the same actions on 1,000 observations (exactly for discrete actions, within
-1e-5 for continuous ones), and with --explore the same sampled action (and log-probability) for the same noise."""
+1e-5 for continuous ones), and with --explore the same sampled action (and log-probability, and for Box actions the
+module's own action that the episode records) for the same noise."""
 
 from __future__ import annotations
 
@@ -154,6 +155,14 @@ def test_explore_samples_the_policys_action_for_the_same_noise(tmp_path, family)
     same_actions(expected, outputs["actions"], action_space)
     logp = np.array([episode.last_outputs[Columns.ACTION_LOGP] for episode in episodes])
     np.testing.assert_allclose(outputs["action_logp"], logp, rtol=1e-5, atol=1e-5)
+    # What an episode records: a Box's actions as the module sampled them (past the bounds too), not the env's.
+    if isinstance(action_space, gym.spaces.Box):
+        recorded = np.stack([episode.last_outputs[Columns.ACTIONS] for episode in episodes])
+        assert outputs["module_actions"].dtype == recorded.dtype
+        np.testing.assert_allclose(outputs["module_actions"], recorded, rtol=1e-5, atol=1e-5)  # (means of 100s)
+        assert not np.array_equal(outputs["module_actions"], outputs["actions"])
+    else:
+        assert "module_actions" not in outputs  # the actions are the module's own
     # Sampling: other noise, other actions; the greedy noise, the greedy actions.
     assert not np.array_equal(onnx_policy.compute_actions(batch, onnx_episodes, explore=True), outputs["actions"])
     same_actions(policy.compute_actions(batch), onnx_policy.compute_actions(batch), action_space)

@@ -1,7 +1,9 @@
 """The Node.js client acting locally (`clients/node/client.mjs --mode local`): its policy is each version's ONNX file,
 which the server sends over PolicyService.WatchWeights (`onnx`), run in onnxruntime-node; its episodes go to the
-server's SubmitEpisodes and train a real learner. Its npm dependencies come as for tests/server/test_node_client.py
-(skipped without node or npm, failed under CI=true)."""
+server's SubmitEpisodes and train a real learner, CartPole's (Discrete actions) and Pendulum's (Box actions: the
+episodes hold the module's own, the env gets them unsquashed); with --spool-dir its unacknowledged batches outlive
+a kill. Its npm dependencies come as for tests/server/test_node_client.py (skipped without node or npm, failed under
+CI=true)."""
 
 from __future__ import annotations
 
@@ -10,17 +12,26 @@ import itertools
 import json
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import onnxruntime as ort
 import pytest
-from server.test_node_client import node_client, run_client  # noqa: F401 (the fixture)
+import torch
+from server.test_node_client import client_command, node_client, run_client  # noqa: F401 (the fixture)
 from support.servers import target, until
 
+from rlgate.core import codec
+from rlgate.core.columns import Columns
+from rlgate.export.pieces import NotExportable
 from rlgate.learner.main import LearnerServer
+from rlgate.models import DiagGaussian
+from rlgate.policy.published import core_from_weights, spec_of
+from rlgate.policy.published_onnx import OnnxWeights
 from rlgate.server.main import InferenceServer
+from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 from rlgate.storage.episode_files import read_episodes
-from rlgate.v1 import learner_pb2, policy_pb2_grpc
+from rlgate.v1 import learner_pb2, policy_pb2, policy_pb2_grpc
 
 
 async def test_a_node_client_acting_locally_ships_episodes_that_train_the_learner(
@@ -120,6 +131,68 @@ async def test_a_node_client_moves_to_a_new_channel_at_its_max_session_age_losin
     assert learner.env_steps_received() == 4000 and learner.intake.rejected.total() == 0
 
 
+async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_started_again(
+    learner_server: LearnerServer,
+    server_factory,
+    tmp_path,
+    node_client,  # noqa: F811
+):
+    """With --spool-dir a batch is on disk before it is sent and until its ack (and the directory is the running
+    client's alone): the client is killed (SIGKILL) while its server is away and batches wait for acks, started again
+    with the same directory on a new server, and sends them first; the learner gets every step of both runs once
+    (all but the killed run's running episode, which was in its memory only)."""
+    learner = learner_server.learner
+    spool = tmp_path / "node-spool"
+    local = ("--mode", "local", "--spool-dir", str(spool), "--client-id", "restarted")
+    first = await server_factory(learner=f"127.0.0.1:{learner_server.port}", drain_timeout_s=0.5)
+    command = client_command(node_client, first.port, *local, "--steps", "1000000")
+    killed = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL, cwd=node_client[1])
+    try:
+        await until(lambda: first.local.env_steps >= 300 or killed.returncode is not None, timeout=30)
+        # One process per spool: a second one with the same directory is refused while the first lives.
+        refusal = await asyncio.create_subprocess_exec(
+            *client_command(node_client, first.port, *local), stderr=asyncio.subprocess.PIPE, cwd=node_client[1]
+        )
+        try:
+            _, refused = await asyncio.wait_for(refusal.communicate(), 30)
+        finally:
+            if refusal.returncode is None:  # (timed out)
+                refusal.kill()
+                await refusal.wait()
+        assert refusal.returncode == 1 and f"is in use by process {killed.pid}" in refused.decode()
+        await first.stop()  # what it acknowledged goes to the learner; the client samples on into its spool
+        await until(lambda: len(list(spool.glob("*.batch"))) >= 2 or killed.returncode is not None, timeout=30)
+        assert killed.returncode is None, "the client ended before it was killed"
+    finally:
+        killed.kill()
+        await killed.wait()
+    left = [policy_pb2.EpisodeSubmission.FromString(f.read_bytes()).batch for f in sorted(spool.glob("*.batch"))]
+    left_chunks = {(i, int(c)) for b in left for t in b.chunks for i, c in zip(t.ids, t.chunk_indices, strict=True)}
+
+    second = await server_factory(learner=f"127.0.0.1:{learner_server.port}", port=first.port)
+    summary = await run_client(node_client, second.port, *local, "--steps", "300")
+    await second.stop()
+
+    assert summary["resent_batches"] == len(left) >= 2 and summary["unacknowledged_batches"] == 0
+    assert not list(spool.glob("*.batch"))  # each deleted after its ack
+    # What both servers took (a batch the first acknowledged but the client had not deleted yet is sent again),
+    # each chunk once: the learner's steps are theirs exactly.
+    chunks = {(c.id_, c.chunk_index): c for c in read_episodes(tmp_path / "episodes")}
+    assert left_chunks <= chunks.keys()
+    assert learner.intake.rejected.total() == 0 and learner.stale_steps == 0
+    assert learner.env_steps_received() == sum(len(c) for c in chunks.values())
+    # The killed run's episodes have no chunk missing, each starting where the one before ended.
+    episodes: dict[str, list] = {}
+    for (episode_id, _), chunk in sorted(chunks.items()):
+        if not episode_id.startswith(summary["session_id"]):
+            episodes.setdefault(episode_id, []).append(chunk)
+    assert {episode_id for episode_id, _ in left_chunks} <= episodes.keys()
+    for parts in episodes.values():
+        assert [p.chunk_index for p in parts] == list(range(len(parts)))
+        assert all(a.t_started + len(a) == b.t_started for a, b in itertools.pairwise(parts))
+    assert sum(len(c) for c in chunks.values() if c.id_.startswith(summary["session_id"])) == 300
+
+
 async def first_weights(server: InferenceServer) -> learner_pb2.Weights:
     """The first answer of the server's WatchWeights to a client that asks for ONNX files."""
     async with grpc.aio.insecure_channel(target(server)) as channel:
@@ -141,18 +214,105 @@ async def test_watch_weights_sends_each_version_with_the_onnx_file_of_its_weight
     assert weights.safetensors  # the weights themselves too, as every client gets them
 
 
-@pytest.mark.parametrize(
-    ("env", "spec", "why"),
-    [
-        ("CartPole-v1", {"connectors": {"env_to_module": ["MeanStdFilter"]}}, "rewrites observations (MeanStdFilter)"),
-        ("Pendulum-v1", {}, "the action space is Box"),
-    ],
-)
-async def test_a_run_an_onnx_client_cannot_record_as_a_server_does_is_refused_saying_why(
-    server_factory, env, spec, why
-):
-    server = await server_factory(spec=RunSpec.parse(spec, "test"), env=env)
+async def test_a_run_an_onnx_client_cannot_record_as_a_server_does_is_refused_saying_why(server_factory):
+    spec = RunSpec.parse({"connectors": {"env_to_module": ["MeanStdFilter"]}}, "test")
+    server = await server_factory(spec=spec, env="CartPole-v1")
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await first_weights(server)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert refused.value.details().startswith("no ONNX file for this run: ") and why in refused.value.details()
+    details = refused.value.details()
+    assert details.startswith("no ONNX file for this run: ") and "rewrites observations (MeanStdFilter)" in details
+
+
+def test_integer_box_actions_get_no_onnx_file_for_a_client_to_record():
+    """No distribution samples an integer Box's actions as the module's own: refused before anything is built."""
+    weights = learner_pb2.Weights(
+        spec_json=RunSpec().model_dump_json(),
+        observation_space=codec.space_to_proto(gym.spaces.Box(-1.0, 1.0, (3,), np.float32)),
+        action_space=codec.space_to_proto(gym.spaces.Box(0, 4, (2,), np.int64)),
+    )
+    with pytest.raises(NotExportable, match="records Discrete, MultiDiscrete and float Box actions"):
+        OnnxWeights(weights, ImportPolicy(()))
+
+
+@pytest.fixture
+def pendulum_learner(learner_settings) -> LearnerServer:
+    """A learner of Pendulum-v1 (Box actions), not started."""
+    return LearnerServer(learner_settings(env="Pendulum-v1"))
+
+
+async def collect_weights(server: InferenceServer, into: dict[int, learner_pb2.Weights]) -> None:
+    """Every version the server's WatchWeights sends, by version, until cancelled."""
+    async with grpc.aio.insecure_channel(target(server)) as channel:
+        stub = policy_pb2_grpc.PolicyServiceStub(channel)
+        async for weights in stub.WatchWeights(learner_pb2.WatchWeightsRequest(server_id="t", after_version=-1)):
+            into[weights.version] = weights
+
+
+async def test_a_node_client_acting_locally_with_box_actions_records_the_modules_own_as_a_server_does(
+    pendulum_learner: LearnerServer,
+    server_factory,
+    tmp_path,
+    node_client,  # noqa: F811
+):
+    """Pendulum-v1 in JavaScript: the file's `actions` (unsquashed to [-2, 2] and clipped) go to the env, its
+    `module_actions` into the episodes, as a Python server records them; every chunk trains once."""
+    await pendulum_learner.start()
+    try:
+        learner = pendulum_learner.learner
+        server = await server_factory(learner=f"127.0.0.1:{pendulum_learner.port}")
+        versions: dict[int, learner_pb2.Weights] = {}
+        watching = asyncio.ensure_future(collect_weights(server, versions))
+        try:
+            await until(lambda: bool(versions), timeout=30)
+            args = ("--mode", "local", "--env", "pendulum", "--steps", "1200", "--seed", "4")
+            summary = await run_client(node_client, server.port, *args)
+        finally:
+            watching.cancel()
+        await server.stop()
+        batch_size = learner.spec.algorithm.train_batch_size
+        await until(lambda: learner.intake.pending_steps < batch_size, timeout=30)  # every full batch trained
+    finally:
+        await pendulum_learner.stop()
+
+    assert summary["env_steps"] == 1200 and summary["episodes"] == 6 and not any(summary["terminated"])
+    assert summary["acked_batches"] == summary["batches"] and summary["unacknowledged_batches"] == 0
+    assert learner.env_steps_received() == 1200 and learner.trainer.version >= 3
+    assert learner.intake.rejected.total() == 0 and learner.intake.duplicates == 0 and learner.stale_steps == 0
+    chunks = [c for c in read_episodes(tmp_path / "episodes") if c.id_.startswith(summary["session_id"])]
+    assert sum(len(c) for c in chunks) == 1200
+    checked = 0
+    pendulum = gym.make("Pendulum-v1").unwrapped  # (no time limit: it steps from every recorded state)
+    pendulum.reset(seed=0)
+    for chunk in chunks:
+        actions, obs = chunk.actions.data, chunk.observations.data
+        dist_inputs = chunk.extra_model_outputs[Columns.ACTION_DIST_INPUTS].data
+        logp = chunk.extra_model_outputs[Columns.ACTION_LOGP].data
+        model_versions = chunk.extra_model_outputs[Columns.MODEL_VERSION].data
+        assert actions.dtype == np.float32 and actions.shape == (len(obs) - 1, 1)
+        # The log-probability the learner's importance ratio divides by: of the recorded action, under its inputs.
+        expected = DiagGaussian.from_logits(torch.tensor(dist_inputs)).logp(torch.tensor(actions))
+        np.testing.assert_allclose(logp, expected.numpy(), rtol=1e-5, atol=1e-5)
+        # The env took the action unsquashed (x2 for [-2, 2]) and clipped: gymnasium's Pendulum-v1, from each
+        # recorded state, steps to the next recorded observation and reward with that action.
+        for t in range(len(actions)):
+            pendulum.state = np.array([np.arctan2(obs[t, 1], obs[t, 0]), obs[t, 2]], np.float64)
+            after, reward, *_ = pendulum.step(np.clip(2.0 * actions[t], -2.0, 2.0))
+            np.testing.assert_allclose(after, obs[t + 1], rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(reward, chunk.rewards.data[t], rtol=1e-5, atol=1e-4)
+        # The distribution inputs a Python server's torch path computes for the same observations with the same
+        # version (its action for the noise these were drawn with is then the recorded one: mean + std * noise).
+        for version in np.unique(model_versions):
+            if int(version) not in versions:
+                continue
+            rows = model_versions == version
+            weights = versions[int(version)]
+            spec = spec_of(weights, "the served run spec")
+            core = core_from_weights(weights, spec, ImportPolicy(spec.modules()), backend="torch")
+            with torch.inference_mode():
+                out = core.module.forward_exploration({Columns.OBS: torch.tensor(obs[:-1][rows])})
+            np.testing.assert_allclose(dist_inputs[rows], out[Columns.ACTION_DIST_INPUTS].numpy(), atol=1e-5)
+            checked += int(rows.sum())
+    assert checked >= 600, checked  # (versions the client acted with that the watcher here got too)
+    every = np.concatenate([c.actions.data[c.observations.lookback :] for c in chunks])
+    assert (np.abs(every) > 2.0).any()  # the module's own: past the bounds, which no env action is

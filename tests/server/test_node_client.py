@@ -100,13 +100,21 @@ def _older_than_an_hour(path: Path) -> bool:
     return time.time() - path.stat().st_mtime > 3600
 
 
-async def run_client(node_client: tuple[str, Path], port: int, *args: str) -> dict:
-    """Runs client.mjs against 127.0.0.1:port and returns its JSON summary; killed if it outlives its timeout."""
+def client_command(node_client: tuple[str, Path], port: int, *args: str) -> list[str]:
+    """The command line of client.mjs against 127.0.0.1:port (run in node_client's folder), giving up on its own
+    before CLIENT_TIMEOUT_S."""
     node, folder = node_client
     command = [node, str(folder / "client.mjs"), "--server", f"127.0.0.1:{port}", "--proto-dir", str(ROOT / "proto")]
-    command += ["--timeout-s", str(CLIENT_TIMEOUT_S - 5), *args]
+    return [*command, "--timeout-s", str(CLIENT_TIMEOUT_S - 5), *args]
+
+
+async def run_client(node_client: tuple[str, Path], port: int, *args: str) -> dict:
+    """Runs client.mjs against 127.0.0.1:port and returns its JSON summary; killed if it outlives its timeout."""
     process = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=folder
+        *client_command(node_client, port, *args),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=node_client[1],
     )
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), CLIENT_TIMEOUT_S)

@@ -1,0 +1,115 @@
+// The batches a local-inference client sent and the server has not acknowledged yet, by their seq (client.mjs,
+// --mode local): in memory, or with a directory on disk too, as the Python client's spool keeps them
+// (delivery/spool.py), so that a restart of the process loses none of them. Each batch is written before it is
+// sent (to a temporary file, renamed into place: a kill leaves a whole file or none), deleted after its ack, and a
+// new process with the same directory sends every one it finds first, numbering its own batches after them.
+//
+//   const spool = new Spool(directory, codec);   // codec: {encode(batch) -> bytes, decode(bytes) -> batch}
+//   for (const [seq, { batch, steps }] of spool) ...;  spool.set(seq, { batch, steps });  spool.delete(seq);
+//
+// One process per directory: a second one with the same directory fails while the first (its pid in `.lock`)
+// lives.
+
+import fs from "node:fs";
+import path from "node:path";
+
+const SUFFIX = ".batch";
+
+// Env steps in a batch: every chunk of its EpisodeChunks tables (int64 counts arrive as strings).
+export function batchSteps(batch) {
+  return batch.chunks.reduce((n, table) => n + table.steps.reduce((m, steps) => m + Number(steps), 0), 0);
+}
+
+export class Spool {
+  constructor(directory, codec) {
+    this.directory = directory ?? null;
+    this.codec = codec;
+    this.entries = new Map(); // seq (a string) -> {batch, steps}, in seq order
+    this.lastSeq = 0; // the largest seq held at the start (a new batch takes the next)
+    this.loaded = 0; // batches found on disk at the start
+    if (this.directory !== null) this.open();
+  }
+
+  open() {
+    fs.mkdirSync(this.directory, { recursive: true });
+    this.lock();
+    const names = fs.readdirSync(this.directory);
+    for (const name of names.filter((n) => n.endsWith(".tmp"))) fs.rmSync(path.join(this.directory, name));
+    const seqs = names.filter((n) => n.endsWith(SUFFIX)).map((n) => Number(n.slice(0, -SUFFIX.length)));
+    for (const seq of seqs.sort((a, b) => a - b)) {
+      const batch = this.codec.decode(fs.readFileSync(this.file(seq)));
+      this.entries.set(String(seq), { batch, steps: batchSteps(batch) });
+      this.lastSeq = seq;
+    }
+    this.loaded = seqs.length;
+  }
+
+  // `.lock` names this process; one left by a process that died (a kill) is taken over.
+  lock() {
+    const lockFile = path.join(this.directory, ".lock");
+    try {
+      const holder = Number(fs.readFileSync(lockFile, "utf8"));
+      if (holder !== process.pid && alive(holder)) {
+        throw new Error(`--spool-dir ${this.directory} is in use by process ${holder}`);
+      }
+    } catch (error) {
+      if (error.code !== "ENOENT") throw error;
+    }
+    fs.writeFileSync(lockFile, String(process.pid));
+  }
+
+  file(seq) {
+    return path.join(this.directory, `${String(seq).padStart(12, "0")}${SUFFIX}`);
+  }
+
+  get size() {
+    return this.entries.size;
+  }
+
+  [Symbol.iterator]() {
+    return this.entries[Symbol.iterator]();
+  }
+
+  values() {
+    return this.entries.values();
+  }
+
+  get(seq) {
+    return this.entries.get(seq);
+  }
+
+  // Kept (on disk first, with a directory) before the batch is sent.
+  set(seq, entry) {
+    if (this.directory !== null) {
+      const [file, temporary] = [this.file(seq), path.join(this.directory, `.${seq}.tmp`)];
+      const fd = fs.openSync(temporary, "w");
+      try {
+        fs.writeSync(fd, this.codec.encode({ ...entry.batch, seq }));
+        fs.fsyncSync(fd);
+      } finally {
+        fs.closeSync(fd);
+      }
+      fs.renameSync(temporary, file);
+    }
+    this.entries.set(seq, entry);
+  }
+
+  // Acknowledged: gone.
+  delete(seq) {
+    if (this.directory !== null) fs.rmSync(this.file(seq), { force: true });
+    this.entries.delete(seq);
+  }
+
+  close() {
+    if (this.directory !== null) fs.rmSync(path.join(this.directory, ".lock"), { force: true });
+  }
+}
+
+function alive(pid) {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return error.code === "EPERM";
+  }
+}
