@@ -37,8 +37,9 @@ from tqdm import tqdm
 
 from rlgate.cli.main import USAGE_ERROR
 from rlgate.core.errors import UserError
+from rlgate.learner.settings import LearnerDevice
 from rlgate.service.process import process_started
-from rlgate.service.settings import Directory
+from rlgate.service.settings import Directory, require_device, resolve_device
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
 from rlgate.spec.run import RunSpec
 from rlgate.spec.settings import SpecSettings
@@ -98,6 +99,7 @@ class UpSettings(SpecSettings):
     run_dir: Directory = Field(
         Path("runs"), description="Logs, the run spec and checkpoints go to run_dir/<env>-<time>."
     )
+    device: LearnerDevice = "cpu"  # the learner's (`rlgate learn --device`); the server acts on the CPU
     inference: Literal["server", "local"] = Field(
         "server",
         description="Where the policy acts: on the server, or in each env client with the weights the server relays "
@@ -132,6 +134,8 @@ def run(settings: UpSettings) -> int:
 
     A user error that ends the run removes its run directory (always its own) again when it holds nothing worth
     keeping (no checkpoint, no spooled episodes): a typo leaves no empty runs behind."""
+    if settings.device != "cpu":  # before any process starts (torch's import: only for a device to check)
+        require_device(resolve_device(settings.device))
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", settings.spec.env.id)
     run_dir, created = _new_run_directory(settings.run_dir, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
@@ -181,6 +185,7 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
             *("--preset", s.preset),
             *("--checkpoint-dir", run_dir / "checkpoints", "--no-resume"),
             *("--torch-threads", 1),  # it shares the cores with the server and clients (LearnerSettings)
+            *("--device", s.device),
             *("--log-dir", run_dir),  # TensorBoard event files and progress.csv: `tensorboard --logdir runs`
         ],
         "server": [

@@ -12,7 +12,9 @@ gradients all-reduced within its parameters. The other ranks get the run spec, t
 optimizer state from rank 0 when the group forms, so they need no spec, checkpoint or env of their own.
 
 The rendezvous is torchrun's: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (`rlgate learn --num-learners N`
-starts ranks 1..N-1 itself with these set, on 127.0.0.1). Gloo: the learner trains on the CPU.
+starts ranks 1..N-1 itself with these set, on 127.0.0.1). The backend follows the learner's device: NCCL where
+the ranks train on CUDA (each on cuda:LOCAL_RANK), gloo on the CPU; what the ranks send each other (headers,
+shards, gradients, digests, optimizer state) is on that device.
 """
 
 from __future__ import annotations
@@ -40,11 +42,15 @@ from rlgate.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 
-BACKEND = "gloo"
 # A rank that dies closes its connections and fails the others' collectives at once. The timeout would also end the
 # other ranks' wait for rank 0's next update, which a learner without data (its servers away) does not send: a year.
 COLLECTIVE_TIMEOUT = timedelta(days=365)
 FAILED = 1  # exit status of a rank whose group broke
+
+
+def backend_for(device: torch.device) -> str:
+    """The torch.distributed backend for ranks that train on `device`: NCCL for CUDA, gloo for the CPU."""
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
 class GroupFailed(RuntimeError):
@@ -97,10 +103,13 @@ class Start:
 class Group:
     """This process's place in the learners' process group, and the collectives the learners use."""
 
-    def __init__(self, rendezvous: Rendezvous, timeout_s: float) -> None:
+    def __init__(self, rendezvous: Rendezvous, timeout_s: float, device: torch.device | None = None) -> None:
         """Join the group (blocks until every rank has); UserError naming the address if that takes over
-        `timeout_s` (a rank that cannot reach rank 0, or one that never comes)."""
+        `timeout_s` (a rank that cannot reach rank 0, or one that never comes). `device`: where this rank trains
+        (default the CPU), which sets the backend (`backend_for`) and where the tensors it sends live."""
         self.rank, self.size = rendezvous.rank, rendezvous.size
+        self.device = device if device is not None else torch.device("cpu")
+        backend = backend_for(self.device)
         self.rows = 0  # the current update's rows, all ranks' together
         self.seconds: dict[str, float] = {}  # the current update's seconds in collectives, by kind (its stats)
         where = f"{rendezvous.address}:{rendezvous.port}"
@@ -114,8 +123,10 @@ class Group:
                 is_master=self.rank == 0 and not agent_store,
                 timeout=timedelta(seconds=timeout_s),
             )
+            if backend == "nccl":
+                torch.cuda.set_device(self.device)  # NCCL's communicator binds to the current device
             dist.init_process_group(
-                BACKEND, store=store, rank=self.rank, world_size=self.size, timeout=COLLECTIVE_TIMEOUT
+                backend, store=store, rank=self.rank, world_size=self.size, timeout=COLLECTIVE_TIMEOUT
             )
         except dist.DistError as exc:
             reason = " ".join(str(exc).split())[:200]
@@ -123,7 +134,7 @@ class Group:
                 f"learner rank {self.rank} of {self.size}: the group did not form at {where} within {timeout_s:g} s "
                 f"(--rendezvous-timeout-s): {reason}"
             ) from None
-        log.info("learner rank %d of %d joined at %s (%s)", self.rank, self.size, where, BACKEND)
+        log.info("learner rank %d of %d joined at %s (%s, %s)", self.rank, self.size, where, backend, self.device)
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -191,7 +202,7 @@ class Group:
             return None
         rows, skeleton = header["rows"], header["columns"]
         width = sum(_dtype(dtype).itemsize * math.prod(shape) for dtype, shape in flatten(skeleton))
-        shard = torch.empty(math.ceil(rows / self.size), width, dtype=torch.uint8)
+        shard = torch.empty(math.ceil(rows / self.size), width, dtype=torch.uint8, device=self.device)
         self.rows, self.seconds = rows, {}
         self._collective(lambda: dist.scatter(shard, src=0), "scatter_s")
         return header, _unpack(shard[: self._shard_rows(rows, self.rank)], skeleton)
@@ -224,7 +235,7 @@ class Group:
         (its masked mean's count): the whole minibatch's mean, as one learner computes it. One collective."""
         grads = [p.grad for p in parameters if p.grad is not None]
         weight = float(steps)
-        values = torch.tensor([*parts.values(), 1.0], dtype=grads[0].dtype)
+        values = torch.tensor([*parts.values(), 1.0], dtype=grads[0].dtype, device=grads[0].device)
         flat = torch.cat([*(g.reshape(-1) for g in grads), values]) * weight
         self._collective(lambda: dist.all_reduce(flat), "allreduce_s")
         flat /= flat[-1].clamp(min=1e-12)  # the steps of every rank's minibatch (at least one rank's is non-empty)
@@ -239,17 +250,19 @@ class Group:
         smallest (a batch's max and min from its shards' own). One collective."""
         names, signs = largest + smallest, [1.0] * len(largest) + [-1.0] * len(smallest)  # the smallest: -max(-x)
         values = torch.tensor(
-            [sign * stats[name] for name, sign in zip(names, signs, strict=True)], dtype=torch.float64
+            [sign * stats[name] for name, sign in zip(names, signs, strict=True)],
+            dtype=torch.float64,
+            device=self.device,
         )
         self._collective(lambda: dist.all_reduce(values, op=dist.ReduceOp.MAX), "allreduce_s")
         return {**stats, **{name: sign * v for name, sign, v in zip(names, signs, values.tolist(), strict=True)}}
 
     def check_identical(self, module: torch.nn.Module) -> None:
         """GroupFailed unless every rank holds the same weights (sha256 of their bytes) as rank 0."""
-        digest = hashlib.sha256()
-        for tensor in module.state_dict().values():
-            digest.update(tensor.detach().reshape(-1).view(torch.uint8).numpy().tobytes())
-        mine = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8)
+        # Every tensor's bytes in one, so a GPU's weights come to the host in one copy (the digest is the same).
+        weights = torch.cat([tensor.detach().reshape(-1).view(torch.uint8) for tensor in module.state_dict().values()])
+        digest = hashlib.sha256(weights.cpu().numpy().tobytes())
+        mine = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).to(self.device)
         everyone = [torch.empty_like(mine) for _ in range(self.size)]
         self._collective(lambda: dist.all_gather(everyone, mine), "check_s")
         differ = [rank for rank, theirs in enumerate(everyone) if not torch.equal(theirs, everyone[0])]
@@ -268,15 +281,16 @@ class Group:
         return torch.cat([shard, shard.new_zeros(missing, *shard.shape[1:])]) if missing else shard
 
     def _send_header(self, header: dict[str, Any], kind: str | None = None) -> None:
-        data = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
-        self._collective(lambda: (dist.broadcast(torch.tensor([len(data)]), src=0), dist.broadcast(data, src=0)), kind)
+        data = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8).to(self.device)
+        size = torch.tensor([len(data)], device=self.device)
+        self._collective(lambda: (dist.broadcast(size, src=0), dist.broadcast(data, src=0)), kind)
 
     def _receive_header(self) -> dict[str, Any]:
-        size = torch.zeros(1, dtype=torch.int64)
+        size = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._collective(lambda: dist.broadcast(size, src=0))
-        data = torch.empty(int(size), dtype=torch.uint8)
+        data = torch.empty(int(size), dtype=torch.uint8, device=self.device)
         self._collective(lambda: dist.broadcast(data, src=0))
-        return json.loads(data.numpy().tobytes())
+        return json.loads(data.cpu().numpy().tobytes())
 
     def _collective(self, call: Any, kind: str | None = None) -> None:
         """Run torch.distributed calls, their seconds added to `seconds[kind]`; a peer that died or timed out

@@ -44,33 +44,48 @@ def polyak(pairs: list[tuple[torch.Tensor, torch.Tensor]], tau: float) -> None:
         torch._foreach_lerp_(targets, sources, tau)
 
 
+#: An update's diagnostics while it runs: 0-d tensors on the learner's device until `to_floats` reads them all.
+Stats = dict[str, torch.Tensor | float]
+
+
+def to_floats(stats: Stats) -> dict[str, float]:
+    """The stats as numbers, in their order: the tensors among them copied to the host together (one device sync
+    for an update's diagnostics, not one each)."""
+    tensors = {key: value for key, value in stats.items() if isinstance(value, torch.Tensor)}
+    copied = dict(zip(tensors, torch.stack(list(tensors.values())).tolist(), strict=True)) if tensors else {}
+    return {key: copied.get(key, value) for key, value in stats.items()}
+
+
 def optimizer_step(
     optimizer: Adam,
     loss: torch.Tensor,
     grad_clip: float | None,
     group: Group | None,
     rows: int,
-    parts: dict[str, float],
-) -> dict[str, float]:
+    parts: Stats,
+) -> Stats:
     """One step of `optimizer` on `loss`, a mean over `rows` transitions, its gradients clipped to `grad_clip`;
-    returns the loss's `parts` (means over the same rows). In a group of data-parallel learners, the gradients
-    and parts are first averaged over every rank's shard, each weighted by its rows: the whole batch's."""
+    returns the loss's `parts` (means over the same rows, detached) as they are. In a group of data-parallel
+    learners, the gradients and parts are first averaged over every rank's shard, each weighted by its rows: the
+    whole batch's (numbers then)."""
     optimizer.zero_grad()
     loss.backward()
     parameters = optimizer.param_groups[0]["params"]
     if group is not None:
-        parts = group.average(parameters, parts, rows)
+        parts = dict(group.average(parameters, to_floats(parts), rows))
     if grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
     optimizer.step()
     return parts
 
 
-def q_range(q: torch.Tensor, group: Group | None) -> dict[str, float]:
+def q_range(q: torch.Tensor, group: Group | None) -> Stats:
     """The batch's largest and smallest Q value (qf_max, qf_min); in a group of data-parallel learners, over
     every rank's shard."""
-    extremes = {"qf_max": q.max().item(), "qf_min": q.min().item()}
-    return extremes if group is None else group.extremes(extremes, largest=("qf_max",), smallest=("qf_min",))
+    extremes: Stats = {"qf_max": q.max(), "qf_min": q.min()}
+    if group is None:
+        return extremes
+    return dict(group.extremes(to_floats(extremes), largest=("qf_max",), smallest=("qf_min",)))
 
 
 class DQNLearner:
@@ -104,9 +119,9 @@ class DQNLearner:
             target = batch[Columns.REWARDS] + config.gamma ** batch[N_STEP].float() * bootstrap
         loss = (batch[WEIGHTS] * td_loss(chosen, target, config.td_error_loss_fn)).mean()
         td_error = (chosen - target).detach().abs()
-        stats = {"qf_loss": loss.item(), "qf_mean": chosen.mean().item(), "td_error_mean": td_error.mean().item()}
+        stats: Stats = {"qf_loss": loss.detach(), "qf_mean": chosen.detach().mean(), "td_error_mean": td_error.mean()}
         stats = optimizer_step(self.optimizers["qf"], loss, config.grad_clip, self.group, len(chosen), stats)
-        return stats | q_range(chosen, self.group), td_error
+        return to_floats(stats | q_range(chosen.detach(), self.group)), td_error
 
     def update_target(self, tau: float) -> None:
         polyak(list(zip(self.module.parameters(), self.target.parameters(), strict=True)), tau)

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Gauge
 
 from rlgate.learner.data_parallel import Group, GroupFailed, Rendezvous, Start, fail
+from rlgate.learner.device import learner_device
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
 from rlgate.learner.off_policy_trainer import OffPolicyTrainer
 from rlgate.learner.settings import LearnerSettings
@@ -66,14 +67,16 @@ def follow(settings: LearnerSettings, rendezvous: Rendezvous) -> int:
 
 
 def _train(settings: LearnerSettings, rendezvous: Rendezvous, health: Health) -> None:
-    group = Group(rendezvous, settings.rendezvous_timeout_s)
+    device = learner_device(settings)
+    group = Group(rendezvous, settings.rendezvous_timeout_s, device)
     try:
         start = group.receive_start()
         # Rank 0's operator chose this spec (rank 0 imports its code too).
         imports = ImportPolicy([*settings.allow_import, *start.spec.modules()])
         # This rank's own draws: its minibatches' order, and the actions SAC samples for its rows (building the
         # module seeded torch's generator as it seeded rank 0's: the same draws would repeat on every shard).
-        trainer = build_trainer(start, imports, None if start.spec.seed is None else start.spec.seed + group.rank)
+        seed = None if start.spec.seed is None else start.spec.seed + group.rank
+        trainer = build_trainer(start, imports, seed, device=device)
         trainer.join(group)
         health.joined = True
         while (update := group.receive_batch()) is not None:
@@ -85,24 +88,25 @@ def _train(settings: LearnerSettings, rendezvous: Rendezvous, health: Health) ->
 
 
 def build_trainer(
-    start: Start, imports: ImportPolicy, seed: int | None, max_staleness: int = 0
+    start: Start, imports: ImportPolicy, seed: int | None, max_staleness: int = 0, device: torch.device | str = "cpu"
 ) -> Trainer | MultiAgentTrainer | OffPolicyTrainer:
     """The trainer of rank 0's run (single- or multi-agent, PPO, DQN or SAC), its modules built as the learner
-    builds them (a follower then takes rank 0's weights and optimizer states: `join`). Its draws (and torch's
-    generator, after the modules are built) seeded with `seed`, or at random if None."""
+    builds them, on `device` (a follower then takes rank 0's weights and optimizer states: `join`). Its draws (and
+    torch's generator, after the modules are built) seeded with `seed`, or at random if None."""
     spec, observation_space, action_space = start.spec, start.observation_space, start.action_space
     module: RLModule | MultiRLModule
     if spec.multi_agent is None:
         connectors = build_env_to_module(spec, observation_space, action_space, imports)
         assert connectors.observation_space is not None  # built on the env's space
         module = build_rl_module(spec, connectors.observation_space, action_space, imports)
-        pipeline = build_learner_connector(spec, module.observation_space, action_space, imports)  # rank 0 runs it
+        # Rank 0 runs it.
+        pipeline = build_learner_connector(spec, module.observation_space, action_space, imports, device=str(device))
     else:
         connectors = build_multi_agent_env_to_module(spec, agent_spaces_of(observation_space, action_space), imports)
         modules = pipeline_module_spaces(connectors)
         module = build_multi_rl_module(spec, modules, imports)
-        pipeline = build_multi_agent_learner_connector(spec, modules, imports)
-    module.eval()
+        pipeline = build_multi_agent_learner_connector(spec, modules, imports, device=str(device))
+    module.to(device).eval()
     if seed is None:
         torch.seed()
     else:

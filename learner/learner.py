@@ -16,6 +16,7 @@ from rlgate.learner.batch_decoder import BatchDecoder, DecodedBatch
 from rlgate.learner.best_checkpoint import BestCheckpoint
 from rlgate.learner.chunk_check import learner_output_shapes
 from rlgate.learner.data_parallel import GroupFailed, fail
+from rlgate.learner.device import learner_device
 from rlgate.learner.intake import RETURN_WINDOW, Covered, Intake
 from rlgate.learner.metrics import LearnerMetrics
 from rlgate.learner.multi_agent_trainer import MultiAgentTrainer
@@ -58,6 +59,7 @@ class Learner:
 
     def __init__(self, settings: LearnerSettings) -> None:
         self.settings = settings
+        self.device = learner_device(settings)  # the module, its optimizers and the train batches live there
         self.metrics = LearnerMetrics()
         found = checkpoint.latest(settings.checkpoint_dir) if settings.resume else None
         ckpt = checkpoint.load(found) if found is not None else None
@@ -88,8 +90,10 @@ class Learner:
         if ckpt is not None:
             with ckpt.loading_weights():
                 load_weights(module, ckpt.weights)
-        module.eval()
-        pipeline = build_learner_connector(self.spec, module.observation_space, module.action_space, self.imports)
+        module.to(self.device).eval()
+        pipeline = build_learner_connector(
+            self.spec, module.observation_space, module.action_space, self.imports, device=str(self.device)
+        )
         if isinstance(self.spec.algorithm, DQNConfig | SACConfig):  # OFF_POLICY
             self.trainer = OffPolicyTrainer(
                 module,
@@ -162,7 +166,7 @@ class Learner:
             assert ckpt is not None  # its weights
             with ckpt.loading_weights():
                 load_weights(module[module_id], weights)
-        module.eval()
+        module.to(self.device).eval()
         common: dict[str, Any] = {
             "trainable": modules_to_train(spec, list(modules)),
             "count_steps_by": spec.multi_agent.count_steps_by,
@@ -171,7 +175,7 @@ class Learner:
             "module_versions": ckpt.module_versions if ckpt else None,
             "env_steps": ckpt.env_steps if ckpt else 0,
         }
-        pipeline = build_multi_agent_learner_connector(spec, modules, self.imports)
+        pipeline = build_multi_agent_learner_connector(spec, modules, self.imports, device=str(self.device))
         if isinstance(spec.algorithm, DQNConfig | SACConfig):  # OFF_POLICY
             state = ckpt.learner_state if ckpt else None
             self.trainer = OffPolicyTrainer(

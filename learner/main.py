@@ -16,6 +16,7 @@ from grpc_health.v1 import health
 
 from rlgate.core.errors import UserError
 from rlgate.learner.data_parallel import Group, GroupFailed, Rendezvous, fail
+from rlgate.learner.device import learner_device
 from rlgate.learner.follower import follow
 from rlgate.learner.history import PAGE_LIMIT
 from rlgate.learner.learner import Learner
@@ -96,12 +97,13 @@ class LearnerServer:
         self.http_port = self._http.port
         self._trainer_task = asyncio.get_running_loop().create_task(self.learner.train_forever(), name="trainer")
         log.info(
-            "learning grpc=%s:%d http=%s:%d version=%d",
+            "learning grpc=%s:%d http=%s:%d version=%d device=%s",
             s.host,
             self.port,
             s.host,
             self.http_port,
             self.learner.trainer.version,
+            self.learner.device,
         )
         log.info("%s", s.preset_line())
 
@@ -132,12 +134,13 @@ class LearnerServer:
                 rendezvous = Rendezvous(0, self.num_learners, "127.0.0.1", sock.getsockname()[1])
             command = [sys.executable, "-m", "rlgate", "learn", "--rendezvous-timeout-s", str(s.rendezvous_timeout_s)]
             command += ["--torch-threads", str(s.torch_threads)] if s.torch_threads is not None else []
+            command += ["--device", s.device]  # each rank on cuda:LOCAL_RANK, or all on the CPU
             for rank in range(1, rendezvous.size):
                 self._followers[rank] = await asyncio.create_subprocess_exec(
                     *command, env={**os.environ, **rendezvous.env(rank)}, stdin=subprocess.DEVNULL
                 )
         try:
-            self._group = await asyncio.to_thread(Group, rendezvous, s.rendezvous_timeout_s)
+            self._group = await asyncio.to_thread(Group, rendezvous, s.rendezvous_timeout_s, learner.device)
         except UserError:
             await self._end_followers(0.0)
             raise
@@ -194,6 +197,7 @@ def learn(settings: LearnerSettings) -> int:
     """`rlgate learn` with its settings read (learner/command.py): rank 0 (or the only learner) serves, other ranks
     follow it; the exit status."""
     rendezvous = Rendezvous.from_env()
+    learner_device(settings)  # a device that is not there: one line, exit 2, before anything starts
     if rendezvous is not None and rendezvous.rank > 0:
         return follow(settings, rendezvous)
     asyncio.run(run_until_signal(lambda: LearnerServer(settings, rendezvous)))

@@ -40,6 +40,7 @@ from rlgate.core.columns import Columns
 from rlgate.episodes import SingleAgentEpisode
 from rlgate.learner.adam import Adam
 from rlgate.learner.data_parallel import Group
+from rlgate.learner.device import module_device
 from rlgate.learner.dqn import DQNLearner
 from rlgate.learner.episode_replay_buffer import EpisodeReplayBuffer
 from rlgate.learner.prioritized_episode_replay_buffer import PrioritizedEpisodeReplayBuffer
@@ -139,7 +140,9 @@ class OffPolicyTrainer:
     def _part(module: RLModule, config: OffPolicyConfig, seed: int | None, pipeline: Any) -> Part:
         """A trained module's part; multi-agent (no pipeline given), its batches go through default pieces alone."""
         if pipeline is None:
-            pipeline = build_learner_pipeline(module.observation_space, module.action_space, next_observations=True)
+            pipeline = build_learner_pipeline(
+                module.observation_space, module.action_space, next_observations=True, device=module_device(module)
+            )
         return Part(module, make_learner(module, config), make_buffer(config.replay_buffer_config, seed), pipeline)
 
     def join(self, group: Group) -> None:

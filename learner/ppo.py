@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 #: The most the proximal / behaviour importance weight of a step may be (RLlib APPO's clamp).
 MAX_IMPORTANCE_WEIGHT = 2.0
+#: The diagnostics `ppo_loss` returns beside the loss, in order.
+LOSS_PARTS = ("policy_loss", "vf_loss", "entropy", "kl", "clip_fraction", "explained_variance")
 
 
 def ppo_loss(module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig) -> tuple[torch.Tensor, dict]:
@@ -65,14 +67,8 @@ def ppo_loss(module: RLModule, batch: dict[str, torch.Tensor], config: PPOConfig
         kl = mean((ratio - 1) - log_ratio)  # the low-variance estimator of KL(proximal || new)
         clip_fraction = mean(((ratio - 1).abs() > clip).float())
         explained = explained_variance(batch[Columns.VALUE_TARGETS], values, mask)
-    return total, {
-        "policy_loss": policy_loss.item(),
-        "vf_loss": mean(vf_loss).item(),
-        "entropy": mean(entropy).item(),
-        "kl": kl.item(),
-        "clip_fraction": clip_fraction.item(),
-        "explained_variance": explained.item(),
-    }
+        parts = torch.stack([policy_loss, mean(vf_loss), mean(entropy), kl, clip_fraction, explained])
+    return total, dict(zip(LOSS_PARTS, parts.tolist(), strict=True))  # one device-to-host copy, not six
 
 
 def explained_variance(targets: torch.Tensor, predictions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -119,12 +115,12 @@ def ppo_update(
     batch = real_rows(module, batch)
     proximal = action_logp(module, batch) if config.proximal_clip else batch[Columns.ACTION_LOGP]
     batch[Columns.PROXIMAL_ACTION_LOGP] = proximal
-    size = len(batch[Columns.ADVANTAGES])
+    size, device = len(batch[Columns.ADVANTAGES]), batch[Columns.ADVANTAGES].device
     stats: dict[str, list[float]] = {}
     parameters = list(module.parameters())  # once: walking the module for them costs as much as the clip
     module.train()
     for _ in range(config.num_epochs):
-        order = torch.from_numpy(rng.permutation(size))
+        order = torch.from_numpy(rng.permutation(size)).to(device)  # one copy an epoch, not one per column
         if group is None:
             minibatches = order.split(config.minibatch_size)
         else:
@@ -149,7 +145,10 @@ def real_rows(module: RLModule, batch: dict[str, Any]) -> dict[str, Any]:
     if module.is_stateful():
         return batch
     mask = batch[Columns.LOSS_MASK]
-    return batch if bool(mask.all()) else {key: _rows(value, mask) for key, value in batch.items()}
+    if bool(mask.all()):
+        return batch
+    rows = mask.nonzero().squeeze(-1)  # once: each column a boolean mask indexes finds them again (a GPU sync each)
+    return {key: _rows(value, rows) for key, value in batch.items()}
 
 
 def _rows(value: Any, rows: torch.Tensor) -> Any:

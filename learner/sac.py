@@ -22,7 +22,8 @@ from torch import nn
 
 from rlgate.core.columns import Columns
 from rlgate.learner.adam import Adam
-from rlgate.learner.dqn import OFF_POLICY_ADAM_EPS, optimizer_step, polyak, q_range, td_loss
+from rlgate.learner.device import module_device
+from rlgate.learner.dqn import OFF_POLICY_ADAM_EPS, Stats, optimizer_step, polyak, q_range, td_loss, to_floats
 from rlgate.learner.episode_replay_buffer import N_STEP, WEIGHTS
 from rlgate.models.distributions import SquashedGaussian
 from rlgate.models.sac import Q_NETWORKS, SACModule
@@ -38,9 +39,9 @@ DISCRETE_TARGET_ENTROPY_SCALE = 0.89
 class Temperature(nn.Module):
     """log(alpha), the entropy temperature's logarithm (a module, so checkpoints and snapshots hold it)."""
 
-    def __init__(self, initial_alpha: float) -> None:
+    def __init__(self, initial_alpha: float, device: torch.device | None = None) -> None:
         super().__init__()
-        self.log_alpha = nn.Parameter(torch.tensor(math.log(initial_alpha)))
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(initial_alpha), device=device))
 
 
 class SACLearner:
@@ -49,7 +50,7 @@ class SACLearner:
     def __init__(self, module: SACModule, config: SACConfig) -> None:
         self.module = module
         self.target = copy.deepcopy(module).requires_grad_(False)
-        self.temperature = Temperature(config.initial_alpha)
+        self.temperature = Temperature(config.initial_alpha, module_device(module))  # on the module's device
         if config.target_entropy != "auto":
             self.target_entropy = float(config.target_entropy)
         elif isinstance(module.action_space, gym.spaces.Discrete):  # module.discrete
@@ -95,21 +96,19 @@ class SACLearner:
 
     def _critic_step(
         self, batch: dict[str, Any], target: torch.Tensor, q: list[torch.Tensor], config: SACConfig
-    ) -> tuple[dict[str, float], torch.Tensor]:
+    ) -> tuple[Stats, torch.Tensor]:
         """Both critics' TD loss against `target` (q: their predictions), one optimizer step; stats, |TD error|."""
         losses = [(batch[WEIGHTS] * td_loss(prediction, target, config.td_error_loss_fn)).mean() for prediction in q]
         # A tensor: q holds one or two predictions.
         td_error = cast(torch.Tensor, sum((prediction - target).detach().abs() for prediction in q) / len(q))
         first = q[0].detach()
-        stats = {"qf_loss": losses[0].item(), "qf_mean": first.mean().item(), "td_error_mean": td_error.mean().item()}
+        stats: Stats = {"qf_loss": losses[0].detach(), "qf_mean": first.mean(), "td_error_mean": td_error.mean()}
         if len(losses) > 1:
-            stats["qf_twin_loss"] = losses[1].item()
+            stats["qf_twin_loss"] = losses[1].detach()
         stats = self._step("qf", 0.5 * sum(losses), config, len(target), stats)
         return stats | q_range(first, self.group), td_error
 
-    def _step(
-        self, name: str, loss: torch.Tensor, config: SACConfig, rows: int, parts: dict[str, float]
-    ) -> dict[str, float]:
+    def _step(self, name: str, loss: torch.Tensor, config: SACConfig, rows: int, parts: Stats) -> Stats:
         return optimizer_step(self.optimizers[name], loss, config.grad_clip, self.group, rows, parts)
 
     def _bootstrap(self, batch: dict[str, Any], next_value: torch.Tensor, config: SACConfig) -> torch.Tensor:
@@ -126,9 +125,8 @@ class SACLearner:
         actions, logp = dist.rsample_and_logp()
         alpha_loss = -(self.temperature.log_alpha * (logp.detach() + self.target_entropy)).mean()
         rows = len(obs)
-        stats = self._step(
-            "alpha", alpha_loss, config, rows, {"alpha_loss": alpha_loss.item(), "entropy": -logp.mean().item()}
-        )
+        parts: Stats = {"alpha_loss": alpha_loss.detach(), "entropy": -logp.detach().mean()}
+        stats = self._step("alpha", alpha_loss, config, rows, parts)
         alpha = self.temperature.log_alpha.detach().exp()
         with torch.no_grad():
             next_dist = dist_cls.from_logits(next_logits.detach())
@@ -142,10 +140,10 @@ class SACLearner:
         for parameter in self._critic:  # the actor's gradient must not reach the critics
             parameter.requires_grad_(False)
         actor_loss = (alpha * logp - self._q(module, obs, actions)).mean()
-        stats |= self._step("policy", actor_loss, config, rows, {"policy_loss": actor_loss.item()})
+        stats |= self._step("policy", actor_loss, config, rows, {"policy_loss": actor_loss.detach()})
         for parameter in self._critic:
             parameter.requires_grad_(True)
-        return {**critic_stats, **stats, "alpha": alpha.item()}, td_error
+        return to_floats({**critic_stats, **stats, "alpha": alpha}), td_error
 
     def _update_discrete(self, batch: dict[str, Any], config: SACConfig) -> tuple[dict[str, float], torch.Tensor]:
         module = self.module
@@ -156,9 +154,8 @@ class SACLearner:
         entropy = -(probs * log_probs).sum(-1)
         alpha_loss = (self.temperature.log_alpha * (entropy.detach() - self.target_entropy)).mean()
         rows = len(obs)
-        stats = self._step(
-            "alpha", alpha_loss, config, rows, {"alpha_loss": alpha_loss.item(), "entropy": entropy.mean().item()}
-        )
+        parts: Stats = {"alpha_loss": alpha_loss.detach(), "entropy": entropy.detach().mean()}
+        stats = self._step("alpha", alpha_loss, config, rows, parts)
         alpha = self.temperature.log_alpha.detach().exp()
         with torch.no_grad():
             next_probs = next_log_probs.exp()
@@ -171,8 +168,8 @@ class SACLearner:
         )
         q_min = torch.min(*[q.detach() for q in q_all]) if len(q_all) > 1 else q_all[0].detach()
         actor_loss = (probs * (alpha * log_probs - q_min)).sum(-1).mean()
-        stats |= self._step("policy", actor_loss, config, rows, {"policy_loss": actor_loss.item()})
-        return {**critic_stats, **stats, "alpha": alpha.item()}, td_error
+        stats |= self._step("policy", actor_loss, config, rows, {"policy_loss": actor_loss.detach()})
+        return to_floats({**critic_stats, **stats, "alpha": alpha}), td_error
 
     def update_target(self, tau: float) -> None:
         polyak(self._target_pairs, tau)

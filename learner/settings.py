@@ -5,11 +5,24 @@ What the run is (env, model, connector pieces, sampling, PPO's hyper-parameters)
 """
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field
 
 from rlgate.service.settings import Directory, ServiceSettings
 from rlgate.spec.settings import SpecSettings
+
+#: The learner's torch device, as `rlgate learn --device` and `rlgate up --device` take it (learner/device.py).
+LearnerDevice = Annotated[
+    str,
+    Field(
+        pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+        description="Torch device the learner trains on (the model, its optimizer state, the train batches and the "
+        "losses): cpu, cuda, cuda:N, or auto (cuda where torch sees a GPU, else cpu). Data-parallel ranks on CUDA "
+        "each take cuda:LOCAL_RANK (one GPU per rank) and talk over NCCL; on the CPU, over gloo. Weights, "
+        "checkpoints and connector state leave the learner on the CPU either way.",
+    ),
+]
 
 
 class LearnerSettings(SpecSettings, ServiceSettings):
@@ -61,6 +74,7 @@ class LearnerSettings(SpecSettings, ServiceSettings):
         allow_inf_nan=False,
         description="How long the data-parallel learners wait for each other to form their group (exit 2 after).",
     )
+    device: LearnerDevice = "cpu"
     torch_threads: int | None = Field(
         None,
         ge=1,

@@ -6,6 +6,7 @@ go back to where they were) and skipped: the version stays, and nothing non-fini
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -160,13 +161,22 @@ def skipped_reason(bad: list[str]) -> str:
     return f"non-finite values in {len(bad)} tensors: {', '.join(bad[:3])}{more}"
 
 
-def nonfinite_tensors(state: dict[Any, Any], prefix: str = "") -> list[str]:
-    """Names of the floating-point tensors in a (nested) state dict that hold +-inf or NaN."""
-    found = []
+def nonfinite_tensors(state: dict[Any, Any]) -> list[str]:
+    """Names of the floating-point tensors in a (nested) state dict that hold +-inf or NaN. One device-to-host
+    copy for them all (on a GPU, one sync an update rather than one a tensor)."""
+    named = dict(_float_tensors(state, ""))
+    if not named:
+        return []
+    device = next(iter(named.values())).device
+    finite = torch.stack([torch.isfinite(tensor).all().to(device) for tensor in named.values()]).tolist()
+    return [name for name, ok in zip(named, finite, strict=True) if not ok]
+
+
+def _float_tensors(state: dict[Any, Any], prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The floating-point tensors of a (nested) state dict, by dotted name."""
     for key, value in state.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            found += nonfinite_tensors(value, f"{name}.")
-        elif isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-            found.append(name)
-    return found
+            yield from _float_tensors(value, f"{name}.")
+        elif isinstance(value, torch.Tensor) and value.is_floating_point():
+            yield name, value

@@ -24,13 +24,19 @@ _FAMILIES = (Categorical, MultiCategorical, DiagGaussian)  # rlgate's own, whose
 
 def probe_batch(module: RLModule) -> dict[str, Any]:
     """A batch of one sample of the module's observation space, as env-to-module hands it to an acting forward: a
-    stateful module's with a time axis of 1 and its initial state as STATE_IN."""
+    stateful module's with a time axis of 1 and its initial state as STATE_IN; on the module's device (a learner's
+    may be a GPU)."""
     sample = module.observation_space.sample()
+    device = next(module.parameters(), torch.empty(0)).device
+
+    def batched(x: Any, axes: tuple[None, ...]) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x)[axes], device=device)
+
     if not module.is_stateful():
-        return {Columns.OBS: map_structure(lambda x: torch.as_tensor(np.asarray(x)[None]), sample)}
+        return {Columns.OBS: map_structure(lambda x: batched(x, (None,)), sample)}
     return {
-        Columns.OBS: map_structure(lambda x: torch.as_tensor(np.asarray(x)[None, None]), sample),
-        Columns.STATE_IN: map_structure(lambda s: torch.as_tensor(s)[None], module.get_initial_state()),
+        Columns.OBS: map_structure(lambda x: batched(x, (None, None)), sample),
+        Columns.STATE_IN: map_structure(lambda s: torch.as_tensor(s, device=device)[None], module.get_initial_state()),
     }
 
 

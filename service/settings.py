@@ -53,6 +53,18 @@ def require_device(device: str) -> None:
             f"--device {device}: CUDA is not available to this torch (a CPU-only build, or no GPU visible); "
             "use --device cpu"
         )
+    index, count = torch.device(device).index, torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise UserError(f"--device {device}: torch sees {count} GPU{'s' * (count != 1)} here, numbered from cuda:0")
+
+
+def resolve_device(device: str) -> str:
+    """`device` with "auto" made cuda where this torch sees a GPU, else cpu; any other device as it is."""
+    if device != "auto":
+        return device
+    import torch  # here only: settings load without torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class RlgateSettings(BaseSettings):

@@ -252,8 +252,24 @@ def test_runs_started_in_the_same_second_never_share_a_directory(tmp_path: Path)
 async def test_device_cuda_without_cuda_is_one_line(tmp_path: Path) -> None:
     serve = rlgate("serve", "--env", "CartPole-v1", "--device", "cuda", "--port", "0", "--http-port", "0")
     evaluate = rlgate("eval", "--checkpoint", str(tmp_path), "--device", "cuda")
-    for code, stderr in await asyncio.gather(serve, evaluate):
+    learn = rlgate("learn", "--env", "CartPole-v1", "--device", "cuda", "--checkpoint-dir", str(tmp_path / "learn"))
+    up = rlgate("up", "--device", "cuda", "--run-dir", str(tmp_path / "runs"))
+    for code, stderr in await asyncio.gather(serve, evaluate, learn, up):
         assert one_user_error(code, stderr).startswith("rlgate: --device cuda: CUDA is not available"), stderr
+    assert not (tmp_path / "learn").exists() and not (tmp_path / "runs").exists()  # refused before anything starts
+
+
+async def test_a_learner_device_that_is_no_device_is_one_line(tmp_path: Path) -> None:
+    """A name torch has no device for, and one GPU for every data-parallel rank (each takes cuda:LOCAL_RANK)."""
+    learn = ("learn", "--env", "CartPole-v1", "--checkpoint-dir", str(tmp_path))
+    named = rlgate(*learn, "--device", "gpu")
+    ranks = rlgate(*learn, "--device", "cuda:0", "--num-learners", "2", "--port", "0")
+    (code, stderr), (ranks_code, ranks_stderr) = await asyncio.gather(named, ranks)
+    assert one_user_error(code, stderr).startswith("rlgate: --device: string should match pattern"), stderr
+    assert one_user_error(ranks_code, ranks_stderr) == (
+        "rlgate: --device cuda:0: data-parallel learners each train on cuda:LOCAL_RANK, one GPU per rank; "
+        "pass --device cuda"
+    )
 
 
 async def test_a_second_server_on_a_port_in_use_fails_at_once(server) -> None:

@@ -75,7 +75,7 @@ def settings_of(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> A
 
 
 def test_overlays_are_cpu_and_gpu_with_one_learner_or_ranks() -> None:
-    assert OVERLAYS == ["cpu", "cpu-learners", "gpu"]
+    assert OVERLAYS == ["cpu", "cpu-learners", "gpu", "gpu-learners"]
 
 
 def test_every_object_is_valid_against_the_kubernetes_schemas(overlay: tuple[str, Objects]) -> None:
@@ -208,20 +208,32 @@ def test_autoscaler_scales_the_inference_deployment(overlay: tuple[str, Objects]
     assert container_of(objects, "Deployment", "inference")["resources"]["requests"]["cpu"], "HPA needs a request"
 
 
-def test_only_the_gpu_overlay_serves_on_the_gpu(overlay: tuple[str, Objects], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_gpu_overlays_serve_and_train_on_the_gpu(
+    overlay: tuple[str, Objects], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu: each inference pod on a GPU, the one learner on the CPU; gpu-learners: each learner rank on a GPU of its
+    own too (cuda: cuda:LOCAL_RANK, 0 in a pod of its own; NCCL). The cpu overlays ask for no GPU."""
     name, objects = overlay
     container = container_of(objects, "Deployment", "inference")
     device = settings_of(container, monkeypatch).device
     gpus = container["resources"]["limits"].get("nvidia.com/gpu")
     images = {container_of(objects, kind, n)["image"] for kind, n in objects if kind in ("StatefulSet", "Deployment")}
-    learner_gpus = container_of(objects, "StatefulSet", "learner")["resources"]["limits"].get("nvidia.com/gpu")
+    learner = container_of(objects, "StatefulSet", "learner")
+    learner_device = settings_of(learner, monkeypatch).device
+    learner_gpus = learner["resources"]["limits"].get("nvidia.com/gpu")
+    tolerations = pod_spec(objects, "StatefulSet", "learner").get("tolerations", [])
     if name.startswith("gpu"):
         assert (device, gpus) == ("cuda", 1)
         assert images == {"rlgate:0.1.0-cuda"}
-        assert learner_gpus is None  # the learner trains on the CPU (deploy/README.md)
     else:
-        assert (device, gpus, learner_gpus) == ("cpu", None, None)
+        assert (device, gpus) == ("cpu", None)
         assert images == {"rlgate:0.1.0"}
+    if name == "gpu-learners":
+        assert (learner_device, learner_gpus) == ("cuda", 1)  # one GPU per rank, as NCCL wants
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+        assert rank_env(learner, 1)["LOCAL_RANK"] == "0"  # every rank's device: cuda:0 of its pod
+    else:
+        assert (learner_device, learner_gpus, tolerations) == ("cpu", None, [])  # deploy/README.md
 
 
 POD_INDEX = "apps.kubernetes.io/pod-index"  # the label the StatefulSet controller gives each pod: its ordinal

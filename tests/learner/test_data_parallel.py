@@ -1,4 +1,5 @@
-"""Data-parallel learners (`rlgate learn --num-learners N`): real processes in one gloo group on 127.0.0.1.
+"""Data-parallel learners (`rlgate learn --num-learners N`): real processes in one gloo group on 127.0.0.1 (NCCL
+on two GPUs, where a machine has them).
 
 Two ranks train one model: every update, their weights are identical (the group compares digests after each
 update and fails if not), and with one minibatch per epoch they take the very step one learner takes on the
@@ -66,9 +67,10 @@ def spaces(spec: RunSpec) -> tuple[gym.Space, gym.Space]:
     return run_spaces(spec.env, spec.multi_agent is not None, ImportPolicy(spec.modules()))
 
 
-def trainer(spec: RunSpec) -> Trainer | MultiAgentTrainer | OffPolicyTrainer:
-    """The run's trainer as a learner builds it; seeded: the same weights, and the same batches sampled."""
-    return build_trainer(Start(spec, *spaces(spec)), ImportPolicy(spec.modules()), spec.seed, max_staleness=4)
+def trainer(spec: RunSpec, device: str = "cpu") -> Trainer | MultiAgentTrainer | OffPolicyTrainer:
+    """The run's trainer as a learner builds it, on `device`; seeded: the same weights, and the same batches sampled."""
+    start, imports = Start(spec, *spaces(spec)), ImportPolicy(spec.modules())
+    return build_trainer(start, imports, spec.seed, max_staleness=4, device=device)
 
 
 def two_cartpole_chunks(spec: RunSpec, steps: int, seed: int) -> list[SingleAgentEpisode]:
@@ -131,11 +133,11 @@ def assert_same_weights(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
         torch.testing.assert_close(weights[name], weight, rtol=1e-5, atol=1e-6)
 
 
-def follower(rendezvous: Rendezvous, rank: int, log: Path) -> subprocess.Popen:
-    """`rlgate learn` as rank `rank` of the group: it waits for rank 0 and trains on what it sends."""
+def follower(rendezvous: Rendezvous, rank: int, log: Path, device: str = "cpu") -> subprocess.Popen:
+    """`rlgate learn --device DEVICE` as rank `rank` of the group: it waits for rank 0 and trains on what it sends."""
     with open(log, "w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "rlgate", "learn", "--rendezvous-timeout-s", str(TIMEOUT_S)],
+            [sys.executable, "-m", "rlgate", "learn", "--device", device, "--rendezvous-timeout-s", str(TIMEOUT_S)],
             env={**os.environ, **rendezvous.env(rank)},
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -144,14 +146,15 @@ def follower(rendezvous: Rendezvous, rank: int, log: Path) -> subprocess.Popen:
 
 
 @contextmanager
-def two_ranks(log: Path) -> Iterator[Group]:
+def two_ranks(log: Path, device: str = "cpu") -> Iterator[Group]:
     """Rank 0 here, with an `rlgate learn` follower as rank 1 (its log to `log`): the group, stopped after the
-    block (rank 1 then ends with 0) and closed in any case."""
+    block (rank 1 then ends with 0) and closed in any case. `device` "cuda": rank 0 on cuda:0, rank 1 on cuda:1
+    (its LOCAL_RANK), over NCCL."""
     rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
-    rank_1 = follower(rendezvous, 1, log)
+    rank_1 = follower(rendezvous, 1, log, device)
     group = None
     try:
-        group = Group(rendezvous, TIMEOUT_S)
+        group = Group(rendezvous, TIMEOUT_S, torch.device("cuda:0" if device == "cuda" else device))
         yield group
         group.stop()
         assert rank_1.wait(TIMEOUT_S) == 0
@@ -162,18 +165,24 @@ def two_ranks(log: Path) -> Iterator[Group]:
         rank_1.wait()
 
 
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (one per rank)")
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("examples_importable")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=TWO_GPUS)])
 @pytest.mark.parametrize("run", list(RUNS))
-def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, learner_settings, cartpole_chunks, run):
+def test_two_ranks_hold_identical_weights_and_take_one_learners_step(
+    tmp_path, learner_settings, cartpole_chunks, run, device
+):
     # One minibatch per epoch: the two ranks' step on their halves is one learner's on the whole batch. Multi-agent,
     # each module's batch (its agents' steps, of their own number) is cut in halves; a module whose gradients
     # were not all-reduced would differ from one learner (rank 0) or from rank 0 (rank 1: its digest). The last
     # update leaves a module one step to train on: rank 0's shard is that one row, rank 1's none.
     algorithm = {"train_batch_size": 128, "minibatch_size": 512, "num_epochs": 3}
     spec = learner_settings(env=None, spec={**RUNS[run], "algorithm": algorithm}).spec
-    with two_ranks(tmp_path / "rank-1.log") as group:
-        alone, leader = trainer(spec), trainer(spec)
+    with two_ranks(tmp_path / "rank-1.log", device) as group:
+        alone, leader = trainer(spec, str(group.device)), trainer(spec, str(group.device))
         assert weights_to_bytes(alone.module) == weights_to_bytes(leader.module)
         group.send_start(spec, *spaces(spec))
         leader.join(group)
@@ -190,7 +199,9 @@ def test_two_ranks_hold_identical_weights_and_take_one_learners_step(tmp_path, l
             assert len(theirs["modules"]) == len(fresh) == (2 if run == "per-agent" else 1)
             assert all(weights_to_bytes(leader.module[m]) != weights_to_bytes(fresh[m]) for m in fresh)
         assert weights_to_bytes(leader.module) != weights_to_bytes(fresh)  # it trained
-    assert "rank 0 stopped the group after 4 updates" in (tmp_path / "rank-1.log").read_text()
+    log = (tmp_path / "rank-1.log").read_text()
+    assert "rank 0 stopped the group after 4 updates" in log
+    assert ("(nccl, cuda:1)" if device == "cuda" else "(gloo, cpu)") in log
 
 
 # Beyond the weights, the test compares DQN's priorities (a prioritized buffer) and SAC's temperature. SAC on
@@ -201,11 +212,14 @@ REPLAYED = {
 }
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=TWO_GPUS)])
 @pytest.mark.parametrize("algorithm", ["DQN", "SAC"])
 @pytest.mark.parametrize("run", ["single-agent", "per-agent"])
 @pytest.mark.slow
 @pytest.mark.usefixtures("examples_importable")
-def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, cartpole_chunks, algorithm, run):
+def test_two_ranks_replay_and_update_as_one_learner(
+    tmp_path, learner_settings, cartpole_chunks, algorithm, run, device
+):
     # A train batch of 63 rows: shards of 32 and 31, so gradients and losses weighted other than by rows would
     # differ from one learner's; a rank that skipped an all-reduce would differ from one learner (rank 0) or from
     # rank 0 (rank 1: its digest). Two updates per version, the targets moved after each. Rank 0 has trained a
@@ -215,8 +229,8 @@ def test_two_ranks_replay_and_update_as_one_learner(tmp_path, learner_settings, 
     fields |= {"num_steps_sampled_before_learning_starts": 0, "target_network_update_freq": 0, **REPLAYED[algorithm]}
     model = {"config": {"fcnet_hiddens": [32, 32]}}
     spec = learner_settings(env=None, spec={**RUNS[run], "algorithm": fields, "model": model}).spec
-    with two_ranks(tmp_path / "rank-1.log") as group:
-        alone, leader = trainer(spec), trainer(spec)
+    with two_ranks(tmp_path / "rank-1.log", device) as group:
+        alone, leader = trainer(spec, str(group.device)), trainer(spec, str(group.device))
         assert isinstance(alone, OffPolicyTrainer) and isinstance(leader, OffPolicyTrainer)
         chunks = run_chunks(spec, 64, 3, cartpole_chunks)
         alone.update(copy.deepcopy(chunks))

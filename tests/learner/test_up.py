@@ -57,10 +57,11 @@ async def up(tmp_path: Path) -> AsyncIterator:
 @pytest.mark.slow
 @pytest.mark.parametrize("inference", ["server", "local"])
 async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, tmp_path, inference):
-    process = await up("--stop-return", "150", "--max-steps", "20000", "--inference", inference)
+    process = await up("--stop-return", "150", "--max-steps", "20000", "--inference", inference, "--device", "auto")
     async with asyncio.timeout(120):
         head = await process.stdout.readuntil(b"model v")  # the first progress line: every process started
         children = descendants(process.pid)
+        learner = [args for args in map(command_line, children) if args[2:3] == ["learn"]]
         rest, _ = await process.communicate()
     output = (head + rest).decode()
     assert process.returncode == 0, output
@@ -70,11 +71,21 @@ async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, 
     assert match, last
     assert float(match[1]) >= 150 and int(match[2]) <= 20000
     assert len(children) >= 3  # learner, server, env clients (and the clients' own processes)
+    (args,) = learner
+    assert args[args.index("--device") + 1] == "auto"  # up's --device is the learner's
     assert not await all_gone(children)
     (run_dir,) = tmp_path.glob("CartPole-v1-*")
     assert checkpoint.latest(run_dir / "checkpoints") is not None  # the learner's final checkpoint
     assert list(run_dir.glob("events.out.tfevents.*")) and (run_dir / "progress.csv").exists()  # the experiment log
     assert not list((run_dir / "spool").rglob("*.pb"))  # the server's spool, and a local client's, were drained
+
+
+def command_line(pid: int) -> list[str]:
+    """A process's arguments (python -m rlgate learn ...: "learn" third); none if it has ended."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().split("\0")[1:]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
 
 
 def read_until(fd: int, pattern: bytes, timeout: float) -> bytes:
