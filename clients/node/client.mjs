@@ -19,7 +19,8 @@
 // file over WatchWeights, samples its env's actions with it (--env: its JavaScript CartPole-v1, or Pendulum-v1 for
 // Box actions), and sends the episodes to SubmitEpisodes (episodes.mjs records them as a server does), paced by the
 // learner; its summary counts what it shipped. With --spool-dir the batches not acknowledged yet are kept on disk
-// too (spool.mjs): a client killed and started again with the same directory sends them first. With --bench it runs
+// too (spool.mjs): a client killed and started again with the same directory sends them first; sampling waits while
+// the spool holds --max-spool-bytes (1 GiB) or more, as the Python client's --max-spool. With --bench it runs
 // until `rlgate bench` (its B8 placement `local-node`) says stop on stdin, reporting its steps per window.
 //
 //   node client.mjs --server 127.0.0.1:50051 --mode multi-agent --game cartpole --envs 2 --episodes 6
@@ -60,6 +61,7 @@ const { values: args } = parseArgs({
     "client-id": { type: "string" }, // local: the name the server lists it by
     env: { type: "string", default: "cartpole" }, // local, in-process: cartpole | pendulum
     "spool-dir": { type: "string" }, // local: keep unacknowledged batches here too (else in memory only)
+    "max-spool-bytes": { type: "string", default: String(2 ** 30) }, // local: sampling waits while the spool holds more
     bench: { type: "boolean", default: false }, // local: driven by `rlgate bench` over stdin (BenchWindow)
     "drain-timeout-s": { type: "string", default: "10" }, // local: the wait for the last acks
     game: { type: "string", default: "cartpole" }, // multi-agent modes: cartpole | tictactoe
@@ -955,7 +957,7 @@ const BATCH_CODEC = {
 };
 
 class ServerLink {
-  constructor(target, clientId, spoolDir) {
+  constructor(target, clientId, spoolDir, maxSpoolBytes) {
     this.target = target;
     this.client = new PolicyService(target, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
     this.clientId = clientId;
@@ -970,10 +972,21 @@ class ServerLink {
     this.version = -1; // the newest version received (loaded or loading)
     this.window = 0; // the weights' max_unacked_steps: this client's share (0: no limit)
     this.room = null; // env steps the last ack granted (unset: none said)
-    this.spool = new Spool(spoolDir, BATCH_CODEC); // seq -> {batch, steps}, in seq order, until acknowledged
+    this.spool = new Spool(spoolDir, BATCH_CODEC); // seq -> {batch, steps, bytes}, in seq order, until acknowledged
+    this.maxSpoolBytes = maxSpoolBytes; // as the Python client's --max-spool: memory and disk stay bounded
     this.seq = this.spool.lastSeq; // (a spool on disk from before: its batches are sent first)
-    // moves: to a new channel, when the server ended WatchWeights with OK
-    this.counts = { batches: 0, chunks: 0, steps: 0, acked_batches: 0, accepted: 0, streams: 0, pauses: 0, moves: 0 };
+    // moves: to a new channel, when the server ended WatchWeights with OK; spool_full: pauses begun with it full
+    this.counts = {
+      batches: 0,
+      chunks: 0,
+      steps: 0,
+      acked_batches: 0,
+      accepted: 0,
+      streams: 0,
+      pauses: 0,
+      moves: 0,
+      spool_full: 0,
+    };
     this.submit = null; // the SubmitEpisodes call while open (and not half-closed for a move)
     this.moving = null; // the half-closed SubmitEpisodes call of a move, until its status
     this.closing = false;
@@ -1121,12 +1134,18 @@ class ServerLink {
     return steps;
   }
 
-  // Whether sampling waits: more steps held (unacknowledged, or `unshipped` in the running episode) than the last
-  // ack granted; before any ack, the window of unacknowledged steps reached.
+  // Whether sampling waits: the spool full (--max-spool-bytes: the server away, or not taking batches), or more
+  // steps held (unacknowledged, or `unshipped` in the running episode) than the last ack granted; before any ack,
+  // the window of unacknowledged steps reached.
   held(unshipped) {
+    if (this.spoolFull()) return true;
     const unacked = this.unacked();
     if (this.room !== null) return unacked + unshipped > this.room;
     return this.window > 0 && unacked >= this.window;
+  }
+
+  spoolFull() {
+    return this.spool.bytes >= this.maxSpoolBytes;
   }
 
   close() {
@@ -1184,7 +1203,9 @@ async function local() {
   const steps = Number(args.steps);
   if (!(Number.isInteger(steps) && steps > 0)) fail("--steps is a positive integer");
   const { Env, actions } = envOf(args.env);
-  const link = new ServerLink(args.server, clientId, args["spool-dir"]);
+  const maxSpoolBytes = Number(args["max-spool-bytes"]);
+  if (!(Number.isInteger(maxSpoolBytes) && maxSpoolBytes > 0)) fail("--max-spool-bytes is a positive integer");
+  const link = new ServerLink(args.server, clientId, args["spool-dir"], maxSpoolBytes);
   const resent = link.spool.size;
   link.watch();
   await link.until(() => link.pending !== null); // the first version, loaded
@@ -1207,7 +1228,12 @@ async function local() {
   for (let since = performance.now(); bench === null ? taken < steps : !bench.stopping; taken++) {
     if (link.held(recorder.unshipped())) {
       link.counts.pauses += 1;
-      link.ship(recorder.flush()); // the learner gets the newest steps while sampling waits
+      if (link.spoolFull()) {
+        link.counts.spool_full += 1;
+        console.error(`spool full (${link.spool.bytes} bytes, --max-spool-bytes ${maxSpoolBytes}): sampling waits`);
+      } else {
+        link.ship(recorder.flush()); // the learner gets the newest steps while sampling waits for its acks
+      }
       await link.until(() => !link.held(recorder.unshipped()));
     }
     ({ policy, version } = link.applyNewest());

@@ -8,7 +8,7 @@
 //   for (const [seq, { batch, steps }] of spool) ...;  spool.set(seq, { batch, steps });  spool.delete(seq);
 //
 // One process per directory: a second one with the same directory fails while the first (its pid in `.lock`)
-// lives.
+// lives. `bytes` counts what it holds (each batch as it is sent), for the client's --max-spool-bytes.
 
 import fs from "node:fs";
 import path from "node:path";
@@ -24,7 +24,8 @@ export class Spool {
   constructor(directory, codec) {
     this.directory = directory ?? null;
     this.codec = codec;
-    this.entries = new Map(); // seq (a string) -> {batch, steps}, in seq order
+    this.entries = new Map(); // seq (a string) -> {batch, steps, bytes}, in seq order
+    this.bytes = 0; // the batches' serialised bytes, all together
     this.lastSeq = 0; // the largest seq held at the start (a new batch takes the next)
     this.loaded = 0; // batches found on disk at the start
     if (this.directory !== null) this.open();
@@ -37,8 +38,10 @@ export class Spool {
     for (const name of names.filter((n) => n.endsWith(".tmp"))) fs.rmSync(path.join(this.directory, name));
     const seqs = names.filter((n) => n.endsWith(SUFFIX)).map((n) => Number(n.slice(0, -SUFFIX.length)));
     for (const seq of seqs.sort((a, b) => a - b)) {
-      const batch = this.codec.decode(fs.readFileSync(this.file(seq)));
-      this.entries.set(String(seq), { batch, steps: batchSteps(batch) });
+      const data = fs.readFileSync(this.file(seq));
+      const batch = this.codec.decode(data);
+      this.entries.set(String(seq), { batch, steps: batchSteps(batch), bytes: data.length });
+      this.bytes += data.length;
       this.lastSeq = seq;
     }
     this.loaded = seqs.length;
@@ -80,23 +83,26 @@ export class Spool {
 
   // Kept (on disk first, with a directory) before the batch is sent.
   set(seq, entry) {
+    const data = this.codec.encode({ ...entry.batch, seq });
     if (this.directory !== null) {
       const [file, temporary] = [this.file(seq), path.join(this.directory, `.${seq}.tmp`)];
       const fd = fs.openSync(temporary, "w");
       try {
-        fs.writeSync(fd, this.codec.encode({ ...entry.batch, seq }));
+        fs.writeSync(fd, data);
         fs.fsyncSync(fd);
       } finally {
         fs.closeSync(fd);
       }
       fs.renameSync(temporary, file);
     }
-    this.entries.set(seq, entry);
+    this.entries.set(seq, { ...entry, bytes: data.length });
+    this.bytes += data.length;
   }
 
   // Acknowledged: gone.
   delete(seq) {
     if (this.directory !== null) fs.rmSync(this.file(seq), { force: true });
+    this.bytes -= this.entries.get(seq)?.bytes ?? 0;
     this.entries.delete(seq);
   }
 

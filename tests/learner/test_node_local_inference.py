@@ -51,7 +51,7 @@ async def test_a_node_client_acting_locally_ships_episodes_that_train_the_learne
     assert summary["steps"] == 2500  # every step shipped, the last episode's cut off
     assert summary["acked_batches"] == summary["batches"] and summary["accepted"] == summary["chunks"]
     assert summary["unacknowledged_batches"] == 0
-    assert summary["pauses"] > 0  # the learner's pace held it
+    assert summary["pauses"] > 0 and summary["spool_full"] == 0  # the learner's pace held it, not a full spool
     assert server.service.env_steps == 0 and server.local.env_steps == 2500
     assert learner.env_steps_received() == 2500
     assert learner.intake.rejected.total() == 0 and learner.intake.duplicates == 0 and learner.stale_steps == 0
@@ -191,6 +191,56 @@ async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_
         assert [p.chunk_index for p in parts] == list(range(len(parts)))
         assert all(a.t_started + len(a) == b.t_started for a, b in itertools.pairwise(parts))
     assert sum(len(c) for c in chunks.values() if c.id_.startswith(summary["session_id"])) == 300
+
+
+async def test_a_node_client_whose_server_is_away_samples_until_its_spool_is_full_then_waits(
+    server_factory,
+    tmp_path,
+    node_client,  # noqa: F811
+):
+    """A server without a learner sets no pace (its acks grant no room, its weights no window): with that server
+    away, only --max-spool-bytes bounds what a local client holds. It samples into its spool until it holds the
+    limit (overshooting by a batch at most), says so and waits; a server back at the address takes every batch, and
+    the episode files hold each of its steps once."""
+    spool, limit = tmp_path / "node-spool", 16384  # ~900 of CartPole's steps
+    first = await server_factory(env="CartPole-v1", drain_timeout_s=0.5)
+    local = ("--mode", "local", "--spool-dir", str(spool), "--max-spool-bytes", str(limit), "--steps", "3000")
+    client = await asyncio.create_subprocess_exec(
+        *client_command(node_client, first.port, *local),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=node_client[1],
+    )
+    said: list[str] = []  # its stderr lines, read meanwhile
+
+    async def read_stderr() -> None:
+        assert client.stderr is not None
+        async for line in client.stderr:
+            said.append(line.decode())
+
+    reading = asyncio.create_task(read_stderr())
+    try:
+        await until(lambda: first.local.env_steps >= 200 or client.returncode is not None, timeout=30)
+        await first.stop()
+        await until(lambda: any("spool full" in line for line in said) or client.returncode is not None, timeout=30)
+        assert client.returncode is None, "".join(said)
+        sizes = [f.stat().st_size for f in spool.glob("*.batch")]
+        assert limit <= sum(sizes) < limit + max(sizes), sizes  # full, by a batch at most: then it waits
+        second = await server_factory(env="CartPole-v1", port=first.port)
+        assert client.stdout is not None
+        out = await asyncio.wait_for(client.stdout.read(), 60)
+        await asyncio.wait_for(client.wait(), 10)
+    finally:
+        if client.returncode is None:
+            client.kill()
+            await client.wait()
+        await reading
+    summary = json.loads(out)
+    assert client.returncode == 0 and summary["env_steps"] == 3000 and summary["spool_full"] >= 1, summary
+    assert summary["unacknowledged_batches"] == 0 and not list(spool.glob("*.batch"))
+    await second.stop()
+    chunks = {(c.id_, c.chunk_index): c for c in read_episodes(tmp_path / "episodes")}
+    assert sum(len(c) for c in chunks.values()) == 3000  # each step once, whichever server took it
 
 
 async def first_weights(server: InferenceServer) -> learner_pb2.Weights:
