@@ -139,14 +139,20 @@ async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_
 ):
     """With --spool-dir a batch is on disk before it is sent and until its ack (and the directory is the running
     client's alone): the client is killed (SIGKILL) while its server is away and batches wait for acks, started again
-    with the same directory on a new server, and sends them first; the learner gets every step of both runs once
-    (all but the killed run's running episode, which was in its memory only)."""
+    with the same directory on a new server, and sends them first; the learner behind that server gets each of them
+    once, and every step of the run after. The first server keeps episode files and sets no pace (no learner), so
+    with it away the client samples on until its spool holds --max-spool-bytes (a batch over at most), and waits:
+    batches are surely left."""
     learner = learner_server.learner
     spool = tmp_path / "node-spool"
     local = ("--mode", "local", "--spool-dir", str(spool), "--client-id", "restarted")
-    first = await server_factory(learner=f"127.0.0.1:{learner_server.port}", drain_timeout_s=0.5)
-    command = client_command(node_client, first.port, *local, "--steps", "1000000")
-    killed = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL, cwd=node_client[1])
+    first = await server_factory(env="CartPole-v1", drain_timeout_s=0.5)
+    limit = 16384  # ~900 of CartPole's steps
+    command = client_command(node_client, first.port, *local, "--steps", "1000000", "--max-spool-bytes", str(limit))
+    killed = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, cwd=node_client[1]
+    )
+    stderr = Stderr(killed)
     try:
         await until(lambda: first.local.env_steps >= 300 or killed.returncode is not None, timeout=30)
         # One process per spool: a second one with the same directory is refused while the first lives.
@@ -160,14 +166,19 @@ async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_
                 refusal.kill()
                 await refusal.wait()
         assert refusal.returncode == 1 and f"is in use by process {killed.pid}" in refused.decode()
-        await first.stop()  # what it acknowledged goes to the learner; the client samples on into its spool
-        await until(lambda: len(list(spool.glob("*.batch"))) >= 2 or killed.returncode is not None, timeout=30)
+        await first.stop()  # what it acknowledged is in the episode files; the client samples on into its spool
+        await until(lambda: stderr.said("spool full") or killed.returncode is not None, timeout=30)
         assert killed.returncode is None, "the client ended before it was killed"
     finally:
         killed.kill()
         await killed.wait()
-    left = [policy_pb2.EpisodeSubmission.FromString(f.read_bytes()).batch for f in sorted(spool.glob("*.batch"))]
+        await stderr.task
+    files = sorted(spool.glob("*.batch"))
+    sizes = [f.stat().st_size for f in files]
+    assert limit <= sum(sizes) < limit + max(sizes), sizes  # full, then it waited
+    left = [policy_pb2.EpisodeSubmission.FromString(f.read_bytes()).batch for f in files]
     left_chunks = {(i, int(c)) for b in left for t in b.chunks for i, c in zip(t.ids, t.chunk_indices, strict=True)}
+    taken = {(c.id_, c.chunk_index) for c in read_episodes(tmp_path / "episodes")}  # the first server's
 
     second = await server_factory(learner=f"127.0.0.1:{learner_server.port}", port=first.port)
     summary = await run_client(node_client, second.port, *local, "--steps", "300")
@@ -176,11 +187,11 @@ async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_
     assert summary["resent_batches"] == len(left) >= 2 and summary["unacknowledged_batches"] == 0
     assert not list(spool.glob("*.batch"))  # each deleted after its ack
     # What both servers took (a batch the first acknowledged but the client had not deleted yet is sent again),
-    # each chunk once: the learner's steps are theirs exactly.
+    # each chunk once; the learner's steps are exactly those of the chunks the second took.
     chunks = {(c.id_, c.chunk_index): c for c in read_episodes(tmp_path / "episodes")}
     assert left_chunks <= chunks.keys()
     assert learner.intake.rejected.total() == 0 and learner.stale_steps == 0
-    assert learner.env_steps_received() == sum(len(c) for c in chunks.values())
+    assert learner.env_steps_received() == sum(len(c) for key, c in chunks.items() if key not in taken - left_chunks)
     # The killed run's episodes have no chunk missing, each starting where the one before ended.
     episodes: dict[str, list] = {}
     for (episode_id, _), chunk in sorted(chunks.items()):
@@ -193,54 +204,20 @@ async def test_a_node_client_killed_with_batches_unacknowledged_sends_them_when_
     assert sum(len(c) for c in chunks.values() if c.id_.startswith(summary["session_id"])) == 300
 
 
-async def test_a_node_client_whose_server_is_away_samples_until_its_spool_is_full_then_waits(
-    server_factory,
-    tmp_path,
-    node_client,  # noqa: F811
-):
-    """A server without a learner sets no pace (its acks grant no room, its weights no window): with that server
-    away, only --max-spool-bytes bounds what a local client holds. It samples into its spool until it holds the
-    limit (overshooting by a batch at most), says so and waits; a server back at the address takes every batch, and
-    the episode files hold each of its steps once."""
-    spool, limit = tmp_path / "node-spool", 16384  # ~900 of CartPole's steps
-    first = await server_factory(env="CartPole-v1", drain_timeout_s=0.5)
-    local = ("--mode", "local", "--spool-dir", str(spool), "--max-spool-bytes", str(limit), "--steps", "3000")
-    client = await asyncio.create_subprocess_exec(
-        *client_command(node_client, first.port, *local),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=node_client[1],
-    )
-    said: list[str] = []  # its stderr lines, read meanwhile
+class Stderr:
+    """A process's stderr lines, read as they come, until it ends (`task`)."""
 
-    async def read_stderr() -> None:
-        assert client.stderr is not None
-        async for line in client.stderr:
-            said.append(line.decode())
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.lines: list[str] = []
+        self.task = asyncio.create_task(self._read(process))
 
-    reading = asyncio.create_task(read_stderr())
-    try:
-        await until(lambda: first.local.env_steps >= 200 or client.returncode is not None, timeout=30)
-        await first.stop()
-        await until(lambda: any("spool full" in line for line in said) or client.returncode is not None, timeout=30)
-        assert client.returncode is None, "".join(said)
-        sizes = [f.stat().st_size for f in spool.glob("*.batch")]
-        assert limit <= sum(sizes) < limit + max(sizes), sizes  # full, by a batch at most: then it waits
-        second = await server_factory(env="CartPole-v1", port=first.port)
-        assert client.stdout is not None
-        out = await asyncio.wait_for(client.stdout.read(), 60)
-        await asyncio.wait_for(client.wait(), 10)
-    finally:
-        if client.returncode is None:
-            client.kill()
-            await client.wait()
-        await reading
-    summary = json.loads(out)
-    assert client.returncode == 0 and summary["env_steps"] == 3000 and summary["spool_full"] >= 1, summary
-    assert summary["unacknowledged_batches"] == 0 and not list(spool.glob("*.batch"))
-    await second.stop()
-    chunks = {(c.id_, c.chunk_index): c for c in read_episodes(tmp_path / "episodes")}
-    assert sum(len(c) for c in chunks.values()) == 3000  # each step once, whichever server took it
+    async def _read(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stderr is not None
+        async for line in process.stderr:
+            self.lines.append(line.decode())
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
 
 
 async def first_weights(server: InferenceServer) -> learner_pb2.Weights:
