@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import warm
+
+UP_TIMEOUT_S = 180
 
 BOOM = """
 from rlgate.connectors import ConnectorV2
@@ -62,24 +63,9 @@ class NeverEnds(gym.Env):
 
 
 def up(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """`rlgate up ARGS` in `cwd`, to its end; (exit status, stdout, stderr). Its group is killed if it overruns."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rlgate", "up", "--run-dir", "runs", *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    return process.returncode, out, err
+    """`rlgate up ARGS` in `cwd`, to its end (forked warm: tests/support/warm.py); (exit status, stdout, stderr).
+    Its session (it and its children) is killed if it overruns."""
+    return warm.run(["up", "--run-dir", "runs", *args], cwd, UP_TIMEOUT_S, env=env, new_session=True)
 
 
 @pytest.mark.slow
