@@ -20,6 +20,7 @@ from rlgate.spec.env import make_agent_envs
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 from rlgate.storage import checkpoint
+from tests.support import warm
 
 ENV = "CartPole-v1"
 
@@ -42,9 +43,9 @@ def cartpole_checkpoint(tmp_path: Path) -> Path:
 
 
 def rlgate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rlgate", *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
-    )
+    """`rlgate ARGS` to its end, forked warm (tests/support/warm.py)."""
+    code, out, err = warm.run(list(args), warm.ROOT, 120)
+    return subprocess.CompletedProcess(["rlgate", *args], code, out, err)
 
 
 def test_json_results_are_the_policys_own_episodes(cartpole_checkpoint):

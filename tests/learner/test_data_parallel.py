@@ -17,7 +17,6 @@ import copy
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +45,7 @@ from rlgate.spec.env import run_spaces
 from rlgate.spec.imports import ImportPolicy
 from rlgate.spec.run import RunSpec
 from rlgate.storage import checkpoint
+from tests.support import warm
 
 OBSERVATION_SPACE = gym.make(ENV).observation_space
 ACTION_SPACE = gym.spaces.Discrete(2)
@@ -133,15 +133,14 @@ def assert_same_weights(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
         torch.testing.assert_close(weights[name], weight, rtol=1e-5, atol=1e-6)
 
 
-def follower(rendezvous: Rendezvous, rank: int, log: Path, device: str = "cpu") -> subprocess.Popen:
+def follower(rendezvous: Rendezvous, rank: int, log: Path, device: str = "cpu") -> warm.Process:
     """`rlgate learn --device DEVICE` as rank `rank` of the group: it waits for rank 0 and trains on what it sends."""
     with open(log, "w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rlgate", "learn", "--device", device, "--rendezvous-timeout-s", str(TIMEOUT_S)],
-            env={**os.environ, **rendezvous.env(rank)},
+        return warm.Process(
+            ["learn", "--device", device, "--rendezvous-timeout-s", str(TIMEOUT_S)],
             stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stderr=out,
+            env={**os.environ, **rendezvous.env(rank)},
         )
 
 
@@ -355,13 +354,9 @@ async def test_two_learners_train_through_a_real_server_and_client(
 
 
 def rlgate_learn(*flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rlgate", "learn", *flags],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    """`rlgate learn FLAGS` to its end, forked warm (tests/support/warm.py)."""
+    code, out, err = warm.run(["learn", *flags], warm.ROOT, TIMEOUT_S, env={**os.environ, **(env or {})})
+    return subprocess.CompletedProcess(["rlgate", "learn", *flags], code, out, err)
 
 
 @pytest.mark.parametrize(

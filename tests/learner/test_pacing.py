@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +18,7 @@ from support.learners import free_port
 
 from rlgate.learner.learner import Learner
 from rlgate.v1 import learner_pb2
+from tests.support import warm
 
 BATCH = 200  # not a multiple of the chunk length: batches split chunks
 # Epochs per update: enough that an update outlasts sampling and shipping the next batch (the spool sends
@@ -39,13 +39,11 @@ def get(port: int, path: str) -> dict | None:
 
 @pytest.fixture
 def processes(tmp_path: Path):
-    started: list[subprocess.Popen] = []
+    started: list[warm.Process] = []
 
-    def start(name: str, *args: object) -> subprocess.Popen:
-        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process below)
-        command = [sys.executable, "-m", "rlgate", *map(str, args)]
-        started.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        log.close()
+    def start(name: str, *args: object) -> warm.Process:
+        with open(tmp_path / f"{name}.log", "w") as log:
+            started.append(warm.Process([*map(str, args)], stdout=log, stderr=log))
         return started[-1]
 
     yield start

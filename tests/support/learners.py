@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +13,7 @@ import gymnasium as gym
 from rlgate.episodes.chunk_codec import episode_from_proto
 from rlgate.learner.batch_decoder import chunk_key
 from rlgate.v1 import episode_pb2, learner_pb2, learner_pb2_grpc
+from tests.support import warm
 
 if TYPE_CHECKING:
     from rlgate.learner.main import LearnerServer
@@ -37,22 +36,22 @@ class Learners:
         self.directory = directory
         self.checkpoints = directory / "checkpoints"
         self.port = free_port()
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[warm.Process] = []
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, name: str, *flags: str, env: str | None = ENV) -> subprocess.Popen:
+    def start(self, name: str, *flags: str, env: str | None = ENV) -> warm.Process:
         """Start one with these extra `rlgate learn` flags, on `env` (None: the env a --config in `flags` names);
         its log goes to `name`.log."""
         command = [
-            *(sys.executable, "-m", "rlgate", "learn", *(("--env", env) if env else ()), "--seed", "0"),
+            *("learn", *(("--env", env) if env else ()), "--seed", "0"),
             *("--port", str(self.port), "--http-port", "0", "--checkpoint-dir", str(self.checkpoints)),
             *flags,
         ]
         with open(self.directory / f"{name}.log", "w") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = warm.Process(command, stdout=log, stderr=log)
         self.processes.append(process)
         return process
 

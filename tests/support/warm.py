@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import dataclasses
 import importlib
 import importlib.util
 import json
@@ -33,7 +32,6 @@ import tempfile
 import threading
 import traceback
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -57,97 +55,131 @@ ROOT = Path(__file__).resolve().parents[2]
 _warm: tuple[subprocess.Popen, str] | None = None  # this worker's warm process and its socket
 
 
+class Process:
+    """One `rlgate ARGS` forked by this worker's warm process, with the part of `subprocess.Popen`'s interface the
+    tests use (pid, returncode, poll, wait, send_signal, terminate, kill). stdin is /dev/null; stdout and stderr
+    go to the given files (an open file or a descriptor), as Popen's would."""
+
+    def __init__(
+        self,
+        args: list[str],
+        stdout: IO | int,
+        stderr: IO | int,
+        cwd: Path = ROOT,
+        env: dict[str, str] | None = None,
+        new_session: bool = False,
+    ) -> None:
+        request = {
+            "args": args,
+            "cwd": str(cwd),
+            "env": dict(os.environ if env is None else env),
+            "new_session": new_session,
+        }
+        fds = [out if isinstance(out, int) else out.fileno() for out in (stdout, stderr)]
+        self.args, self.new_session = ["rlgate", *args], new_session
+        self.returncode: int | None = None
+        self._answer = b""  # the exit status line, as far as it came
+        self._connection = socket.socket(socket.AF_UNIX)
+        with open(os.devnull, "rb") as stdin:
+            self._connection.connect(_socket())
+            socket.send_fds(self._connection, [json.dumps(request).encode()], [stdin.fileno(), *fds])
+        self.pid = int(_line(self._connection))
+
+    def poll(self) -> int | None:
+        """Its exit status if it ended, else None, without waiting."""
+        if self.returncode is None:
+            self._connection.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                self._read()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status, once it ended; subprocess.TimeoutExpired after `timeout` seconds."""
+        if self.returncode is None:
+            self._connection.settimeout(timeout)
+            try:
+                self._read()
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+        return self.returncode  # type: ignore[return-value]
+
+    async def wait_async(self) -> int:
+        """`wait` for an event loop (bound it with asyncio.timeout)."""
+        loop = asyncio.get_running_loop()
+        self._connection.setblocking(False)
+        while self.returncode is None:
+            self._take(await loop.sock_recv(self._connection, 1))
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Signal it (its session too, if it leads one) unless it has ended."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it is ending this moment
+                if self.new_session:
+                    os.killpg(self.pid, sig)
+                else:
+                    os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _read(self) -> None:
+        while self.returncode is None:
+            self._take(self._connection.recv(1))
+
+    def _take(self, byte: bytes) -> None:
+        if not byte:
+            raise RuntimeError(f"the warm rlgate exited before its run {self.pid} ended")
+        self._answer += byte
+        if byte == b"\n":
+            self.returncode = int(self._answer)
+            self._connection.close()
+
+
 def run(
     args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None, new_session: bool = False
 ) -> tuple[int, str, str]:
-    """`rlgate ARGS` in `cwd` to its end, stdin /dev/null; (exit status, stdout, stderr). When `timeout` seconds
-    pass it is killed (its whole session if `new_session`) and TimeoutError raised."""
-    with _started(args, cwd, env, new_session) as started:
-        started.connection.settimeout(timeout)
+    """`rlgate ARGS` in `cwd` to its end; (exit status, stdout, stderr). When `timeout` seconds pass it is killed
+    (its whole session if `new_session`) and TimeoutError raised."""
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = Process(args, stdout, stderr, cwd=cwd, env=env, new_session=new_session)
         try:
-            answer = _line(started.connection)
-        except TimeoutError:
-            started.kill()
-            started.connection.settimeout(KILLED_TIMEOUT_S)
-            _line(started.connection)
-            raise
-        return started.result(answer)
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(KILLED_TIMEOUT_S)
+            raise TimeoutError(f"rlgate {' '.join(args)} ran past {timeout} s") from None
+        return code, *_read_back(stdout, stderr)
 
 
 async def run_async(args: list[str], cwd: Path, timeout: float) -> tuple[int, str, str]:
     """`run` for an event loop: the loop goes on while the process runs."""
-    with _started(args, cwd, None, False) as started:
-        started.connection.setblocking(False)
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = Process(args, stdout, stderr, cwd=cwd)
         try:
             async with asyncio.timeout(timeout):
-                answer = await _line_async(started.connection)
+                code = await process.wait_async()
         except TimeoutError:
-            started.kill()
+            process.kill()
             async with asyncio.timeout(KILLED_TIMEOUT_S):
-                await _line_async(started.connection)
+                await process.wait_async()
             raise
-        return started.result(answer)
+        return code, *_read_back(stdout, stderr)
 
 
-@dataclasses.dataclass
-class _Run:
-    """One forked run: its pid, the connection its exit status comes back on, its output's files."""
-
-    pid: int
-    connection: socket.socket
-    new_session: bool
-    stdout: IO[bytes]
-    stderr: IO[bytes]
-
-    def kill(self) -> None:
-        """SIGKILL it (and its session if it leads one); the warm process then sends its exit status."""
-        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-            if self.new_session:
-                os.killpg(self.pid, signal.SIGKILL)
-            else:
-                os.kill(self.pid, signal.SIGKILL)
-
-    def result(self, answer: bytes) -> tuple[int, str, str]:
-        """(exit status, stdout, stderr) once `answer` (the exit status line) came."""
-        if not answer:
-            raise RuntimeError("the warm rlgate exited before the run ended")
-        self.stdout.seek(0)
-        self.stderr.seek(0)
-        return int(answer), self.stdout.read().decode(), self.stderr.read().decode()
-
-
-@contextlib.contextmanager
-def _started(args: list[str], cwd: Path, env: dict[str, str] | None, new_session: bool) -> Iterator[_Run]:
-    """Ask the warm process for a run; its output goes to files closed (gone) when the block ends."""
-    request = {
-        "args": args,
-        "cwd": str(cwd),
-        "env": dict(os.environ if env is None else env),
-        "new_session": new_session,
-    }
-    with (
-        tempfile.TemporaryFile() as stdout,
-        tempfile.TemporaryFile() as stderr,
-        open(os.devnull, "rb") as stdin,
-        socket.socket(socket.AF_UNIX) as connection,
-    ):
-        connection.connect(_socket())
-        socket.send_fds(connection, [json.dumps(request).encode()], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
-        yield _Run(int(_line(connection)), connection, new_session, stdout, stderr)
+def _read_back(*files: IO[bytes]) -> tuple[str, ...]:
+    for file in files:
+        file.seek(0)
+    return tuple(file.read().decode() for file in files)
 
 
 def _line(connection: socket.socket) -> bytes:
     """One line from the warm process, read a byte at a time: nothing after it is taken from the socket."""
     line = b""
     while not line.endswith(b"\n") and (byte := connection.recv(1)):
-        line += byte
-    return line
-
-
-async def _line_async(connection: socket.socket) -> bytes:
-    loop = asyncio.get_running_loop()
-    line = b""
-    while not line.endswith(b"\n") and (byte := await loop.sock_recv(connection, 1)):
         line += byte
     return line
 
