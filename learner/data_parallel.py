@@ -38,13 +38,16 @@ from rlgate.core import codec
 from rlgate.core.errors import UserError
 from rlgate.core.tree import flatten, map_structure
 from rlgate.learner.adam import Adam, fresh_state
+from rlgate.learner.settings import COLLECTIVE_TIMEOUT_S
 from rlgate.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 
-# A rank that dies closes its connections and fails the others' collectives at once. The timeout would also end the
-# other ranks' wait for rank 0's next update, which a learner without data (its servers away) does not send: a year.
-COLLECTIVE_TIMEOUT = timedelta(days=365)
+# Under gloo a rank that dies closes its connections and fails the others' collectives at once; one that hangs, or
+# dies unseen (NCCL has no such signal), fails them when a collective has waited this long (LearnerSettings'
+# collective_timeout_s, COLLECTIVE_TIMEOUT_S by default). Rank 0 idle (its servers away) sends a heartbeat every
+# HEARTBEATS-th of it (`keep_alive`), so the other ranks' wait for its next update never reaches it.
+HEARTBEATS = 4
 FAILED = 1  # exit status of a rank whose group broke
 
 
@@ -103,11 +106,20 @@ class Start:
 class Group:
     """This process's place in the learners' process group, and the collectives the learners use."""
 
-    def __init__(self, rendezvous: Rendezvous, timeout_s: float, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        rendezvous: Rendezvous,
+        timeout_s: float,
+        device: torch.device | None = None,
+        collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    ) -> None:
         """Join the group (blocks until every rank has); UserError naming the address if that takes over
         `timeout_s` (a rank that cannot reach rank 0, or one that never comes). `device`: where this rank trains
-        (default the CPU), which sets the backend (`backend_for`) and where the tensors it sends live."""
+        (default the CPU), which sets the backend (`backend_for`) and where the tensors it sends live. A collective
+        that waits `collective_timeout_s` breaks the group (GroupFailed)."""
         self.rank, self.size = rendezvous.rank, rendezvous.size
+        self.heartbeat_s = collective_timeout_s / HEARTBEATS
+        self._last_collective = time.monotonic()
         self.device = device if device is not None else torch.device("cpu")
         backend = backend_for(self.device)
         self.rows = 0  # the current update's rows, all ranks' together
@@ -126,7 +138,11 @@ class Group:
             if backend == "nccl":
                 torch.cuda.set_device(self.device)  # NCCL's communicator binds to the current device
             dist.init_process_group(
-                backend, store=store, rank=self.rank, world_size=self.size, timeout=COLLECTIVE_TIMEOUT
+                backend,
+                store=store,
+                rank=self.rank,
+                world_size=self.size,
+                timeout=timedelta(seconds=collective_timeout_s),
             )
         except dist.DistError as exc:
             reason = " ".join(str(exc).split())[:200]
@@ -194,10 +210,16 @@ class Group:
         self._collective(lambda: dist.scatter(shard, shards, src=0), "scatter_s")
         return _unpack(shard[: self._shard_rows(rows, self.rank)], skeleton)
 
+    def keep_alive(self) -> None:
+        """Rank 0: a heartbeat, unless a collective ran within `heartbeat_s` (an update, the last heartbeat)."""
+        if time.monotonic() - self._last_collective >= self.heartbeat_s:
+            self._send_header({"op": "idle"})
+
     def receive_batch(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The other ranks: the next update's header (its `env_steps`, the fields rank 0 sent) and this rank's
-        shard, or None when rank 0 stops the group."""
-        header = self._receive_header()
+        shard, or None when rank 0 stops the group. Rank 0's heartbeats are waited through."""
+        while (header := self._receive_header())["op"] == "idle":
+            pass
         if header["op"] == "stop":
             return None
         rows, skeleton = header["rows"], header["columns"]
@@ -301,6 +323,7 @@ class Group:
         except RuntimeError as exc:  # gloo's "Connection closed by peer" is a bare RuntimeError, a timeout a DistError
             reason = " ".join(str(exc).split())[:200]
             raise GroupFailed(f"learner rank {self.rank} of {self.size}: the group broke: {reason}") from None
+        self._last_collective = time.monotonic()
         if kind is not None:
             self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - started
 

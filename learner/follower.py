@@ -68,7 +68,7 @@ def follow(settings: LearnerSettings, rendezvous: Rendezvous) -> int:
 
 def _train(settings: LearnerSettings, rendezvous: Rendezvous, health: Health) -> None:
     device = learner_device(settings)
-    group = Group(rendezvous, settings.rendezvous_timeout_s, device)
+    group = Group(rendezvous, settings.rendezvous_timeout_s, device, settings.collective_timeout_s)
     try:
         start = group.receive_start()
         # Rank 0's operator chose this spec (rank 0 imports its code too).

@@ -133,6 +133,7 @@ class LearnerServer:
             with bind("127.0.0.1", 0, "--num-learners") as sock:
                 rendezvous = Rendezvous(0, self.num_learners, "127.0.0.1", sock.getsockname()[1])
             command = [sys.executable, "-m", "rlgate", "learn", "--rendezvous-timeout-s", str(s.rendezvous_timeout_s)]
+            command += ["--collective-timeout-s", str(s.collective_timeout_s)]
             command += ["--torch-threads", str(s.torch_threads)] if s.torch_threads is not None else []
             command += ["--device", s.device]  # each rank on cuda:LOCAL_RANK, or all on the CPU
             for rank in range(1, rendezvous.size):
@@ -140,12 +141,15 @@ class LearnerServer:
                     *command, env={**os.environ, **rendezvous.env(rank)}, stdin=subprocess.DEVNULL
                 )
         try:
-            self._group = await asyncio.to_thread(Group, rendezvous, s.rendezvous_timeout_s, learner.device)
+            self._group = await asyncio.to_thread(
+                Group, rendezvous, s.rendezvous_timeout_s, learner.device, s.collective_timeout_s
+            )
         except UserError:
             await self._end_followers(0.0)
             raise
         self._watchers = [asyncio.create_task(self._watch(r, p), name=f"rank {r}") for r, p in self._followers.items()]
         group = self._group
+        self._watchers.append(asyncio.create_task(self._keep_alive(group), name="heartbeat"))
 
         def lead() -> None:
             group.send_start(learner.spec, learner.observation_space, learner.action_space)
@@ -157,6 +161,16 @@ class LearnerServer:
         """A rank that ends before the group is stopped breaks it: this process ends too, at once."""
         code = await process.wait()
         fail(GroupFailed(f"learner rank {rank} of {self.num_learners} exited with status {code}"))
+
+    async def _keep_alive(self, group: Group) -> None:
+        """Rank 0's heartbeat while no update runs (data_parallel.HEARTBEATS), on the trainer thread, between
+        updates' collectives; a group found broken ends this process, as in an update."""
+        while True:
+            await asyncio.sleep(group.heartbeat_s)
+            try:
+                await self.learner.in_trainer_thread(group.keep_alive)
+            except GroupFailed as exc:
+                fail(exc)
 
     async def _stop_group(self, group: Group) -> None:
         """After the final checkpoint: the other ranks leave (on the trainer thread, after any update's

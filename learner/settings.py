@@ -12,6 +12,8 @@ from pydantic import Field
 from rlgate.service.settings import Directory, ServiceSettings
 from rlgate.spec.settings import SpecSettings
 
+COLLECTIVE_TIMEOUT_S = 300.0  # learner/data_parallel.py says why
+
 #: The learner's torch device, as `rlgate learn --device` and `rlgate up --device` take it (learner/device.py).
 LearnerDevice = Annotated[
     str,
@@ -73,6 +75,14 @@ class LearnerSettings(SpecSettings, ServiceSettings):
         gt=0,
         allow_inf_nan=False,
         description="How long the data-parallel learners wait for each other to form their group (exit 2 after).",
+    )
+    collective_timeout_s: float = Field(
+        COLLECTIVE_TIMEOUT_S,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a data-parallel learner waits in one collective (an all-reduce, rank 0's next update) "
+        "before its group counts as broken: a rank that hangs, or dies unseen (NCCL), fails the others within it. "
+        "Every rank takes the same value; idle, rank 0 sends a heartbeat every quarter of it.",
     )
     device: LearnerDevice = "cpu"
     torch_threads: int | None = Field(

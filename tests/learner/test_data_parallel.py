@@ -17,6 +17,7 @@ import copy
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -133,11 +134,12 @@ def assert_same_weights(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
         torch.testing.assert_close(weights[name], weight, rtol=1e-5, atol=1e-6)
 
 
-def follower(rendezvous: Rendezvous, rank: int, log: Path, device: str = "cpu") -> warm.Process:
-    """`rlgate learn --device DEVICE` as rank `rank` of the group: it waits for rank 0 and trains on what it sends."""
+def follower(rendezvous: Rendezvous, rank: int, log: Path, device: str = "cpu", *flags: str) -> warm.Process:
+    """`rlgate learn --device DEVICE FLAGS` as rank `rank` of the group: it waits for rank 0 and trains on what it
+    sends."""
     with open(log, "w") as out:
         return warm.Process(
-            ["learn", "--device", device, "--rendezvous-timeout-s", str(TIMEOUT_S)],
+            ["learn", "--device", device, "--rendezvous-timeout-s", str(TIMEOUT_S), *flags],
             stdout=out,
             stderr=out,
             env={**os.environ, **rendezvous.env(rank)},
@@ -272,6 +274,35 @@ def test_a_follower_whose_rank_0_is_gone_ends_with_one_line(tmp_path, learner_se
 
 
 @pytest.mark.slow
+def test_an_idle_rank_0s_heartbeats_keep_a_follower_past_its_collective_timeout_and_it_ends_when_they_stop(
+    tmp_path, learner_settings
+):
+    """Rank 0 without data sends heartbeats, so a follower waits for its next update longer than a collective may
+    take; a rank 0 that hangs (or, under NCCL, dies without closing anything) sends none, and the follower ends
+    within that timeout with one line, instead of waiting for ever."""
+    timeout_s = 3.0
+    spec = learner_settings().spec
+    rendezvous = Rendezvous(0, 2, "127.0.0.1", free_port())
+    rank_1 = follower(rendezvous, 1, tmp_path / "rank-1.log", "cpu", "--collective-timeout-s", str(timeout_s))
+    try:
+        group = Group(rendezvous, TIMEOUT_S, collective_timeout_s=timeout_s)
+        group.send_start(spec, OBSERVATION_SPACE, ACTION_SPACE)
+        trainer(spec).join(group)
+        idle_until = time.monotonic() + 3 * timeout_s  # idle for three timeouts: the time passing is the test's input
+        while time.monotonic() < idle_until and rank_1.poll() is None:
+            time.sleep(group.heartbeat_s)
+            group.keep_alive()
+        assert rank_1.poll() is None, (tmp_path / "rank-1.log").read_text()  # the heartbeats kept it waiting
+        assert rank_1.wait(TIMEOUT_S) == 1  # no heartbeat any more: rank 0 "hangs"
+        group.close()
+    finally:
+        rank_1.kill()
+        rank_1.wait()
+    last = (tmp_path / "rank-1.log").read_text().splitlines()[-1]
+    assert "learner rank 1 of 2: the group broke: " in last and "the learner stops: restart it" in last, last
+
+
+@pytest.mark.slow
 async def test_a_rank_that_dies_ends_rank_0_with_one_line_and_exit_1(tmp_path, learners):
     learner = learners.start("learner", "--num-learners", "2", *QUICK)
     log = tmp_path / "learner.log"
@@ -281,6 +312,22 @@ async def test_a_rank_that_dies_ends_rank_0_with_one_line_and_exit_1(tmp_path, l
     assert await asyncio.to_thread(learner.wait, TIMEOUT_S) == 1
     last = log.read_text().splitlines()[-1]
     assert "CRITICAL" in last and "learner rank 1 of 2 exited with status -9; the learner stops" in last
+
+
+@pytest.mark.slow
+async def test_an_idle_learner_of_two_ranks_outlives_its_collective_timeout(tmp_path, learners):
+    """No server, no data: rank 0's heartbeats (its own task) keep its follower waiting; without them the follower
+    would end after 2 s, and rank 0 with it (exit 1)."""
+    learner = learners.start("learner", "--num-learners", "2", "--collective-timeout-s", "2")
+    log = tmp_path / "learner.log"
+    await until(lambda: "learning grpc=" in log.read_text(), timeout=TIMEOUT_S)
+    idle_until = time.monotonic() + 3 * 2  # idle for three timeouts: the time passing is the test's input
+    while time.monotonic() < idle_until:
+        assert learner.poll() is None, log.read_text()
+        await asyncio.sleep(0.25)
+    learner.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(learner.wait, TIMEOUT_S) == 0, log.read_text()
+    assert "the group broke" not in log.read_text()
 
 
 @pytest.mark.slow
