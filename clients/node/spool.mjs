@@ -7,8 +7,8 @@
 //   const spool = new Spool(directory, codec);   // codec: {encode(batch) -> bytes, decode(bytes) -> batch}
 //   for (const [seq, { batch, steps }] of spool) ...;  spool.set(seq, { batch, steps });  spool.delete(seq);
 //
-// One process per directory: a second one with the same directory fails while the first (its pid in `.lock`)
-// lives. `bytes` counts what it holds (each batch as it is sent), for the client's --max-spool-bytes.
+// One process per directory: a second one with the same directory fails while the first (its pid and start time
+// in `.lock`) lives. `bytes` counts what it holds (each batch as it is sent), for the client's --max-spool-bytes.
 
 import fs from "node:fs";
 import path from "node:path";
@@ -47,18 +47,33 @@ export class Spool {
     this.loaded = seqs.length;
   }
 
-  // `.lock` names this process; one left by a process that died (a kill) is taken over.
+  // `.lock` names this process (`identity`) and is made only where there is none; one whose process is gone (a
+  // kill) is taken over, as is one whose pid now belongs to another process (its start time differs).
   lock() {
     const lockFile = path.join(this.directory, ".lock");
-    try {
-      const holder = Number(fs.readFileSync(lockFile, "utf8"));
-      if (holder !== process.pid && alive(holder)) {
-        throw new Error(`--spool-dir ${this.directory} is in use by process ${holder}`);
+    const mine = identity(process.pid);
+    for (let attempt = 0; attempt < 2; attempt++) {
+      try {
+        fs.writeFileSync(lockFile, mine, { flag: "wx" });
+        return;
+      } catch (error) {
+        if (error.code !== "EEXIST") throw error;
       }
-    } catch (error) {
-      if (error.code !== "ENOENT") throw error;
+      let held = null;
+      try {
+        held = fs.readFileSync(lockFile, "utf8").trim();
+      } catch (error) {
+        if (error.code !== "ENOENT") throw error; // its holder ended meanwhile: take it
+      }
+      if (held !== null) {
+        const holder = Number(held.split(" ")[0]);
+        if (holder !== process.pid && identity(holder) === held) {
+          throw new Error(`--spool-dir ${this.directory} is in use by process ${holder}`);
+        }
+        fs.rmSync(lockFile, { force: true });
+      }
     }
-    fs.writeFileSync(lockFile, String(process.pid));
+    throw new Error(`--spool-dir ${this.directory}: another process takes its .lock at the same time`);
   }
 
   file(seq) {
@@ -111,11 +126,18 @@ export class Spool {
   }
 }
 
-function alive(pid) {
+// "PID START" for a running process (START: its start time, /proc/PID/stat's 22nd field, on Linux; a pid that is
+// reused after its process ended gets another), "PID" where there is no /proc; null when no such process runs.
+function identity(pid) {
   try {
     process.kill(pid, 0);
-    return true;
   } catch (error) {
-    return error.code === "EPERM";
+    if (error.code !== "EPERM") return null;
+  }
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    return `${pid} ${stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]}`;
+  } catch {
+    return String(pid);
   }
 }

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import grpc
 import gymnasium as gym
@@ -17,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from server.test_node_client import client_command, node_client, run_client  # noqa: F401 (the fixture)
+from server.test_node_client import CLIENT, client_command, node_client, required_command, run_client  # noqa: F401
 from support.servers import target, until
 
 from rlgate.core import codec
@@ -229,6 +232,33 @@ async def first_weights(server: InferenceServer) -> learner_pb2.Weights:
             return await anext(aiter(call))
         finally:
             call.cancel()
+
+
+def test_a_spool_lock_names_its_process_by_pid_and_start_time(tmp_path):
+    """The Node client's `.lock` (clients/node/spool.mjs): held while its process runs, taken over once that
+    process is gone, even when its pid now belongs to another process (a pid reused after a kill)."""
+    node = required_command("node", "nodejs")
+    stat = Path("/proc/self/stat").read_text()
+    alive = f"{os.getpid()} {stat[stat.rindex(')') + 2 :].split()[19]}"  # this process: pid and start time
+    script = (
+        "import { Spool } from './spool.mjs';\n"
+        "try { new Spool(process.argv[1], null).close(); console.log('taken'); }\n"
+        "catch (error) { console.log(error.message); }\n"
+    )
+    said = {}
+    for held in (alive, f"{os.getpid()} 1"):  # the second: this pid, as another process's (another start time)
+        (tmp_path / ".lock").write_text(held)
+        ran = subprocess.run(
+            [node, "--input-type=module", "-e", script, str(tmp_path)],
+            cwd=CLIENT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        said[held] = ran.stdout.strip()
+    assert said == {alive: f"--spool-dir {tmp_path} is in use by process {os.getpid()}", f"{os.getpid()} 1": "taken"}
+    assert not (tmp_path / ".lock").exists()  # closed: its lock gone with it
 
 
 async def test_watch_weights_sends_each_version_with_the_onnx_file_of_its_weights(learner_server, server_factory):
