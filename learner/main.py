@@ -149,13 +149,13 @@ class LearnerServer:
             raise
         self._watchers = [asyncio.create_task(self._watch(r, p), name=f"rank {r}") for r, p in self._followers.items()]
         group = self._group
-        self._watchers.append(asyncio.create_task(self._keep_alive(group), name="heartbeat"))
 
         def lead() -> None:
             group.send_start(learner.spec, learner.observation_space, learner.action_space)
             learner.trainer.join(group)
 
         await learner.in_trainer_thread(lead)
+        self._watchers.append(asyncio.create_task(self._keep_alive(group), name="heartbeat"))  # once they follow
 
     async def _watch(self, rank: int, process: asyncio.subprocess.Process) -> None:
         """A rank that ends before the group is stopped breaks it: this process ends too, at once."""
