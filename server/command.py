@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
 
 
 def serve_worker(settings: ServerSettings) -> None:
-    """One worker process (spawned: it imports this module, then the server)."""
+    """One worker process (forked by the workers' fork server, which imported this module and the server)."""
     from rlgate.server.main import serve_worker as serve
 
     serve(settings)

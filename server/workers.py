@@ -29,10 +29,11 @@ log = logging.getLogger(__name__)
 USAGE_ERROR = 2  # a worker's own user error (a missing checkpoint...): one line, as `rlgate` prints it
 LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s %(message)s"
 STOP_GRACE_S = 30.0  # after a stop, beyond what draining may take, before a worker is killed
+WORKER_MODULES = ("rlgate.server.command", "rlgate.server.main")  # what a worker imports (server/command.py)
 
 
 def run_workers(settings: ServerSettings, serve: Callable[[ServerSettings], None]) -> int:
-    """Run `serve(settings of worker i)` in settings.workers spawned processes until SIGTERM or Ctrl-C (each
+    """Run `serve(settings of worker i)` in settings.workers worker processes until SIGTERM or Ctrl-C (each
     forwarded to them as SIGTERM) or until one of them ends; 0 when all stopped cleanly on a signal."""
     s = settings
     if s.http_port and s.http_port + s.workers - 1 > 65535:
@@ -41,7 +42,10 @@ def run_workers(settings: ServerSettings, serve: Callable[[ServerSettings], None
         port = held.getsockname()[1]
         for i in range(s.workers if s.http_port else 0):
             ensure_free(s.host, s.http_port + i, "--http-port")
-        context = mp.get_context("spawn")  # never fork a process that may hold gRPC threads
+        # A fork server (started by the first worker's start) imports the server once and forks each worker from
+        # there, holding no gRPC object, thread or event loop; spawn imported torch and the server in every worker.
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(list(WORKER_MODULES))
         workers = [
             context.Process(target=_worker, args=(serve, worker_settings(s, i, port)), name=f"w{i}")
             for i in range(s.workers)

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlgate.client.env_client import EnvClient
 from tests.support.cli import rlgate
-from tests.support.learners import Learners, free_port
+from tests.support.learners import Learners, children, free_port
 
 CLIENTS = 12  # connections land on a worker by a hash of their ports: all 12 on one of 2 has odds 1/2048
 QUICK = ("--spec.algorithm.train-batch-size", "256", "--spec.algorithm.minibatch-size", "128")
@@ -139,8 +139,11 @@ async def test_when_a_worker_or_the_parent_dies_the_rest_stop(tmp_path: Path, di
             lambda: asyncio.to_thread(log_path.read_text), lambda text: text.count("main serving grpc=") == 2, 60
         )
         assert " w0 " in serving and " w1 " in serving
-        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
-        workers = [int(pid) for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        # The workers are the children of the parent's fork server (multiprocessing's: server/workers.py).
+        (forkserver,) = (
+            pid for pid in children(server.pid) if "forkserver" in Path(f"/proc/{pid}/cmdline").read_text()
+        )
+        workers = children(forkserver)
         assert len(workers) == 2
         if dies == "worker":
             os.kill(workers[0], signal.SIGKILL)
