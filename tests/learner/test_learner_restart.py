@@ -87,6 +87,7 @@ async def test_a_learner_killed_mid_run_and_restarted_trains_every_shipped_chunk
     server = await server_factory(
         learner=learners.target,
         episode_dir=shipped_dir,
+        drain_timeout_s=30,  # time for the second learner to ack the last episodes at the stop, on a loaded machine
     )
     flags = (*(QUICK if algo == "PPO" else ("--algo", algo, *OFF_POLICY)), "--num-learners", str(num_learners))
     first = learners.start("learner-1", *flags)
