@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from rlgate.client.settings import ClientSettings
 from rlgate.core.errors import UserError
+from rlgate.service.fork_server import fork_server
 
 if TYPE_CHECKING:
     from rlgate.client.env_client import ClientStats
@@ -37,11 +38,7 @@ def run_clients(settings: ClientSettings) -> int:
     """Start the client processes, show progress, end them all on Ctrl-C; exit code 0 when all succeeded."""
     log.info("%s", settings.preset_line())
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` and `kill` end the clients like Ctrl-C does
-    # A fork server: one process (started below, by the first client's start) imports the clients' modules once and
-    # forks each client from there; spawn imported them in every client (~1.3 CPU-s each, torch's ~2.6 more for
-    # local inference). It holds no gRPC object, no thread and no event loop when it forks, as forking needs.
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload([*CLIENT_MODULES, *(LOCAL_MODULES if settings.inference == "local" else ())])
+    context = fork_server([*CLIENT_MODULES, *(LOCAL_MODULES if settings.inference == "local" else ())])
     reports: mp.Queue = context.Queue()
     # Not daemonic: a client may start processes of its own (vectorize = "async"), which a daemon may not.
     # This process ends them instead, in `finally` below, whatever ends it.

@@ -22,6 +22,7 @@ from multiprocessing.connection import wait
 
 from rlgate.core.errors import UserError
 from rlgate.server.settings import ServerSettings
+from rlgate.service.fork_server import fork_server
 from rlgate.service.process import ensure_free, reserve_shared_port
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,7 @@ def run_workers(settings: ServerSettings, serve: Callable[[ServerSettings], None
         port = held.getsockname()[1]
         for i in range(s.workers if s.http_port else 0):
             ensure_free(s.host, s.http_port + i, "--http-port")
-        # A fork server (started by the first worker's start) imports the server once and forks each worker from
-        # there, holding no gRPC object, thread or event loop; spawn imported torch and the server in every worker.
-        context = mp.get_context("forkserver")
-        context.set_forkserver_preload(list(WORKER_MODULES))
+        context = fork_server(WORKER_MODULES)  # started by the first worker's start, below the signal handlers
         workers = [
             context.Process(target=_worker, args=(serve, worker_settings(s, i, port)), name=f"w{i}")
             for i in range(s.workers)

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support import warm
 from tests.support.cli import RLGATE
+from tests.support.learners import children
 
 
 def test_a_warm_run_says_and_exits_as_a_cold_one(tmp_path: Path) -> None:
@@ -44,8 +45,4 @@ async def test_a_warm_run_past_its_timeout_is_killed() -> None:
     with pytest.raises(TimeoutError):
         warm.run(["serve", "--env", "CartPole-v1", "--port", "0", "--http-port", "0"], Path.cwd(), 2, new_session=True)
     # Killed and reaped: the warm process answered each, so no child of it is left.
-    assert not _children(warm._warm[0].pid)  # type: ignore[index]
-
-
-def _children(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert not children(warm._warm[0].pid)  # type: ignore[index]
