@@ -68,7 +68,8 @@ async def test_a_learner_with_another_run_spec_is_refused_and_says_so(
 ):
     port = free_port()
     spec = learner_settings(spec=SPEC).spec
-    server = await server_factory(learner=f"127.0.0.1:{port}", config=spec_file(tmp_path, spec))
+    # A drain of 1 s: its stop waits out the drain twice (sessions, then acks), and no ack can come here.
+    server = await server_factory(learner=f"127.0.0.1:{port}", config=spec_file(tmp_path, spec), drain_timeout_s=1.0)
     learner = LearnerServer(learner_settings(port=port, spec={**SPEC, "seed": 4}))
     try:
         async with running_client(cartpole_client(server)) as client:
