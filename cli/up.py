@@ -6,7 +6,7 @@ the server, which flushes its episodes, then the learner, which writes a final c
 and a hang-up do the same, whenever they come: `up` blocks them and polls for them, so none interrupts it
 halfway through starting or stopping a child (no traceback, no child left behind); the processes start with
 Ctrl-C and hang-ups ignored, so a terminal's, which reach the whole process group, stop only `up`, which then
-stops them in that order; and they get SIGTERM if `up` dies without stopping them (Linux). The env clients
+stops them in that order; and they get SIGTERM if `up` dies without stopping them. The env clients
 start once the server is ready, so a server that cannot start ends `up` with its own error. Each process logs
 to a file in the run directory. Progress is a tqdm bar on a terminal, and a plain line every 10 s elsewhere.
 """
@@ -14,23 +14,24 @@ to a file in the run directory. Progress is a tqdm bar on a terminal, and a plai
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from multiprocessing import resource_tracker
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn
 
+import setproctitle
 from pydantic import Field
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from tqdm import tqdm
@@ -38,6 +39,7 @@ from tqdm import tqdm
 from rlgate.cli.main import USAGE_ERROR
 from rlgate.core.errors import UserError
 from rlgate.learner.settings import LearnerDevice
+from rlgate.service.fork_server import fork_server, stop_with_parent
 from rlgate.service.process import process_started
 from rlgate.service.settings import Directory, require_device, resolve_device
 from rlgate.spec.imports import ImportPolicy, SpecError, split_path
@@ -48,8 +50,15 @@ POLL_S = 0.25
 GRACE_S = 15.0  # each child's time to stop after SIGTERM (the learner writes a checkpoint) before SIGKILL
 START_TIMEOUT_S = 300.0  # the server's time to become ready (a model, from the spec or the learner)
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+# What the children import, for their fork server to import once: the commands, the learner and the server.
+CHILD_MODULES = (
+    "rlgate.cli.up",
+    "rlgate.client.main",
+    "rlgate.learner.command",
+    "rlgate.learner.main",
+    "rlgate.server.command",
+    "rlgate.server.main",
+)
 MAX_FAILED_UPDATES = 3  # the learner's updates failing this many times in a row stop the run: nothing trains
 PLAIN_EVERY_S = 10.0  # a progress line this often when the output is not a terminal
 WINDOW = 20  # episodes in the mean return
@@ -274,62 +283,68 @@ def _run(settings: UpSettings, run_dir: Path) -> int:
 
 
 class Children:
-    """`up`'s child processes (learner, server, env clients): started so that stopping them is `up`'s alone,
-    checked for an early exit, stopped in order."""
+    """`up`'s child processes (learner, server, env clients): forked from one fork server that imported what they
+    import (torch and gRPC: ~2.5 CPU-s a process) once, started so that stopping them is `up`'s alone, checked for
+    an early exit, stopped in order."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, BaseProcess] = {}
         self.announce = False  # say which child it stops (once the run was announced, not after a user error)
+        # Started by the first child's start: `up` blocks the stop signals then, and the children inherit that.
+        self._context = fork_server(CHILD_MODULES)
 
     def start(self, name: str, args: list[Any]) -> None:
-        """Start `rlgate ARGS`, logging to name.log, leaving stopping it to `up` (`_child_setup`; `up` has no other
-        thread while it starts children, as a function run between fork and exec needs)."""
-        with open(self.run_dir / f"{name}.log", "w") as log:
-            self.processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "rlgate", *map(str, args)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=_child_environment(),
-                preexec_fn=functools.partial(_child_setup, os.getpid()),
-            )
+        """Start `rlgate ARGS` (`_child`), logging to name.log."""
+        argv = [str(arg) for arg in args]
+        log = self.run_dir / f"{name}.log"
+        process = self._context.Process(target=_child, args=(argv, log, _child_environment()), name=f"rlgate-{name}")
+        process.start()
+        self.processes[name] = process
 
     def check(self) -> None:
         """End `up` with the first child's own error if one has exited (learner, then server, then env clients)."""
         for name, process in self.processes.items():
-            if process.poll() is not None:
-                _child_failed(name, process.returncode, self.run_dir / f"{name}.log")
+            if process.exitcode is not None:
+                _child_failed(name, process.exitcode, self.run_dir / f"{name}.log")
 
     def shut_down(self) -> None:
         """Stop in order (clients, server, learner), each with SIGTERM, then SIGKILL after a grace period. Stop
         signals stay blocked meanwhile: one more Ctrl-C changes nothing, and every wait is bounded."""
         for name, what in (("envs", "env clients"), ("server", "server"), ("learner", "learner")):
             process = self.processes.get(name)
-            if process is None or process.poll() is not None:
+            if process is None or process.exitcode is not None:
                 continue
             if self.announce:
                 with contextlib.suppress(OSError):  # a closed stdout (`up | head`) must not stop the stopping
                     print(f"stopping the {what}", flush=True)
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
+            process.terminate()
+            process.join(GRACE_S)
+            if process.exitcode is None:
                 process.kill()
-                process.wait()
+                process.join()
 
 
-def _child_setup(parent: int) -> None:
-    """In a child, before it runs rlgate: the stop signals `up` blocks are delivered again; Ctrl-C and a hang-up,
-    which a terminal sends to the whole process group, are ignored, so `up` alone acts on them and stops the
-    children in order; and on Linux the child gets SIGTERM when `up` dies, however it dies (even SIGKILL)."""
+def _child(argv: list[str], log: Path, environment: dict[str, str]) -> None:
+    """A child's body, in the process forked for it: `rlgate ARGV`, as `python -m rlgate ARGV` would run it, with
+    its output to `log`, `environment` as its environment and that command line in ps. The stop signals `up`
+    blocks are delivered again; Ctrl-C and a hang-up, which a terminal sends to the whole process group, are
+    ignored, so `up` alone acts on them and stops the children in order; and it gets SIGTERM when `up` is gone,
+    however `up` ended (even SIGKILL)."""
     for sig in (signal.SIGINT, signal.SIGHUP):  # first: one coming once unblocked must find it ignored
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # `up` died before the line above: nobody would stop this child
-            os._exit(1)
+    stop_with_parent()
+    with open(log, "w") as file:  # stdin is /dev/null already (multiprocessing's)
+        os.dup2(file.fileno(), sys.stdout.fileno())
+        os.dup2(file.fileno(), sys.stderr.fileno())
+    sys.argv = ["rlgate", *argv]
+    setproctitle.setproctitle(shlex.join(sys.argv))  # first: it finds the command line's memory from the environment's
+    os.environ.clear()
+    os.environ.update(environment)
+    from rlgate.cli.main import main
+
+    sys.exit(main(argv))
 
 
 def _stop_signal(timeout: float) -> int | None:
@@ -456,6 +471,9 @@ def _get_json(port: int) -> dict | None:
 def main(argv: list[str]) -> int:
     # Ctrl-C, SIGTERM and a hang-up are taken only where `up` polls for them (`_stop_signal`): wherever one comes,
     # it starts the orderly shutdown, never a traceback halfway through starting or stopping a child.
+    # First multiprocessing's resource tracker, which the children's fork server needs: starting it unblocks
+    # SIGINT and SIGTERM (in multiprocessing's own code), so it must run before they are blocked, not after.
+    resource_tracker.ensure_running()
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     settings = UpSettings(_cli_parse_args=argv, _cli_prog_name="rlgate up")
     if (stopped := _stop_signal(0)) is not None:

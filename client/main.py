@@ -107,11 +107,14 @@ def _client_process(settings: ClientSettings, index: int, reports: mp.Queue) -> 
     own modules (gRPC, numpy, gymnasium) are imported here, and by the fork server before it (CLIENT_MODULES):
     the parent, which only starts and watches the clients, starts faster without them.
     """
+    import setproctitle
+
     from rlgate.client.env_client import EnvClient
     from rlgate.service.process import ignore_stop_signals, on_stop_signals
     from rlgate.spec.env import make_agent_envs, make_env
     from rlgate.spec.imports import ImportPolicy
 
+    setproctitle.setproctitle(f"rlgate env: client {index + 1} of {settings.num_clients}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     env = settings.spec.env
     n, seed = env.num_envs, settings.spec.seed

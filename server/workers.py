@@ -11,18 +11,17 @@ prometheus_client's multiprocess mode would aggregate /metrics only, not /status
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
-import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
+import setproctitle
+
 from rlgate.core.errors import UserError
 from rlgate.server.settings import ServerSettings
-from rlgate.service.fork_server import fork_server
+from rlgate.service.fork_server import fork_server, stop_with_parent
 from rlgate.service.process import ensure_free, reserve_shared_port
 
 log = logging.getLogger(__name__)
@@ -103,19 +102,11 @@ def _watch(workers: list, stop: Callable[[], None], stopping: list[float], grace
 
 def _worker(serve: Callable[[ServerSettings], None], settings: ServerSettings) -> None:
     """A worker process's body: logging as `rlgate` sets it up, and a user error as its one line."""
+    setproctitle.setproctitle(f"rlgate serve: worker {settings.server_id}")
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    threading.Thread(target=_stop_with_parent, name="rlgate-parent-watch", daemon=True).start()
+    stop_with_parent()
     try:
         serve(settings)
     except UserError as exc:
         print(f"rlgate: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
         sys.exit(USAGE_ERROR)
-
-
-def _stop_with_parent() -> None:
-    """SIGTERM this worker when its parent is gone (even killed with SIGKILL): it stops as on a stop signal,
-    draining and flushing, instead of serving on without anyone to stop it."""
-    parent = mp.parent_process()
-    if parent is not None:
-        wait([parent.sentinel])
-        os.kill(os.getpid(), signal.SIGTERM)

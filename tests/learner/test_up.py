@@ -11,6 +11,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import struct
 import subprocess
@@ -61,7 +62,7 @@ async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, 
     async with asyncio.timeout(120):
         head = await process.stdout.readuntil(b"model v")  # the first progress line: every process started
         children = descendants(process.pid)
-        learner = [args for args in map(command_line, children) if args[2:3] == ["learn"]]
+        learner = [args for args in map(command_line, children) if args[:2] == ["rlgate", "learn"]]
         rest, _ = await process.communicate()
     output = (head + rest).decode()
     assert process.returncode == 0, output
@@ -81,11 +82,13 @@ async def test_up_trains_cartpole_to_the_stop_return_and_ends_every_process(up, 
 
 
 def command_line(pid: int) -> list[str]:
-    """A process's arguments (python -m rlgate learn ...: "learn" third); none if it has ended."""
+    """A process's command line as ps shows it, split (`up`'s children name themselves `rlgate learn ...`); none if
+    it has ended."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_text().split("\0")[1:]
+        shown = Path(f"/proc/{pid}/cmdline").read_text().rstrip("\0")
     except (FileNotFoundError, ProcessLookupError):
         return []
+    return shown.split("\0") if "\0" in shown else shlex.split(shown)
 
 
 def read_until(fd: int, pattern: bytes, timeout: float) -> bytes:
@@ -172,11 +175,7 @@ WAITS_ON = {
 def child(pid: int, command: str) -> int | None:
     """The pid of `up`'s `rlgate COMMAND` child, if it runs."""
     for found in descendants(pid):
-        try:
-            argv = Path(f"/proc/{found}/cmdline").read_bytes().split(b"\0")
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if argv[1:4] == [b"-m", b"rlgate", command.encode()]:
+        if command_line(found)[:2] == ["rlgate", command]:
             return found
     return None
 
