@@ -234,7 +234,8 @@ class PolicyService:
         self.draining = True
         now = asyncio.get_running_loop().time()
         for limit in self._watches:  # local clients: handed over at once (their episodes run on in the client)
-            limit.reschedule(now)
+            if not limit.expired():  # one that expired just now is ending its stream already
+                limit.reschedule(now)
         self._no_sessions.clear()
         if not self.sessions:
             return

@@ -975,7 +975,7 @@ class ServerLink {
     this.spool = new Spool(spoolDir, BATCH_CODEC); // seq -> {batch, steps, bytes}, in seq order, until acknowledged
     this.maxSpoolBytes = maxSpoolBytes; // as the Python client's --max-spool: memory and disk stay bounded
     this.seq = this.spool.lastSeq; // (a spool on disk from before: its batches are sent first)
-    // moves: to a new channel, when the server ended WatchWeights with OK; spool_full: pauses begun with it full
+    // moves: made to a new channel, the server having ended WatchWeights with OK; spool_full: pauses begun with it full
     this.counts = {
       batches: 0,
       chunks: 0,
@@ -1024,12 +1024,12 @@ class ServerLink {
   // The server asked this client to move (WatchWeights ended with OK): SubmitEpisodes half-closed, so that the acks
   // of what it sent come back (within --drain-timeout-s; the rest is sent again), then both streams on a new channel.
   move() {
-    this.counts.moves += 1;
     const [old, call] = [this.client, this.submit];
     let timer;
     const reopen = () => {
       clearTimeout(timer);
-      if (this.closing) return;
+      if (this.closing) return; // the run ended meanwhile: no move
+      this.counts.moves += 1;
       this.moving = null;
       old.close();
       this.client = new PolicyService(this.target, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);

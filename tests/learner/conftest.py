@@ -118,7 +118,7 @@ def train_updates(
     cartpole_chunks: Callable[..., list[SingleAgentEpisode]],
 ) -> Callable[[LearnerServer, int], Awaitable[list[learner_pb2.EpisodeAck]]]:
     """await train_updates(learner_server, n): n updates, each on one train batch of CartPole chunks sent
-    through SubmitEpisodes; returns the acks once the learner has recorded the n-th update."""
+    through SubmitEpisodes; returns the acks once the learner has recorded and published the n-th update."""
 
     async def train(learner_server: LearnerServer, updates: int) -> list[learner_pb2.EpisodeAck]:
         learner = learner_server.learner
@@ -130,7 +130,8 @@ def train_updates(
                 await call.write(episode_batch(chunks, seq))
                 async with asyncio.timeout(30):
                     acks.append(await call.read())
-                    while learner.progress.updates.total < seq:  # the update's stats are recorded last
+                    # The update's stats are recorded, then its weights published (Learner._update).
+                    while learner.progress.updates.total < seq or learner.weights.version != learner.trainer.version:
                         await asyncio.sleep(0.01)
             await call.done_writing()
         return acks

@@ -289,3 +289,32 @@ async def test_local_clients_spread_over_a_replica_started_later_and_a_stopping_
     assert moved >= 1
     assert not list(spool.rglob("*.pb"))
     assert assert_whole_local_episodes(dirs, clients) >= 2 * len(clients)
+
+
+async def test_a_stop_just_as_a_local_clients_session_age_ends_its_weights_stream_drains_without_an_error(
+    server_factory,
+):
+    """Under load a stop can come between a WatchWeights stream's age limit expiring and that stream ending (the
+    limit is then an expiring asyncio.Timeout, still among the streams' limits): the drain passes over it, as the
+    stream ends anyway, instead of failing the stop with "Cannot change state of expiring Timeout"."""
+    server = await server_factory(env="CartPole-v1")
+    watches, limits = server.service._watches, []
+
+    async def watching() -> None:  # as watch_weights holds a stream's age limit
+        async with asyncio.timeout(None) as limit:
+            watches.add(limit)
+            limits.append(limit)
+            try:
+                await asyncio.sleep(60)
+            finally:
+                watches.discard(limit)
+
+    stream = asyncio.ensure_future(watching())
+    await until(lambda: limits, timeout=5)
+    (limit,) = limits
+    limit.reschedule(asyncio.get_running_loop().time())  # its age reached: it expires at the loop's next turn
+    await asyncio.sleep(0)
+    assert limit.expired() and limit in watches  # expiring: its stream has not ended yet
+    await server.stop()
+    with pytest.raises(TimeoutError):
+        await stream
