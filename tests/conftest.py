@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+# One torch (OpenMP) thread per process, for the tests and every process they start, before anything imports
+# torch: the suite runs a worker per core, each starting servers, learners and clients, and torch's default of a
+# thread per core had every parallel op wait on threads descheduled by the others (bench.screen's in-process
+# training took 21.5 s beside another worker, 1.8 s alone). Tests that need another count set it themselves.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import asyncio
 import subprocess
 import urllib.error
