@@ -26,10 +26,11 @@ run: $(VENV)/.run
 
 # First the system packages some tests need (.ci/system-packages: chromium, promtool, node, npm), where this
 # user may install them; without them those tests skip, saying why.
-# The tests run on as many workers as there are cores, at most 4 (pytest-xdist): they are independent (ports 0,
-# their own folders), and many wait on processes starting rather than on the CPU. Two at a time, the slow ones
-# first (tests/conftest.py): xdist's default hands each worker up to a quarter of the suite at once, and one
-# worker then sat idle for minutes while the other worked through its queue of multi-process tests.
+# The tests run on one worker more than there are cores, at most 4 (pytest-xdist; tests/conftest.py says why):
+# they are independent (ports 0, their own folders), and many wait on processes starting rather than on the CPU.
+# Two at a time, the slow ones first (tests/conftest.py): xdist's default hands each worker up to a quarter of the
+# suite at once, and one worker then sat idle for minutes while the other worked through its queue of
+# multi-process tests.
 # compileall first: where PYTHONDONTWRITEBYTECODE is set (this project's machines set it), no process writes the
 # bytecode of rlgate's own modules, and each of the suite's ~500 processes compiled them again (up to ~1 CPU-s
 # each). It never stops the run (`-`): a file that does not compile is the tests' to report.
@@ -37,7 +38,7 @@ test:
 	@.ci/system-packages
 	@$(MAKE) --no-print-directory $(VENV)/.dev
 	@-$(BIN)/python -m compileall -q $(VENV)/rlgate-tree/rlgate $(VENV)/rlgate-tree/rlgate/*/ tests
-	$(BIN)/pytest --numprocesses auto --maxprocesses 4 --maxschedchunk 2
+	$(BIN)/pytest --numprocesses auto --maxschedchunk 2
 
 # The full-size acceptance runs the suite leaves out (marked long): 256 streams x 60 s, 10,000 fuzzed messages.
 test-long: $(VENV)/.dev
