@@ -31,11 +31,12 @@ async def test_a_server_without_a_model_yet_is_start_up_said_once_at_info(
 
 
 async def test_a_stream_that_breaks_mid_run_is_a_warning(server_factory, caplog: pytest.LogCaptureFixture) -> None:
-    # A fresh model for the first client's spaces (serves at once); no drain: the stop ends the stream mid-episode
-    # instead of handing the client over at its episode's end.
+    # A fresh model for the first client's spaces (serves at once); no drain and an episode that never ends: the
+    # stop ends the stream mid-episode instead of handing the client over at its episode's end (with 5-step
+    # episodes, one ended while a loaded machine stopped the server, and the client was handed over).
     server = await server_factory(drain_timeout_s=0)
     caplog.set_level(logging.INFO, logger="rlgate.client.env_client")
-    client = EnvClient(SpaceEnv(BOX4, DISCRETE2), target(server), max_backoff_s=0.05)
+    client = EnvClient(SpaceEnv(BOX4, DISCRETE2, length=10**9), target(server), max_backoff_s=0.05)
     async with running_client(client):
         await until(lambda: client.stats.env_steps > 0, timeout=30)
         await server.stop()  # the stream ends under the client
