@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(270)  # the run's own 240 s first (the suite's 120 s would end it earlier, saying less)
 def test_compare_measures_both_checkouts_and_prints_ratios() -> None:
     """The old side with the torch backend, the new with onnxruntime (--backends): both serve every load."""
     command = [sys.executable, "-m", "rlgate.bench.compare", str(ROOT), "--loads", "1x1", "2x4", "--rounds", "2"]
@@ -35,6 +36,7 @@ def test_a_round_whose_old_figure_is_zero_is_left_out_of_the_ratio() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(330)  # the run's own 300 s first
 def test_compare_handoff_runs_each_checkouts_learner_and_server() -> None:
     """`--handoff` alone (no loads): B7 once per checkout, nothing lost, and the ratios printed."""
     command = [sys.executable, "-m", "rlgate.bench.compare", str(ROOT), "--loads", "--handoff", "--rounds", "1"]
