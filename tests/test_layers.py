@@ -65,8 +65,9 @@ def runtime_imports(tree: ast.Module) -> list[tuple[int, str, bool]]:
     return found
 
 
-def violations(files: dict[Path, str]) -> list[str]:
-    """One message per import that runs up a layer or across to another room of the same layer."""
+def violations(files: dict[Path, str], root: Path = ROOT) -> list[str]:
+    """One message per import that runs up a layer or across to another room of the same layer; each file named
+    from `root`."""
     messages = []
     for path, room in files.items():
         for line, module, type_only in runtime_imports(ast.parse(path.read_text(), str(path))):
@@ -75,7 +76,7 @@ def violations(files: dict[Path, str]) -> list[str]:
                 continue
             if room == "" and target == "cli":  # `python -m rlgate` runs the command line
                 continue
-            where = f"{path.relative_to(ROOT)}:{line} imports {module}"
+            where = f"{path.relative_to(root)}:{line} imports {module}"
             if RANK[target] > RANK[room]:
                 messages.append(f"{where}: rlgate.{room} may not import a layer above it (rlgate.{target})")
             elif RANK[target] == RANK[room] and not type_only:
@@ -114,24 +115,25 @@ def test_no_import_runs_up_a_layer_or_across_a_layer() -> None:
     ],
 )
 def test_a_back_edge_is_reported_with_its_file_and_rule(tmp_path: Path, room: str, source: str, rule: str) -> None:
-    folder = ROOT / room
-    path = folder / "_layer_probe.py"
-    try:
-        path.write_text(source)
-        found = violations({path: room})
-    finally:
-        path.unlink()
+    # In a folder of its own: a file written into the tree would be read, half-written or gone, by the other
+    # workers' tests that walk it (test_no_import_runs_up_a_layer_or_across_a_layer did).
+    path = probe(tmp_path, room, source)
+    found = violations({path: room}, root=tmp_path)
     assert len(found) == 1
     assert f"{room}/_layer_probe.py:1" in found[0] and rule in found[0]
 
 
 def test_type_only_imports_across_a_layer_are_allowed_but_not_upwards(tmp_path: Path) -> None:
     source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlgate.models import RLModule\n"
-    path = ROOT / "connectors" / "_layer_probe.py"
-    try:
-        path.write_text(source)
-        assert violations({path: "connectors"}) == []
-        path.write_text(source.replace("rlgate.models import RLModule", "rlgate.server import main"))
-        assert len(violations({path: "connectors"})) == 1
-    finally:
-        path.unlink()
+    path = probe(tmp_path, "connectors", source)
+    assert violations({path: "connectors"}, root=tmp_path) == []
+    path.write_text(source.replace("rlgate.models import RLModule", "rlgate.server import main"))
+    assert len(violations({path: "connectors"}, root=tmp_path)) == 1
+
+
+def probe(root: Path, room: str, source: str) -> Path:
+    """`source` as ROOM/_layer_probe.py under `root`."""
+    path = root / room / "_layer_probe.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return path
