@@ -115,8 +115,6 @@ def test_no_import_runs_up_a_layer_or_across_a_layer() -> None:
     ],
 )
 def test_a_back_edge_is_reported_with_its_file_and_rule(tmp_path: Path, room: str, source: str, rule: str) -> None:
-    # In a folder of its own: a file written into the tree would be read, half-written or gone, by the other
-    # workers' tests that walk it (test_no_import_runs_up_a_layer_or_across_a_layer did).
     path = probe(tmp_path, room, source)
     found = violations({path: room}, root=tmp_path)
     assert len(found) == 1
@@ -132,7 +130,8 @@ def test_type_only_imports_across_a_layer_are_allowed_but_not_upwards(tmp_path: 
 
 
 def probe(root: Path, room: str, source: str) -> Path:
-    """`source` as ROOM/_layer_probe.py under `root`."""
+    """`source` as ROOM/_layer_probe.py under `root` (a tmp_path): one written into the tree was read, half-written
+    or gone, by another worker's test_no_import_runs_up_a_layer_or_across_a_layer."""
     path = root / room / "_layer_probe.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source)
