@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load as load_safetensors
 from support.servers import running_client, target, until
 
 from rlgate.client.env_client import EnvClient
@@ -89,9 +90,11 @@ async def test_dqn_trains_through_the_wire_at_its_replay_ratio_and_servers_explo
     learner_server, server = await train(learner_settings, server_factory, DQN, versions=6)
     learner, trainer = learner_server.learner, learner_server.learner.trainer
     try:
-        # The epsilon the learner set at its last published version is what the server's module explores with.
-        await until(lambda: server.host.core.version == trainer.version, timeout=30)
-        assert float(server.host.core.module.epsilon) == pytest.approx(float(trainer.module.epsilon))
+        # The epsilon the learner set at its last published version is what the server's module explores with:
+        # the published weights' (the trainer's own may be the next version's, an update under way).
+        await until(lambda: server.host.core.version == learner.weights.version, timeout=30)
+        published = load_safetensors(learner.weights.safetensors)["epsilon"]
+        assert float(server.host.core.module.epsilon) == pytest.approx(float(published))
     finally:
         await learner_server.stop()
     config = learner.spec.algorithm
