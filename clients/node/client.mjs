@@ -8,10 +8,11 @@
 // JSON summary on stdout. "wrong-spaces" mode sends a hello whose observation space is float64 (a common
 // JavaScript slip: numbers are doubles) and prints the final status the server ends the stream with.
 //
-//   node client.mjs --mode in-process --model cartpole.onnx --episodes 100
+//   node client.mjs --mode in-process --model cartpole.onnx --episodes 100 [--explore]
 //
 // "in-process" mode needs no server: it plays its CartPole (or with --env pendulum its Pendulum) with a file
-// `rlgate export` wrote, loaded with onnxruntime-node (policy.mjs), and prints each episode's return.
+// `rlgate export` wrote, loaded with onnxruntime-node (policy.mjs), greedily or (--explore, a file exported with
+// --explore) sampling, and prints each episode's return.
 //
 //   node client.mjs --server 127.0.0.1:50051 --mode local --steps 5000 [--env pendulum] [--spool-dir DIR]
 //
@@ -56,6 +57,7 @@ const { values: args } = parseArgs({
     mode: { type: "string", default: "run" }, // run | wrong-spaces | multi-agent | multi-agent-script | in-process
     // | local
     model: { type: "string" }, // in-process: the file `rlgate export` wrote
+    explore: { type: "boolean", default: false }, // in-process: sample (a file exported with --explore)
     episodes: { type: "string", default: "3" },
     steps: { type: "string", default: "2000" }, // local: env steps to take
     "client-id": { type: "string" }, // local: the name the server lists it by
@@ -885,15 +887,21 @@ async function multiAgentScript() {
 
 // ---------------------------------------------------------------------------------------------------
 // In-process (--mode in-process --model FILE.onnx): the policy in your engine. The exported file acts on
-// this process's own CartPole with onnxruntime-node (policy.mjs): no server, no network. Greedy actions;
-// prints each episode's return.
+// this process's own CartPole with onnxruntime-node (policy.mjs): no server, no network. Greedy actions, or
+// with --explore (a file exported with --explore) actions sampled as the server samples them, from draws seeded
+// by --seed; prints each episode's return.
 // ---------------------------------------------------------------------------------------------------
 
 async function inProcess() {
   if (!args.model) fail("--mode in-process needs --model FILE.onnx (rlgate export)");
   const policy = await loadPolicy(args.model);
+  if (args.explore && !policy.contract.explore) fail(`--explore needs a file exported with --explore: ${args.model}`);
   const { Env } = envOf(args.env);
   const env = new Env(Number(args.seed));
+  const draw = random(Number(args.seed) + 1);
+  const act = args.explore
+    ? async (obs, episode, reward) => (await policy.sample(obs, episode, reward, draw)).action
+    : (obs, episode, reward) => policy.act(obs, episode, reward);
   const returns = [];
   for (let i = 0; i < EPISODES; i++) {
     let obs = env.reset();
@@ -901,7 +909,7 @@ async function inProcess() {
     let reward = 0;
     let total = 0;
     for (let t = 0; t < Env.MAX_STEPS; t++) {
-      const action = await policy.act(obs, episode, reward);
+      const action = await act(obs, episode, reward);
       const result = env.step(action);
       ({ obs, reward } = result);
       total += reward;
