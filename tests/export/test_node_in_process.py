@@ -8,7 +8,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 from cli.test_up_runs import up
-from server.test_node_client import node_client, run_client  # noqa: F401 (the fixture)
+from server.test_node_client import client_run, node_client, run_client  # noqa: F401 (node_client: the fixture)
 from support.cli import rlgate
 
 from rlgate.policy import Policy
@@ -41,3 +41,10 @@ async def test_a_node_cartpole_solves_the_task_in_process_with_the_exported_poli
     python = evaluate(Policy.load(file), gym.make("CartPole-v1"), 50, seed=0).summary()
     assert len(greedy["returns"]) == 100 and all(1 <= r <= 500 for r in greedy["returns"])
     assert greedy["mean_return"] >= 0.5 * python["return_mean"], (greedy["returns"], python)
+
+    # A file that cannot sample, asked to: one line, exit 1.
+    plain = tmp_path / "greedy.onnx"
+    code, stderr = await rlgate("export", "--checkpoint", str(checkpoints), "--output", str(plain))
+    assert code == 0, stderr
+    code, _, said = await client_run(node_client, 1, "--mode", "in-process", "--model", str(plain), "--explore")
+    assert code == 1 and said.strip() == f"client.mjs: --explore needs a file exported with --explore: {plain}"

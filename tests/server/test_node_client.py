@@ -108,8 +108,9 @@ def client_command(node_client: tuple[str, Path], port: int, *args: str) -> list
     return [*command, "--timeout-s", str(CLIENT_TIMEOUT_S - 5), *args]
 
 
-async def run_client(node_client: tuple[str, Path], port: int, *args: str) -> dict:
-    """Runs client.mjs against 127.0.0.1:port and returns its JSON summary; killed if it outlives its timeout."""
+async def client_run(node_client: tuple[str, Path], port: int, *args: str) -> tuple[int, str, str]:
+    """Runs client.mjs against 127.0.0.1:port to its end: (exit status, stdout, stderr); killed if it outlives its
+    timeout."""
     process = await asyncio.create_subprocess_exec(
         *client_command(node_client, port, *args),
         stdout=asyncio.subprocess.PIPE,
@@ -122,7 +123,14 @@ async def run_client(node_client: tuple[str, Path], port: int, *args: str) -> di
         if process.returncode is None:  # timed out (or the test was cancelled): never leave it running
             process.kill()
             await process.wait()
-    assert process.returncode == 0, f"client.mjs exited {process.returncode}: {stderr.decode()[-3000:]}"
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+async def run_client(node_client: tuple[str, Path], port: int, *args: str) -> dict:
+    """Runs client.mjs against 127.0.0.1:port and returns its JSON summary."""
+    code, stdout, stderr = await client_run(node_client, port, *args)
+    assert code == 0, f"client.mjs exited {code}: {stderr[-3000:]}"
     return json.loads(stdout)
 
 
