@@ -1,14 +1,14 @@
 """The policy in your engine: a CartPole written in JavaScript (clients/node) plays 100 episodes with a policy
 `rlgate up` trained, exported with `rlgate export --explore` and loaded in-process with onnxruntime-node: no
 server runs, and sampling as the server samples, the mean return is at least 475 (CartPole-v1's solved
-threshold). Acting greedily from the same file it plays as that file plays in Python."""
+threshold). Acting greedily from the same file, it reaches at least half of that file's greedy mean in Python."""
 
 from __future__ import annotations
 
 import gymnasium as gym
 import pytest
 from cli.test_up_runs import up
-from server.test_node_client import client_run, node_client, run_client  # noqa: F401 (node_client: the fixture)
+from server.test_node_client import client_output, node_client, run_client  # noqa: F401 (node_client: the fixture)
 from support.cli import rlgate
 
 from rlgate.policy import Policy
@@ -46,5 +46,5 @@ async def test_a_node_cartpole_solves_the_task_in_process_with_the_exported_poli
     plain = tmp_path / "greedy.onnx"
     code, stderr = await rlgate("export", "--checkpoint", str(checkpoints), "--output", str(plain))
     assert code == 0, stderr
-    code, _, said = await client_run(node_client, 1, "--mode", "in-process", "--model", str(plain), "--explore")
+    code, _, said = await client_output(node_client, 1, "--mode", "in-process", "--model", str(plain), "--explore")
     assert code == 1 and said.strip() == f"client.mjs: --explore needs a file exported with --explore: {plain}"

@@ -108,7 +108,7 @@ def client_command(node_client: tuple[str, Path], port: int, *args: str) -> list
     return [*command, "--timeout-s", str(CLIENT_TIMEOUT_S - 5), *args]
 
 
-async def client_run(node_client: tuple[str, Path], port: int, *args: str) -> tuple[int, str, str]:
+async def client_output(node_client: tuple[str, Path], port: int, *args: str) -> tuple[int, str, str]:
     """Runs client.mjs against 127.0.0.1:port to its end: (exit status, stdout, stderr); killed if it outlives its
     timeout."""
     process = await asyncio.create_subprocess_exec(
@@ -129,7 +129,7 @@ async def client_run(node_client: tuple[str, Path], port: int, *args: str) -> tu
 
 async def run_client(node_client: tuple[str, Path], port: int, *args: str) -> dict:
     """Runs client.mjs against 127.0.0.1:port and returns its JSON summary."""
-    code, stdout, stderr = await client_run(node_client, port, *args)
+    code, stdout, stderr = await client_output(node_client, port, *args)
     assert code == 0, f"client.mjs exited {code}: {stderr[-3000:]}"
     return json.loads(stdout)
 
