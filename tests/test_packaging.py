@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -46,8 +47,12 @@ def test_the_installed_distribution_has_one_top_level_name() -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)]
+    """The wheel built from a copy of the checkout: setuptools writes its `build/` and `*.egg-info` beside the
+    sources, and a `build/` left by an earlier build would put modules since deleted into this one."""
+    source, out = tmp_path_factory.mktemp("source") / "rlgate", tmp_path_factory.mktemp("wheel")
+    ignored = shutil.ignore_patterns(".*", "build", "*.egg-info", "node_modules", "__pycache__")
+    shutil.copytree(ROOT, source, ignore=ignored)
+    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(source)]
     built = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-3000:]
     (found,) = out.glob("rlgate-*.whl")
