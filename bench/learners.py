@@ -1,19 +1,19 @@
 """Data-parallel learners: env steps trained per second with 1 and N ranks on the same chunks, and what the
 group's collectives cost per update.
 
-Chunks are sampled once (a fresh policy acting through a server Session, as a server ships them: CartPole-v1 for
-PPO and DQN, Pendulum-v1 for SAC); then each configuration runs `--updates` timed calls of the trainer's update
-after `--warmup` untimed ones: a trainer in this process (rank 0, with one torch thread per rank), and for N > 1
-ranks, N - 1 `rlgate learn` followers started as torchrun would start them. PPO: each call is one update on copies
-of the same chunks. DQN and SAC: each call adds fresh chunks to the replay buffer, `broadcast_interval` updates'
-worth at the preset's training intensity, and runs those updates (one version), each on a train batch rank 0
-samples and scatters. Printed per configuration: the median call's seconds, env steps trained per second (DQN,
-SAC: env steps whose updates are done, at the training intensity), and the collectives' seconds (PPO: per update;
-DQN, SAC: the scatter, all-reduces and gather per update, the digest check per call); then the median all-reduce
-of the gradients' size between two ranks that do nothing else (its own cost). The spec is the env's preset for
-the algorithm, with the flags' hidden layers if given (PPO: batch, minibatch, epochs too). Run:
-`python -m rlgate.bench.learners [--algo PPO] [--ranks 1 2] [--train-batch-size 256] [--minibatch-size 256]
-[--hiddens 64 64]`.
+Chunks are sampled once (a fresh policy acting through a server Session, as a server ships them: CartPole-v1 for PPO
+and DQN, Pendulum-v1 for SAC); then each configuration runs `--updates` timed calls of the trainer's update after
+`--warmup` untimed ones: a trainer in this process (rank 0, with one torch thread per rank), and for N > 1 ranks,
+N - 1 `rlgate learn` followers started as torchrun would start them. PPO: each call is one update on copies of the
+same chunks, cut to `train_batch_size` env steps as the learner's intake cuts them. DQN and SAC: each call adds
+fresh chunks to the replay buffer, `broadcast_interval` updates' worth at the preset's training intensity, and runs
+those updates (one version), each on a train batch rank 0 samples and scatters. Printed per configuration: the
+median call's seconds, env steps trained per second (DQN, SAC: env steps whose updates are done, at the training
+intensity), and the collectives' seconds (PPO: per update; DQN, SAC: the scatter, all-reduces and gather per update,
+the digest check per call); then the median all-reduce of the gradients' size between two ranks that do nothing else
+(its own cost). The spec is the env's preset for the algorithm, with the flags' hidden layers if given (PPO: batch,
+minibatch, epochs too). Run: `python -m rlgate.bench.learners [--algo PPO] [--ranks 1 2] [--train-batch-size 256]
+[--minibatch-size 256] [--hiddens 64 64]`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def calls(spec: RunSpec, chunks: list[SingleAgentEpisode], count: int) -> list[l
     """Each call's chunks: PPO's, copies of all of them; DQN's and SAC's, the next `broadcast_interval` updates'
     env steps of them (fresh steps for the replay buffer)."""
     if isinstance(spec.algorithm, PPOConfig):
-        return [copy.deepcopy(chunks) for _ in range(count)]
+        batch = first_steps(chunks, spec.algorithm.train_batch_size)
+        return [copy.deepcopy(batch) for _ in range(count)]
     per_call = spec.algorithm.steps_per_update() * spec.algorithm.broadcast_interval
     groups: list[list[SingleAgentEpisode]] = [[]]
     for chunk in chunks:
@@ -87,6 +88,18 @@ def calls(spec: RunSpec, chunks: list[SingleAgentEpisode], count: int) -> list[l
     if len(groups) < count:
         raise ValueError(f"{len(groups)} calls' chunks sampled for {count} calls")
     return groups[:count]
+
+
+def first_steps(chunks: list[SingleAgentEpisode], steps: int) -> list[SingleAgentEpisode]:
+    """The chunks' first `steps` env steps, the last chunk cut, as the learner's intake takes a PPO batch: whole
+    chunks would make a batch a few steps over `minibatch_size`, and each epoch a second SGD step of those few."""
+    batch, taken = [], 0
+    for chunk in chunks:
+        if taken >= steps:
+            break
+        batch.append(chunk if len(chunk) <= steps - taken else chunk.slice(slice(0, steps - taken)))
+        taken += len(batch[-1])
+    return batch
 
 
 def trained_steps(spec: RunSpec, stats: dict[str, Any]) -> float:
