@@ -74,8 +74,8 @@ def sample(spec: RunSpec, steps: int) -> list[SingleAgentEpisode]:
 
 
 def calls(spec: RunSpec, chunks: list[SingleAgentEpisode], count: int) -> list[list[SingleAgentEpisode]]:
-    """Each call's chunks: PPO's, copies of all of them; DQN's and SAC's, the next `broadcast_interval` updates'
-    env steps of them (fresh steps for the replay buffer)."""
+    """Each call's chunks: PPO's, copies of their first `train_batch_size` env steps; DQN's and SAC's, the next
+    `broadcast_interval` updates' env steps of them (fresh steps for the replay buffer)."""
     if isinstance(spec.algorithm, PPOConfig):
         batch = first_steps(chunks, spec.algorithm.train_batch_size)
         return [copy.deepcopy(batch) for _ in range(count)]
